@@ -1,0 +1,167 @@
+"""Configuration as frozen dataclasses, with every default named once, here.
+
+Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the offending
+parameter, so a bad value fails where it is given rather than deep inside a worker process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_COMMIT_BYTES",
+    "DEFAULT_INITIAL_MAP_SIZE",
+    "DEFAULT_LABEL_CHUNK",
+    "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_PAGE_SIZE",
+    "ChecksumKind",
+    "LoaderConfig",
+    "ShuffleMode",
+    "TrainConfig",
+    "WriterConfig",
+]
+
+ChecksumKind = Literal["none", "crc32", "xxh64"]
+ShuffleMode = Literal["random", "block"]
+
+#: LMDB page size assumed when the environment cannot tell (it is the OS page size; 4 KiB on x86-64).
+DEFAULT_PAGE_SIZE = 4096
+#: Upper bound on one packed value; keeps single-sample random reads from touching huge values.
+DEFAULT_MAX_VALUE_BYTES = 256 * 1024
+#: Samples are buffered and committed once this many payload bytes are pending (bounded transactions).
+DEFAULT_COMMIT_BYTES = 64 * 1024 * 1024
+#: First LMDB map size of a new store; grown by doubling whenever a commit would not fit.
+DEFAULT_INITIAL_MAP_SIZE = 1 << 30
+#: Labels and per-class index lists are stored in chunks of this many entries.
+DEFAULT_LABEL_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """How a :class:`~lmdbstore.writer.StoreWriter` lays out and commits data.
+
+    Attributes:
+        samples_per_value: samples packed into one LMDB value; ``None`` (default) lets the writer pick
+            the count that wastes the least of the last overflow page (see ``format.choose_samples_per_value``).
+            Only used when the store is created.
+        checksum: per-value checksum written after each value: ``"crc32"`` (default), ``"xxh64"``, ``"none"``.
+            Only used when the store is created.
+        commit_bytes: payload bytes buffered before a transaction commits (default 64 MiB).
+        initial_map_size: LMDB map size when the store is created (default 1 GiB); it doubles as needed.
+        max_map_size: the map never grows past this; ``None`` means no limit but the disk.
+        sync: fsync each commit (default ``True``): a committed batch survives power loss.
+        allow_nonfinite: accept NaN/inf values in float samples (default ``False``).
+    """
+
+    samples_per_value: int | None = None
+    checksum: ChecksumKind = "crc32"
+    commit_bytes: int = DEFAULT_COMMIT_BYTES
+    initial_map_size: int = DEFAULT_INITIAL_MAP_SIZE
+    max_map_size: int | None = None
+    sync: bool = True
+    allow_nonfinite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.samples_per_value is not None and not 1 <= self.samples_per_value <= 1 << 20:
+            raise ValueError(f"samples_per_value must be in 1..{1 << 20}, got {self.samples_per_value}")
+        if self.checksum not in ("none", "crc32", "xxh64"):
+            raise ValueError(f"checksum must be 'none', 'crc32' or 'xxh64', got {self.checksum!r}")
+        if self.commit_bytes < 1:
+            raise ValueError(f"commit_bytes must be positive, got {self.commit_bytes}")
+        if self.initial_map_size < 1 << 20:
+            raise ValueError(f"initial_map_size must be at least 1 MiB, got {self.initial_map_size}")
+        if self.max_map_size is not None and self.max_map_size < 1 << 16:
+            raise ValueError(f"max_map_size must be at least 64 KiB, got {self.max_map_size}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How batches are drawn and read for training.
+
+    Attributes:
+        batch_size: samples per batch (default 4096).
+        shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample) or ``"block"``
+            (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups).
+        block_buffer: in block mode, how many batches' worth of values are mixed together (default 4):
+            1 reads every value once per batch and keeps a value's samples together; larger mixes
+            more at the cost of more lookups per batch.
+        workers: DataLoader worker processes (default 2).
+        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere, so runs and ranks agree.
+        balanced: draw classes equally (with replacement) instead of going over every sample once.
+        prefetch_factor: batches prefetched per worker (default 2).
+        persistent_workers: keep workers alive between epochs (default ``True`` when workers > 0).
+        multiprocessing_context: ``None`` (platform default), ``"fork"``, ``"spawn"`` or ``"forkserver"``.
+        pin_memory: pin batches for asynchronous host-to-GPU copies; ``None`` means "when CUDA is used".
+    """
+
+    batch_size: int = 4096
+    shuffle: ShuffleMode = "random"
+    block_buffer: int = 4
+    workers: int = 2
+    seed: int = 0
+    balanced: bool = False
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    multiprocessing_context: str | None = None
+    pin_memory: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        if self.shuffle not in ("random", "block"):
+            raise ValueError(f"shuffle must be 'random' or 'block', got {self.shuffle!r}")
+        if self.block_buffer < 1:
+            raise ValueError(f"block_buffer must be positive, got {self.block_buffer}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be positive, got {self.prefetch_factor}")
+        if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
+            raise ValueError(
+                "multiprocessing_context must be None, 'fork', 'spawn' or 'forkserver', "
+                f"got {self.multiprocessing_context!r}"
+            )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What :func:`lmdbstore.train.train` does.
+
+    Attributes:
+        epochs: passes over the training split (default 3).
+        lr: peak learning rate of AdamW with a one-cycle schedule (default 3e-3).
+        weight_decay: AdamW weight decay (default 1e-4).
+        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1).
+        width: channels of the first convolution block of the CNN; later blocks double it (default 16).
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        amp: mixed precision (bfloat16 autocast) on CUDA; ignored on CPU (default ``True``).
+        max_steps_per_epoch: cut epochs short (for smoke tests and benchmarks); ``None`` = full epochs.
+        log_every: progress/metrics line every this many steps (default 10).
+    """
+
+    epochs: int = 3
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    val_fraction: float = 0.1
+    width: int = 16
+    device: str = "auto"
+    amp: bool = True
+    max_steps_per_epoch: int | None = None
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.width < 1:
+            raise ValueError(f"width must be positive, got {self.width}")
+        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
+            raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
+        if self.log_every < 1:
+            raise ValueError(f"log_every must be positive, got {self.log_every}")

@@ -1,0 +1,141 @@
+"""One exception hierarchy for everything lmdbstore raises on purpose.
+
+Every error carries the store or file ``path`` it concerns, optionally the ``key`` (sample index,
+value key, metadata field) and a ``hint`` saying what the user can do about it.  ``str(err)`` is a
+single line, so the CLI can print it as is.  Errors coming from py-lmdb are translated at the
+boundary by :func:`translate_lmdb_errors`, so callers never need to import ``lmdb``.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import lmdb
+
+__all__ = [
+    "ChecksumError",
+    "CorruptStoreError",
+    "FormatVersionError",
+    "LmdbStoreError",
+    "NotAStoreError",
+    "SourceError",
+    "StoreExistsError",
+    "StoreFullError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "ValidationError",
+    "translate_lmdb_errors",
+]
+
+
+class LmdbStoreError(Exception):
+    """Base class of every error lmdbstore raises deliberately.
+
+    Attributes:
+        message: what went wrong, one line.
+        path: the store or source file concerned (or ``None``).
+        key: the sample index, value key or field concerned (or ``None``).
+        hint: what to do about it (or ``None``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        key: object = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = " ".join(str(message).split())
+        self.path = str(path) if path is not None else None
+        self.key = key
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        parts = []
+        if self.path is not None:
+            parts.append(f"{self.path}:")
+        parts.append(self.message)
+        if self.key is not None:
+            parts.append(f"(at {self.key})")
+        text = " ".join(parts)
+        if self.hint:
+            text += f" -- hint: {self.hint}"
+        return " ".join(text.split())
+
+
+class StoreNotFoundError(LmdbStoreError):
+    """The store path does not exist."""
+
+
+class StoreExistsError(LmdbStoreError):
+    """A store was asked to be created where one already exists (or the parameters disagree)."""
+
+
+class NotAStoreError(LmdbStoreError):
+    """The path exists but is not an lmdbstore store (no LMDB environment or no metadata)."""
+
+
+class CorruptStoreError(LmdbStoreError):
+    """The store is damaged: malformed metadata, missing or wrong-sized values, torn tables."""
+
+
+class FormatVersionError(CorruptStoreError):
+    """The store was written by an incompatible (newer or unknown) format version."""
+
+
+class ChecksumError(CorruptStoreError):
+    """A value's stored checksum does not match its bytes."""
+
+
+class StoreLockedError(LmdbStoreError):
+    """Another writer holds the store's write lock."""
+
+
+class StoreFullError(LmdbStoreError):
+    """The disk or the configured maximum map size is exhausted."""
+
+
+class ValidationError(LmdbStoreError):
+    """Input samples or labels are unacceptable (shape, dtype, non-finite values, unknown labels)."""
+
+
+class SourceError(LmdbStoreError):
+    """An ingest source file cannot be read (missing, truncated, empty, wrong layout)."""
+
+
+@contextmanager
+def translate_lmdb_errors(path: str | Path, action: str) -> Iterator[None]:
+    """Re-raise py-lmdb (and OS) errors met while doing ``action`` on ``path`` as our own.
+
+    Raises:
+        StoreFullError: map full beyond the allowed size, or no space left on the device.
+        CorruptStoreError: LMDB reports a corrupted or incompatible environment.
+        NotAStoreError: the directory holds no valid LMDB environment.
+        LmdbStoreError: any other LMDB failure.
+    """
+    try:
+        yield
+    except LmdbStoreError:
+        raise
+    except lmdb.MapFullError as exc:
+        raise StoreFullError(f"{action}: the LMDB map is full", path=path, hint="raise max_map_size") from exc
+    except (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadValsizeError) as exc:
+        raise CorruptStoreError(f"{action}: LMDB reports corruption ({exc})", path=path) from exc
+    except (lmdb.InvalidError, lmdb.VersionMismatchError) as exc:
+        raise NotAStoreError(f"{action}: not a valid LMDB environment ({exc})", path=path) from exc
+    except lmdb.DiskError as exc:
+        raise StoreFullError(f"{action}: disk error ({exc})", path=path, hint="free disk space") from exc
+    except lmdb.Error as exc:
+        text = str(exc)
+        if "No space left" in text or "ENOSPC" in text:
+            raise StoreFullError(f"{action}: no space left on device", path=path, hint="free disk space") from exc
+        raise LmdbStoreError(f"{action}: LMDB error: {text}", path=path) from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StoreFullError(f"{action}: no space left on device", path=path, hint="free disk space") from exc
+        raise

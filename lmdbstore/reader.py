@@ -1,0 +1,330 @@
+"""Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers.
+
+The reader opens the LMDB environment lazily, in the process that first reads, and re-opens it after
+a fork or when unpickled in a spawned worker (py-lmdb environments must never cross a fork, and
+py-lmdb 3.x refuses to open a path twice in one process).  By default it opens with
+``readonly=True, lock=False, readahead=False``: no reader-table slot (so killed readers cannot
+exhaust it), no lock contention between workers, and no OS read-ahead wasted on random access.
+``lock=False`` is only safe while nobody writes the store; pass ``lock=True`` to read a snapshot
+while a writer appends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+from ._env import check_store_dir, open_env, read_meta
+from .errors import ChecksumError, CorruptStoreError, translate_lmdb_errors
+from .format import (
+    DB_CLASSIDX,
+    DB_LABELS,
+    DB_PROGRESS,
+    DB_SAMPLES,
+    INDEX_DTYPE,
+    StoreMeta,
+    classidx_key,
+    compute_checksum,
+    encode_key,
+)
+
+__all__ = ["StoreReader", "open_reader"]
+
+
+class _Handle:
+    """The per-process open state: environment, one long-lived read transaction, sub-databases."""
+
+    def __init__(self, path: Path, lock: bool):
+        check_store_dir(path)
+        self.pid = os.getpid()
+        self.env = open_env(path, readonly=True, lock=lock)
+        try:
+            with translate_lmdb_errors(path, "open"):
+                self.txn = self.env.begin(buffers=True)
+                self.meta = read_meta(self.env, self.txn, path)
+                self.dbs = {
+                    name: self.env.open_db(name, txn=self.txn, create=False)
+                    for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS)
+                }
+        except lmdb.NotFoundError as exc:
+            self.env.close()
+            raise CorruptStoreError("a sub-database is missing", path=path) from exc
+        except BaseException:
+            self.env.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            self.txn.abort()
+        finally:
+            self.env.close()
+
+
+class StoreReader:
+    """Random and sequential access to the samples, labels and class index of a store.
+
+    Args:
+        path: the store directory.
+        lock: use LMDB's reader lock table (default ``False``: lock-free; see the module docstring).
+        verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
+            and ``stats --check`` turn it on).
+
+    The reader is picklable: only the path and options travel, the environment is re-opened in the
+    receiving process on first use.
+
+    Raises (on first use):
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lock: bool = False, verify_checksums: bool = False):
+        self.path = Path(path)
+        self.lock = lock
+        self.verify_checksums = verify_checksums
+        self._h: _Handle | None = None
+        self._labels: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def _handle(self) -> _Handle:
+        h = self._h
+        if h is None or h.pid != os.getpid():
+            # After a fork the inherited handle belongs to the parent: drop it without closing.
+            h = self._h = _Handle(self.path, self.lock)
+        return h
+
+    def open(self) -> StoreReader:
+        """Open now (instead of on first read), validating the store. Returns ``self``."""
+        self._handle()
+        return self
+
+    def close(self) -> None:
+        """Close the environment in this process (call in the parent before starting workers)."""
+        if self._h is not None and self._h.pid == os.getpid():
+            self._h.close()
+        self._h = None
+
+    def refresh(self) -> None:
+        """Start a new read snapshot (see samples committed since the reader opened)."""
+        self.close()
+        self._labels = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "lock": self.lock, "verify_checksums": self.verify_checksums}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], lock=state["lock"], verify_checksums=state["verify_checksums"])  # type: ignore[misc]
+
+    def __enter__(self) -> StoreReader:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def meta(self) -> StoreMeta:
+        return self._handle().meta
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.meta.np_dtype
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.meta.classes)
+
+    # ------------------------------------------------------------------ values
+    def _value(self, h: _Handle, first: int) -> memoryview:
+        """The payload of the value starting at sample ``first`` (checked, trailer removed)."""
+        m = h.meta
+        with translate_lmdb_errors(self.path, "read"):
+            buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
+        if buf is None:
+            raise CorruptStoreError("value missing", path=self.path, key=first)
+        want = m.expected_value_len(first)
+        if len(buf) != want:
+            raise CorruptStoreError(f"value has {len(buf)} bytes, expected {want}", path=self.path, key=first)
+        payload = buf[: want - m.trailer_bytes]
+        if self.verify_checksums and m.trailer_bytes:
+            fn = compute_checksum(m.checksum)
+            assert fn is not None
+            if fn(payload) != bytes(buf[want - m.trailer_bytes :]):
+                raise ChecksumError("checksum mismatch", path=self.path, key=first)
+        return payload
+
+    def _check_indices(self, idx: np.ndarray, count: int) -> None:
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= count):
+            bad = int(idx[(idx < 0) | (idx >= count)][0])
+            raise IndexError(f"sample index {bad} out of range for a store of {count} samples")
+
+    def read(self, index: int) -> np.ndarray:
+        """One sample as an array of the store's shape and dtype (a copy)."""
+        return self.read_batch(np.array([index]))[0]
+
+    def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
+
+        The indices are visited in sorted order (B-tree locality), each value is looked up once per
+        run of indices that share it, and each sample's bytes are copied straight from LMDB's map
+        into its row of ``out``: no per-sample arrays, no collate.
+
+        Args:
+            indices: integer sample indices.
+            out: optional C-contiguous array of shape ``(N, *shape)`` and the store's dtype (or any
+                dtype of the same item size, e.g. a shared-memory tensor's numpy view) to fill.
+
+        Raises:
+            IndexError: an index outside ``0..len-1``.
+            CorruptStoreError / ChecksumError: a value is missing, short, or fails its checksum.
+        """
+        h = self._handle()
+        m = h.meta
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        self._check_indices(idx, m.count)
+        n, sb, spv = len(idx), m.sample_bytes, m.samples_per_value
+        if out is None:
+            out = np.empty((n, *m.shape), m.np_dtype)
+        elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
+        if n == 0:
+            return out
+        order = np.argsort(idx, kind="stable")
+        sidx = idx[order]
+        firsts = sidx - sidx % spv
+        keys = firsts.astype(">u8").tobytes()
+        offs = ((sidx - firsts) * sb).tolist()
+        dsts = (order * sb).tolist()
+        firsts_l = firsts.tolist()
+        ov = memoryview(out.reshape(-1).view(np.uint8))
+        get = None if self.verify_checksums else h.txn.get
+        db = h.dbs[DB_SAMPLES]
+        last_first = -1
+        buf: Any = None
+        try:
+            for j in range(n):
+                f = firsts_l[j]
+                if f != last_first:
+                    buf = self._value(h, f) if get is None else get(keys[8 * j : 8 * j + 8], db=db)
+                    last_first = f
+                o, d = offs[j], dsts[j]
+                ov[d : d + sb] = buf[o : o + sb]
+        except (TypeError, ValueError):
+            # A None (missing key) or short value: re-read through the checked path for the exact error.
+            self._value(h, last_first)
+            raise
+        return out
+
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""
+        m = self.meta
+        if not 0 <= start <= stop <= m.count:
+            raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
+        out = np.empty((stop - start, *m.shape), m.np_dtype)
+        ov = memoryview(out.reshape(-1).view(np.uint8))
+        sb, spv, pos = m.sample_bytes, m.samples_per_value, 0
+        h = self._handle()
+        first = start - start % spv
+        while pos < out.nbytes:
+            payload = self._value(h, first)
+            lo = max(start - first, 0) * sb
+            hi = min(stop - first, spv) * sb
+            ov[pos : pos + hi - lo] = payload[lo:hi]
+            pos += hi - lo
+            first += spv
+        return out
+
+    def iter_chunks(
+        self, chunk: int = 65536, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk``."""
+        stop = len(self) if stop is None else stop
+        labels = self.labels()
+        for lo in range(start, stop, chunk):
+            hi = min(lo + chunk, stop)
+            yield lo, self.read_range(lo, hi), labels[lo:hi]
+
+    # ------------------------------------------------------------------ labels and classes
+    def labels(self) -> np.ndarray:
+        """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
+        if self._labels is None:
+            h = self._handle()
+            m = h.meta
+            out = np.empty(m.count, m.label_dtype)
+            pos = 0
+            with translate_lmdb_errors(self.path, "read labels"):
+                for first in range(0, m.count, m.label_chunk):
+                    raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
+                    n = min(m.label_chunk, m.count - first)
+                    if raw is None or len(raw) != n * m.label_dtype.itemsize:
+                        raise CorruptStoreError("label chunk missing or of the wrong length", path=self.path, key=first)
+                    out[pos : pos + n] = np.frombuffer(raw, m.label_dtype)
+                    pos += n
+            if m.count and int(out.max()) >= len(m.classes):
+                raise CorruptStoreError("a label is outside the class list", path=self.path)
+            self._labels = out
+        return self._labels
+
+    def labels_of(self, indices: Any) -> np.ndarray:
+        """Class ids of ``indices`` (from the cached label table)."""
+        return self.labels()[np.asarray(indices, dtype=np.int64)]
+
+    def class_indices(self, class_id: int) -> np.ndarray:
+        """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
+        h = self._handle()
+        m = h.meta
+        if not 0 <= class_id < len(m.classes):
+            raise ValueError(f"class_id must be in 0..{len(m.classes) - 1}, got {class_id}")
+        n_c = m.class_counts[class_id]
+        out = np.empty(n_c, np.int64)
+        with translate_lmdb_errors(self.path, "read class index"):
+            for pos in range(0, n_c, m.label_chunk):
+                raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
+                n = min(m.label_chunk, n_c - pos)
+                if raw is None or len(raw) != n * INDEX_DTYPE.itemsize:
+                    raise CorruptStoreError(
+                        f"class-index chunk of class {m.classes[class_id]!r} missing or of the wrong length",
+                        path=self.path,
+                        key=pos,
+                    )
+                out[pos : pos + n] = np.frombuffer(raw, INDEX_DTYPE)
+        return out
+
+    # ------------------------------------------------------------------ internals for stats/verify
+    def raw_value(self, first: int) -> bytes | None:
+        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked."""
+        h = self._handle()
+        buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
+        return None if buf is None else bytes(buf)
+
+    def iter_raw(self, db_name: bytes) -> Iterator[tuple[bytes, memoryview]]:
+        """Every (key, value) of sub-database ``db_name`` in key order (values are zero-copy views)."""
+        h = self._handle()
+        with translate_lmdb_errors(self.path, "scan"):
+            cur = h.txn.cursor(db=h.env.open_db(db_name, txn=h.txn, create=False))
+            for k, v in cur:
+                yield bytes(k), v
+
+    def env_stats(self) -> dict[str, Any]:
+        """LMDB facts: page size, depth and pages of each sub-database, map size, last page, file bytes."""
+        h = self._handle()
+        with translate_lmdb_errors(self.path, "stat"):
+            info = h.env.info()
+            dbs = {name.decode(): h.txn.stat(db) for name, db in h.dbs.items()}
+            main = h.env.stat()
+        return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
+
+
+def open_reader(path: str | os.PathLike[str], *, lock: bool = False, verify_checksums: bool = False) -> StoreReader:
+    """Open a store for reading and validate it now (see :class:`StoreReader`)."""
+    return StoreReader(path, lock=lock, verify_checksums=verify_checksums).open()

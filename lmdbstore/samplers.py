@@ -1,0 +1,238 @@
+"""Epoch orders and batch samplers: full random, block (quasi-random), class-balanced, DDP sharding.
+
+Every sampler yields whole batches as ``int64`` numpy arrays of sample indices; a DataLoader built with
+``batch_size=None`` hands each one to a single ``__getitem__`` of :class:`~lmdbstore.dataset.LmdbBatchDataset`,
+so one worker reads one batch with no per-sample calls and no collate.
+
+Determinism: the order of epoch ``e`` depends only on ``(seed, e)``, never on the worker count, and is
+the same on every DDP rank; each rank then takes its own disjoint share (see :func:`shard_batches`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .config import ShuffleMode
+
+__all__ = [
+    "BalancedBatchSampler",
+    "EpochBatchSampler",
+    "block_order",
+    "shard_batches",
+    "stratified_split",
+]
+
+
+def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, stream])
+
+
+def block_order(
+    indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Quasi-random order that keeps the samples of one packed value close together.
+
+    The indices are grouped by the value holding them, the groups are shuffled, and then the samples
+    inside each window of ``block_buffer * batch_size`` samples are shuffled.  A batch then needs about
+    ``block_buffer * batch_size / samples_per_value`` lookups instead of ``batch_size``.
+    """
+    idx = np.sort(np.asarray(indices, dtype=np.int64))
+    if idx.size == 0:
+        return idx
+    groups = idx // samples_per_value
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    ends = np.r_[starts[1:], idx.size]
+    perm = rng.permutation(len(starts))
+    lengths = (ends - starts)[perm]
+    # position of each sample in the concatenation of the shuffled groups
+    group_of = np.repeat(perm, lengths)
+    offset_in_group = np.arange(idx.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    order = idx[starts[group_of] + offset_in_group]
+    window = max(1, block_buffer * batch_size)
+    for lo in range(0, order.size, window):
+        rng.shuffle(order[lo : lo + window])
+    return order
+
+
+def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
+    """Cut an epoch order into batches and return rank ``rank``'s share.
+
+    With one process this is plain consecutive batches of ``batch_size`` (the last one shorter).  With
+    ``world_size`` ranks the order is split into ``steps * world_size`` nearly equal batches (sizes
+    differ by at most one, none above ``batch_size``) dealt round-robin, so every rank runs the same
+    number of steps -- DDP needs that -- and every sample is read exactly once per epoch, with no
+    padding and no dropped tail.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+    n = len(order)
+    if n == 0:
+        return []
+    if world_size == 1:
+        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    steps = -(-n // (batch_size * world_size))
+    chunks = np.array_split(order, steps * world_size)
+    return [c for c in chunks[rank::world_size]]
+
+
+class EpochBatchSampler:
+    """Batches that cover ``indices`` exactly once per epoch, in random or block order.
+
+    Args:
+        indices: the sample indices to draw from (e.g. the training split).
+        batch_size: samples per batch on this rank.
+        shuffle: ``"random"`` (a fresh permutation each epoch) or ``"block"`` (see :func:`block_order`).
+        samples_per_value: the store's packing, needed for block mode.
+        block_buffer: batches' worth of values mixed together in block mode.
+        seed: base seed; call :meth:`set_epoch` before each epoch.
+        rank, world_size: this process's share under DDP (defaults: the only process).
+        drop_last: leave out the final short batch (single process only).
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        shuffle: ShuffleMode = "random",
+        samples_per_value: int = 1,
+        block_buffer: int = 4,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if shuffle not in ("random", "block", "none"):
+            raise ValueError(f"shuffle must be 'random', 'block' or 'none', got {shuffle!r}")
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.samples_per_value = samples_per_value
+        self.block_buffer = block_buffer
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of ``epoch`` (shared by all ranks)."""
+        self.epoch = epoch
+
+    def epoch_order(self) -> np.ndarray:
+        """The whole epoch's order, before sharding (identical on every rank)."""
+        rng = _rng(self.seed, self.epoch)
+        if self.shuffle == "random":
+            return self.indices[rng.permutation(len(self.indices))]
+        if self.shuffle == "block":
+            return block_order(self.indices, self.samples_per_value, self.batch_size, self.block_buffer, rng)
+        return self.indices.copy()
+
+    def batches(self) -> list[np.ndarray]:
+        out = shard_batches(self.epoch_order(), self.batch_size, self.rank, self.world_size)
+        if self.drop_last and out and len(out[-1]) < self.batch_size:
+            out = out[:-1]
+        return out
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        n = len(self.indices)
+        if self.world_size == 1:
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return -(-n // (self.batch_size * self.world_size)) if n else 0
+
+
+class BalancedBatchSampler:
+    """Batches that draw classes in fixed proportions (equal by default), with replacement.
+
+    Rare classes are oversampled and frequent ones undersampled, so an epoch is defined as
+    ``num_batches`` batches (default: as many as a plain epoch over all the given indices would have).
+
+    Args:
+        class_indices: per class, the sample indices it may draw from (e.g. the training split of it).
+        batch_size: samples per batch on this rank.
+        weights: relative share of each class (default equal); classes with weight 0 are never drawn.
+        num_batches: batches per epoch on this rank.
+        seed, rank, world_size: as for :class:`EpochBatchSampler`; ranks draw disjoint random streams.
+
+    Raises:
+        ValueError: a class with positive weight has no samples, or the weights are invalid.
+    """
+
+    def __init__(
+        self,
+        class_indices: Sequence[np.ndarray],
+        batch_size: int,
+        *,
+        weights: Sequence[float] | None = None,
+        num_batches: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        class_names: Sequence[str] | None = None,
+    ):
+        self.class_indices = [np.asarray(c, dtype=np.int64) for c in class_indices]
+        k = len(self.class_indices)
+        w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (k,) or (w < 0).any() or not w.sum() > 0:
+            raise ValueError(f"weights must be {k} non-negative numbers with a positive sum, got {weights!r}")
+        names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
+        for c in range(k):
+            if w[c] > 0 and len(self.class_indices[c]) == 0:
+                raise ValueError(f"class {names[c]!r} has no samples to draw from; balanced sampling needs every class")
+        self.weights = w / w.sum()
+        self.batch_size = batch_size
+        total = sum(len(c) for c in self.class_indices)
+        self.num_batches = num_batches if num_batches is not None else max(1, -(-total // (batch_size * world_size)))
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        rng = _rng(self.seed, self.epoch, 1 + self.rank)
+        for _ in range(self.num_batches):
+            counts = rng.multinomial(self.batch_size, self.weights)
+            parts = [
+                self.class_indices[c][rng.integers(0, len(self.class_indices[c]), n)] for c, n in enumerate(counts) if n
+            ]
+            batch = np.concatenate(parts)
+            rng.shuffle(batch)
+            yield batch
+
+
+def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train/validation split that holds out ``val_fraction`` of every class.
+
+    Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
+    least one in each part.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng([seed, 0x5A17])
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1], True])
+    val_parts: list[Any] = []
+    for lo, hi in itertools.pairwise(bounds):
+        members = order[lo:hi]
+        n_val = round(len(members) * val_fraction)
+        if val_fraction > 0 and len(members) >= 2:
+            n_val = min(max(n_val, 1), len(members) - 1)
+        val_parts.append(rng.choice(members, size=n_val, replace=False))
+    val = np.sort(np.concatenate(val_parts)) if val_parts else np.zeros(0, np.int64)
+    mask = np.ones(len(labels), bool)
+    mask[val] = False
+    return np.flatnonzero(mask).astype(np.int64), val.astype(np.int64)
