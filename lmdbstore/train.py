@@ -340,9 +340,6 @@ def train(
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=cfg.lr, total_steps=max(1, cfg.epochs * steps), pct_start=0.15
-    )
     out = Path(out_dir) if out_dir is not None else None
     start_epoch, history, best_acc = 0, [], -1.0
     if resume:
@@ -353,13 +350,21 @@ def train(
             raise LmdbStoreError("checkpoint was trained on other classes, shape or width", path=out / CHECKPOINT_NAME)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
         start_epoch = int(ckpt["epoch"]) + 1
         best_acc = float(ckpt.get("best_accuracy", -1.0))
         history = [EpochMetrics(**m) for m in json.loads(ckpt["history"])]
         say(f"resuming after epoch {start_epoch} from {out / CHECKPOINT_NAME}")
         if start_epoch >= cfg.epochs:
             say(f"checkpoint already has {start_epoch} epochs; nothing to do (raise --epochs to train more)")
+    # One-cycle over the (possibly extended) run; on resume it continues at the step reached, so asking
+    # for more epochs than the first run stretches the remaining schedule instead of failing.
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer,
+        max_lr=cfg.lr,
+        total_steps=max(1, cfg.epochs * steps, start_epoch * steps + 1),
+        pct_start=0.15,
+        last_epoch=start_epoch * steps - 1 if start_epoch else -1,
+    )
     if out is not None and info.is_main:
         out.mkdir(parents=True, exist_ok=True)
 

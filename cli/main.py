@@ -1,0 +1,352 @@
+"""The ``lmdbstore`` command line: a thin Typer layer over the library.
+
+Every command parses its options, calls one library function and prints.  Errors the library raises
+on purpose (``LmdbStoreError``) and bad arguments (``ValueError``) become one line on stderr and exit
+status 1; ``verify`` exits 1 when it finds problems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from lmdbstore import LmdbStoreError, __version__
+from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+
+app = typer.Typer(
+    name="lmdbstore",
+    help=(
+        "Store tens of millions of small training samples in LMDB and train a PyTorch CNN on them.\n\n"
+        "Typical flow: `lmdbstore ingest STORE data.npz`, `lmdbstore stats STORE`, "
+        "`lmdbstore train STORE --batch 4096`.  `lmdbstore demo` runs all of it on built-in synthetic data."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Turn deliberate errors into one line on stderr and a non-zero exit."""
+    try:
+        yield
+    except LmdbStoreError as exc:
+        _fail(str(exc))
+    except (ValueError, IndexError) as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        _fail("interrupted; committed batches are kept (rerun the same command to resume)", 130)
+
+
+def _progress(enabled: bool) -> Callable[[str, int], Any] | None:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    def make(desc: str, total: int) -> Any:
+        return tqdm(
+            total=total, desc=desc, unit="samples", unit_scale=True, dynamic_ncols=True, leave=False, file=sys.stderr
+        )
+
+    return make
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lmdbstore {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------- ingest
+@app.command()
+def ingest(
+    store: Annotated[Path, typer.Argument(help="Store directory (created if it does not exist).")],
+    sources: Annotated[
+        Optional[list[Path]], typer.Argument(help=".npy, .npz, .h5/.hdf5 files or ROOT/<class>/*.npy directories.")
+    ] = None,
+    label: Annotated[
+        Optional[str], typer.Option(help="Class of every sample of the sources (needed for plain .npy files).")
+    ] = None,
+    classes: Annotated[
+        Optional[str], typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
+    ] = None,
+    x_key: Annotated[str, typer.Option(help="Sample array name in .npz / dataset name in HDF5.")] = "x",
+    y_key: Annotated[str, typer.Option(help="Label array name in .npz / dataset name in HDF5.")] = "y",
+    dtype: Annotated[Optional[str], typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
+    cast: Annotated[
+        bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
+    ] = False,
+    allow_nonfinite: Annotated[bool, typer.Option(help="Accept NaN and inf values.")] = False,
+    checksum: Annotated[str, typer.Option(help="Per-value checksum of a new store: crc32, xxh64 or none.")] = "crc32",
+    samples_per_value: Annotated[
+        Optional[int],
+        typer.Option(help="Samples packed per LMDB value in a new store (default: chosen to fill pages)."),
+    ] = None,
+    commit_mb: Annotated[int, typer.Option(help="Commit (and fsync) every this many MiB of samples.")] = 64,
+    synthetic: Annotated[
+        Optional[int],
+        typer.Option(help="Instead of sources, generate this many samples of the built-in 5-class dataset."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Validate SOURCES and append them to STORE.
+
+    Every source is checked completely (shape, dtype, finite values, known labels) before anything is
+    written, so a bad source leaves the store exactly as it was.  Samples are committed in bounded
+    batches; if an ingest is interrupted, run the same command again: sources already in the store
+    are skipped and a partly written one continues where its last commit ended.
+    """
+    with _errors():
+        config = WriterConfig(
+            samples_per_value=samples_per_value,
+            checksum=checksum,  # type: ignore[arg-type]
+            commit_bytes=commit_mb << 20,
+            allow_nonfinite=allow_nonfinite,
+        )
+        bars = _progress(progress)
+        if synthetic is not None:
+            if sources:
+                raise ValueError("give either SOURCES or --synthetic, not both")
+            from lmdbstore.ingest import ingest_synthetic
+
+            report = ingest_synthetic(store, synthetic, seed=seed, config=config, progress=bars)
+        else:
+            if not sources:
+                raise ValueError("no SOURCES given (or use --synthetic N)")
+            from lmdbstore.ingest import ingest as run_ingest
+            from lmdbstore.sources import open_sources
+
+            srcs = open_sources(sources, label=label, x_key=x_key, y_key=y_key, h5_x=x_key, h5_y=y_key)
+            names = [c.strip() for c in classes.split(",")] if classes else None
+            report = run_ingest(store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars)
+        for s in report.sources:
+            note = f" ({s.skipped:,} already in the store)" if s.skipped else ""
+            typer.echo(f"  {s.name}: {s.written:,} samples written{note}")
+        typer.echo(
+            f"{'created' if report.created else 'appended to'} {report.store}: +{report.added:,} samples "
+            f"({report.samples_per_s:,.0f} samples/s), {report.total:,} in total"
+        )
+
+
+# ---------------------------------------------------------------------------- stats
+@app.command()
+def stats(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    sample: Annotated[
+        Optional[int], typer.Option(help="Recompute value statistics from this many random samples read back.")
+    ] = None,
+) -> None:
+    """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values."""
+    with _errors():
+        from lmdbstore.stats import format_stats, store_stats
+
+        s = store_stats(store, sample=sample)
+        typer.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
+
+
+# ---------------------------------------------------------------------------- verify
+@app.command()
+def verify(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    checksums: Annotated[bool, typer.Option(help="Check per-value checksums (when the store has them).")] = True,
+    max_problems: Annotated[int, typer.Option(help="Stop listing after this many problems.")] = 20,
+) -> None:
+    """Check STORE's metadata against its contents; exit 1 if anything is wrong."""
+    with _errors():
+        from lmdbstore.verify import verify_store
+
+        report = verify_store(store, checksums=checksums, max_problems=max_problems)
+        if as_json:
+            typer.echo(json.dumps(report.to_dict(), indent=2))
+        else:
+            for p in report.problems:
+                where = f" at {p.index}" if p.index is not None else ""
+                typer.echo(f"problem{where}: [{p.kind}] {p.message}")
+            typer.echo(f"{store}: {'OK' if report.ok else f'{len(report.problems)} problem(s) found'}")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------- synth
+@app.command()
+def synth(
+    out: Annotated[Path, typer.Argument(help="Output .npz (arrays x, y, class_names).")],
+    n: Annotated[int, typer.Option("-n", "--samples", help="Number of samples.")] = 100_000,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Write the built-in learnable 5-class dataset of z-scored 25x25 float32 arrays to an .npz."""
+    with _errors():
+        from lmdbstore.synth import write_synth_npz
+
+        write_synth_npz(out, n, seed=seed)
+        typer.echo(f"wrote {n:,} samples to {out}")
+
+
+# ---------------------------------------------------------------------------- train
+@app.command()
+def train(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = 4096,
+    epochs: Annotated[int, typer.Option(help="Epochs.")] = 3,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = 3e-3,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 2,
+    val_fraction: Annotated[float, typer.Option(help="Share of every class held out for validation.")] = 0.1,
+    balanced: Annotated[bool, typer.Option(help="Draw classes equally (with replacement).")] = False,
+    shuffle: Annotated[
+        str, typer.Option(help="random: new permutation per epoch; block: shuffled packed values, fewer lookups.")
+    ] = "random",
+    block_buffer: Annotated[int, typer.Option(help="Block mode: batches' worth of values mixed together.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = 0,
+    out: Annotated[
+        Optional[Path], typer.Option(help="Directory for checkpoints and metrics (default runs/<store name>).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint.pt.")] = False,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = "auto",
+    width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = 16,
+    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = True,
+    max_steps: Annotated[Optional[int], typer.Option(help="Cut every epoch after this many steps.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar per epoch.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON at the end.")] = False,
+) -> None:
+    """Train the CNN on STORE.
+
+    Reads batches with lock-free random reads from DataLoader workers; uses the GPU when there is one.
+    Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
+    waiting for data; metrics.jsonl, checkpoint.pt (every epoch) and best.pt go to --out.
+    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.
+    """
+    with _errors():
+        from lmdbstore.train import train as run_train
+
+        tcfg = TrainConfig(
+            epochs=epochs,
+            lr=lr,
+            val_fraction=val_fraction,
+            width=width,
+            device=device,
+            amp=amp,
+            max_steps_per_epoch=max_steps,
+        )
+        lcfg = LoaderConfig(
+            batch_size=batch,
+            shuffle=shuffle,
+            block_buffer=block_buffer,  # type: ignore[arg-type]
+            workers=workers,
+            seed=seed,
+            balanced=balanced,
+        )
+        out_dir = out if out is not None else Path("runs") / store.resolve().name
+        result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=typer.echo, progress=progress)
+        if os.environ.get("RANK", "0") != "0":
+            return  # under torchrun only rank 0 reports
+        if result.out_dir is not None and result.epochs:
+            typer.echo(f"checkpoints and metrics in {result.out_dir}")
+        if as_json and result.epochs:
+            typer.echo(
+                json.dumps({"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes})
+            )
+
+
+# ---------------------------------------------------------------------------- eval
+@app.command("eval")
+def eval_cmd(
+    store: Annotated[Path, typer.Argument(help="Store directory to score.")],
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or best.pt from `lmdbstore train`.")],
+    batch: Annotated[int, typer.Option(help="Samples per batch.")] = 4096,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 2,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    predictions: Annotated[Optional[Path], typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
+    with _errors():
+        from lmdbstore.train import evaluate, format_confusion
+
+        r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
+        if as_json:
+            typer.echo(json.dumps(r, indent=2))
+            return
+        typer.echo(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
+        for name, acc in r["per_class_accuracy"].items():
+            typer.echo(f"  {name:<16} {'-' if acc is None else f'{acc:.4f}'}")
+        typer.echo(format_confusion(r["confusion"], r["classes"]))
+
+
+# ---------------------------------------------------------------------------- demo
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option("--dir", help="Where the data, store and run go.")] = Path("demo_out"),
+    n: Annotated[int, typer.Option("-n", "--samples", help="Synthetic samples.")] = 100_000,
+    epochs: Annotated[int, typer.Option(help="Training epochs.")] = 3,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 4096,
+    workers: Annotated[int, typer.Option(help="DataLoader workers.")] = 2,
+) -> None:
+    """The main job end to end on built-in data: synth -> ingest -> stats -> train -> eval."""
+    with _errors():
+        from lmdbstore.ingest import ingest as run_ingest
+        from lmdbstore.sources import open_sources
+        from lmdbstore.stats import format_stats, store_stats
+        from lmdbstore.synth import write_synth_npz
+        from lmdbstore.train import evaluate
+        from lmdbstore.train import train as run_train
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        npz, store = workdir / "synthetic.npz", workdir / "store"
+        typer.echo(f"[1/5] synthesizing {n:,} samples of 5 classes -> {npz}")
+        write_synth_npz(npz, n)
+        typer.echo(f"[2/5] ingesting -> {store}")
+        rep = run_ingest(store, open_sources([npz]), progress=_progress(True))
+        typer.echo(f"      +{rep.added:,} samples ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store")
+        typer.echo("[3/5] stats")
+        typer.echo(format_stats(store_stats(store)))
+        typer.echo(f"[4/5] training {epochs} epochs, batch {batch}")
+        res = run_train(
+            store,
+            workdir / "run",
+            TrainConfig(epochs=epochs),
+            LoaderConfig(batch_size=batch, workers=workers),
+            log=typer.echo,
+        )
+        best = workdir / "run" / "best.pt"
+        typer.echo(f"[5/5] scoring the whole store with {best}")
+        r = evaluate(store, best, batch_size=batch, workers=workers)
+        typer.echo(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")
+        typer.echo(
+            f"done: validation accuracy {res.final.val_accuracy:.4f} after {len(res.epochs)} epochs; "
+            f"checkpoints and metrics in {workdir / 'run'}"
+        )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Training, checkpoints, resume and evaluation on real stores (CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lmdbstore import LmdbStoreError, NotAStoreError, StoreNotFoundError, ValidationError
+from lmdbstore.config import LoaderConfig, TrainConfig
+from lmdbstore.ingest import ingest_synthetic
+from lmdbstore.model import build_model
+from lmdbstore.reader import StoreReader
+from lmdbstore.samplers import stratified_split
+from lmdbstore.train import BEST_NAME, CHECKPOINT_NAME, METRICS_NAME, evaluate, load_checkpoint, train
+
+
+@pytest.fixture(scope="module")
+def synth_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """6,000 samples of the built-in learnable 5-class dataset."""
+    path = tmp_path_factory.mktemp("synth") / "store"
+    ingest_synthetic(path, 6000, seed=3)
+    return path
+
+
+def _quiet_train(store: Path, out: Path | None, epochs: int = 2, **loader: object) -> object:
+    lcfg = LoaderConfig(**{"batch_size": 256, "workers": 0, **loader})  # type: ignore[arg-type]
+    return train(store, out, TrainConfig(epochs=epochs, lr=5e-3), lcfg, log=None, progress=False)
+
+
+def test_train_learns_and_writes_checkpoints(synth_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = _quiet_train(synth_store, out, epochs=3, workers=1)
+    final = result.final  # type: ignore[attr-defined]
+    assert final.val_accuracy is not None and final.val_accuracy > 0.85
+    assert result.epochs[0].train_loss > final.train_loss  # type: ignore[attr-defined]
+    assert 0.0 <= final.data_wait_share < 1.0
+    assert final.samples_per_s > 0
+    # every training sample was seen exactly once per epoch
+    train_idx, val_idx = stratified_split(StoreReader(synth_store).labels(), 0.1, 0)
+    assert final.train_samples == len(train_idx)
+    assert set(final.per_class_accuracy) == {"blob", "ring", "hstripes", "vstripes", "checker"}
+    lines = (out / METRICS_NAME).read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [0, 1, 2]
+    conf = np.array(result.confusion)  # type: ignore[attr-defined]
+    assert conf.sum() == len(val_idx)
+    assert json.loads((out / "summary.json").read_text())["confusion"] == conf.tolist()
+    # checkpoints hold only tensors and primitives: safe loading works
+    for name in (CHECKPOINT_NAME, BEST_NAME):
+        ckpt = torch.load(out / name, weights_only=True)
+        model = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), ckpt["width"])
+        model.load_state_dict(ckpt["model"])
+    assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == 2
+
+
+def test_resume_continues_where_it_stopped(synth_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _quiet_train(synth_store, out, epochs=1)
+    first = load_checkpoint(out / CHECKPOINT_NAME)
+    assert first["epoch"] == 0
+    lcfg = LoaderConfig(batch_size=256, workers=0)
+    result = train(synth_store, out, TrainConfig(epochs=2, lr=5e-3), lcfg, resume=True, log=None, progress=False)
+    assert [m.epoch for m in result.epochs] == [0, 1]
+    assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == 1
+    assert len((out / METRICS_NAME).read_text().splitlines()) == 2
+    # the resumed model started from the saved weights, not from scratch
+    assert result.epochs[1].train_loss < result.epochs[0].train_loss
+
+
+def test_resume_without_checkpoint_fails(synth_store: Path, tmp_path: Path) -> None:
+    with pytest.raises(LmdbStoreError, match="no such checkpoint"):
+        train(
+            synth_store,
+            tmp_path / "empty",
+            TrainConfig(epochs=1),
+            LoaderConfig(batch_size=256, workers=0),
+            resume=True,
+            log=None,
+            progress=False,
+        )
+
+
+@pytest.mark.parametrize("loader", [{"shuffle": "block", "workers": 2}, {"balanced": True, "workers": 0}])
+def test_block_and_balanced_modes_train(synth_store: Path, loader: dict[str, object]) -> None:
+    result = _quiet_train(synth_store, None, epochs=1, **loader)
+    assert result.final.val_accuracy is not None  # type: ignore[attr-defined]
+    assert result.final.train_samples > 0  # type: ignore[attr-defined]
+
+
+def test_evaluate_scores_the_store(synth_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _quiet_train(synth_store, out, epochs=2)
+    preds = tmp_path / "pred.npy"
+    r = evaluate(synth_store, out / BEST_NAME, batch_size=1000, workers=1, predictions_out=preds)
+    assert r["samples"] == 6000
+    p = np.load(preds)
+    labels = StoreReader(synth_store).labels()
+    assert p.shape == (6000,)
+    assert r["accuracy"] == pytest.approx(float((p == labels).mean()))
+    assert np.array(r["confusion"]).sum() == 6000
+
+
+def test_batch_larger_than_split_is_refused(synth_store: Path) -> None:
+    with pytest.raises(ValidationError, match="larger than the training split"):
+        _quiet_train(synth_store, None, epochs=1, batch_size=100_000)
+
+
+def test_balanced_with_an_empty_class_is_refused(tmp_path: Path) -> None:
+    from lmdbstore import open_writer
+
+    with open_writer(tmp_path / "s", shape=(8, 8), dtype="float32", classes=["x", "y", "never"]) as w:
+        rng = np.random.default_rng(0)
+        w.append(rng.standard_normal((300, 8, 8), dtype=np.float32), rng.integers(0, 2, 300))
+    with pytest.raises(ValidationError, match="'never' has none"):
+        _quiet_train(tmp_path / "s", None, epochs=1, batch_size=32, balanced=True)
+
+
+def test_missing_and_foreign_stores(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFoundError):
+        _quiet_train(tmp_path / "nope", None)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("hi")
+    with pytest.raises(NotAStoreError):
+        _quiet_train(tmp_path / "plain", None)
+
+
+def test_hostile_checkpoint_is_refused(synth_store: Path, tmp_path: Path) -> None:
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (print, ("pwned",))
+
+    bad = tmp_path / "evil.pt"
+    bad.write_bytes(pickle.dumps({"format": 1, "model": Evil()}))
+    with pytest.raises(LmdbStoreError, match="cannot load checkpoint"):
+        evaluate(synth_store, bad)
