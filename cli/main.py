@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -85,29 +85,29 @@ def _main(
 def ingest(
     store: Annotated[Path, typer.Argument(help="Store directory (created if it does not exist).")],
     sources: Annotated[
-        Optional[list[Path]], typer.Argument(help=".npy, .npz, .h5/.hdf5 files or ROOT/<class>/*.npy directories.")
+        list[Path] | None, typer.Argument(help=".npy, .npz, .h5/.hdf5 files or ROOT/<class>/*.npy directories.")
     ] = None,
     label: Annotated[
-        Optional[str], typer.Option(help="Class of every sample of the sources (needed for plain .npy files).")
+        str | None, typer.Option(help="Class of every sample of the sources (needed for plain .npy files).")
     ] = None,
     classes: Annotated[
-        Optional[str], typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
+        str | None, typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
     ] = None,
     x_key: Annotated[str, typer.Option(help="Sample array name in .npz / dataset name in HDF5.")] = "x",
     y_key: Annotated[str, typer.Option(help="Label array name in .npz / dataset name in HDF5.")] = "y",
-    dtype: Annotated[Optional[str], typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
+    dtype: Annotated[str | None, typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
     ] = False,
     allow_nonfinite: Annotated[bool, typer.Option(help="Accept NaN and inf values.")] = False,
     checksum: Annotated[str, typer.Option(help="Per-value checksum of a new store: crc32, xxh64 or none.")] = "crc32",
     samples_per_value: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(help="Samples packed per LMDB value in a new store (default: chosen to fill pages)."),
     ] = None,
     commit_mb: Annotated[int, typer.Option(help="Commit (and fsync) every this many MiB of samples.")] = 64,
     synthetic: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(help="Instead of sources, generate this many samples of the built-in 5-class dataset."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = 0,
@@ -158,7 +158,7 @@ def stats(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     sample: Annotated[
-        Optional[int], typer.Option(help="Recompute value statistics from this many random samples read back.")
+        int | None, typer.Option(help="Recompute value statistics from this many random samples read back.")
     ] = None,
 ) -> None:
     """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values."""
@@ -224,13 +224,13 @@ def train(
     block_buffer: Annotated[int, typer.Option(help="Block mode: batches' worth of values mixed together.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = 0,
     out: Annotated[
-        Optional[Path], typer.Option(help="Directory for checkpoints and metrics (default runs/<store name>).")
+        Path | None, typer.Option(help="Directory for checkpoints and metrics (default runs/<store name>).")
     ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint.pt.")] = False,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = "auto",
     width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = 16,
     amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = True,
-    max_steps: Annotated[Optional[int], typer.Option(help="Cut every epoch after this many steps.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Cut every epoch after this many steps.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per epoch.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON at the end.")] = False,
 ) -> None:
@@ -281,7 +281,7 @@ def eval_cmd(
     batch: Annotated[int, typer.Option(help="Samples per batch.")] = 4096,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 2,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    predictions: Annotated[Optional[Path], typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
+    predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
