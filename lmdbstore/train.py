@@ -467,7 +467,7 @@ def _train_epoch(
         if bar is not None:
             elapsed = time.perf_counter() - t0
             bar.set_postfix(
-                loss=f"{float(loss):.3f}",
+                loss=f"{loss.item():.3f}",
                 sps=f"{n_seen * info.world_size / elapsed:,.0f}",
                 wait=f"{100 * timed.wait / elapsed:.0f}%",
             )
