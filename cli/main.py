@@ -31,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -99,7 +100,7 @@ def ingest(
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
     ] = False,
-    allow_nonfinite: Annotated[bool, typer.Option(help="Accept NaN and inf values.")] = False,
+    allow_nonfinite: Annotated[bool, typer.Option("--allow-nonfinite", help="Accept NaN and inf values.")] = False,
     checksum: Annotated[str, typer.Option(help="Per-value checksum of a new store: crc32, xxh64 or none.")] = "crc32",
     samples_per_value: Annotated[
         int | None,
@@ -138,9 +139,19 @@ def ingest(
             if not sources:
                 raise ValueError("no SOURCES given (or use --synthetic N)")
             from lmdbstore.ingest import ingest as run_ingest
+            from lmdbstore.ingest import store_layout
             from lmdbstore.sources import open_sources
 
-            srcs = open_sources(sources, label=label, x_key=x_key, y_key=y_key, h5_x=x_key, h5_y=y_key)
+            layout = store_layout(store)
+            srcs = open_sources(
+                sources,
+                label=label,
+                x_key=x_key,
+                y_key=y_key,
+                h5_x=x_key,
+                h5_y=y_key,
+                sample_shape=layout[0] if layout else None,
+            )
             names = [c.strip() for c in classes.split(",")] if classes else None
             report = run_ingest(store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars)
         for s in report.sources:
@@ -217,7 +228,7 @@ def train(
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = 3e-3,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = 2,
     val_fraction: Annotated[float, typer.Option(help="Share of every class held out for validation.")] = 0.1,
-    balanced: Annotated[bool, typer.Option(help="Draw classes equally (with replacement).")] = False,
+    balanced: Annotated[bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")] = False,
     shuffle: Annotated[
         str, typer.Option(help="random: new permutation per epoch; block: shuffled packed values, fewer lookups.")
     ] = "random",
@@ -226,7 +237,7 @@ def train(
     out: Annotated[
         Path | None, typer.Option(help="Directory for checkpoints and metrics (default runs/<store name>).")
     ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint.pt.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt.")] = False,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = "auto",
     width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = 16,
     amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = True,

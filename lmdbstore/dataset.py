@@ -47,13 +47,15 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __init__(self, store: str | os.PathLike[str] | StoreReader, *, add_channel: bool = True):
         self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
-        meta = self.reader.meta
-        self.shape = meta.shape
-        self.count = meta.count
-        self.torch_dtype = _TORCH_DTYPES[meta.dtype]
-        self.add_channel = add_channel
-        self.labels = torch.from_numpy(self.reader.labels().astype(np.int64))
-        self.reader.close()
+        try:
+            meta = self.reader.meta
+            self.shape = meta.shape
+            self.count = meta.count
+            self.torch_dtype = _TORCH_DTYPES[meta.dtype]
+            self.add_channel = add_channel
+            self.labels = torch.from_numpy(self.reader.labels().astype(np.int64))
+        finally:
+            self.reader.close()
 
     def __len__(self) -> int:
         return self.count

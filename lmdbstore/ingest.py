@@ -9,6 +9,7 @@ an interruption, running the same command again skips what was committed and con
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -20,12 +21,13 @@ import numpy as np
 
 from .config import WriterConfig
 from .errors import ValidationError
+from .format import DB_PROGRESS
 from .reader import StoreReader
 from .sources import Source, infer_classes, scan_source
 from .synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
 from .writer import normalize_dtype, open_writer
 
-__all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic"]
+__all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
 
 #: Rows read per batch from a source while validating and writing.
 DEFAULT_READ_BATCH = 16384
@@ -67,13 +69,28 @@ def _bar(factory: ProgressFactory | None, desc: str, total: int) -> Any:
     return factory(desc, total) if factory is not None else _NoBar()
 
 
-def _store_layout(path: Path) -> tuple[tuple[int, ...], str, list[str]] | None:
+def store_layout(path: Path) -> tuple[tuple[int, ...], str, list[str]] | None:
     """(shape, dtype, classes) of an existing store, or None when it does not exist yet."""
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         return None
     with StoreReader(path) as r:  # closed again before the writer opens the same path
         m = r.meta
         return m.shape, m.dtype, list(m.classes)
+
+
+def _classes_from(sources: Sequence[Source]) -> list[str]:
+    """Classes of a new store: the sources' own ordered list when they all carry the same one
+    (e.g. an npz ``class_names``, so the file's ids keep their meaning), else :func:`infer_classes`."""
+    lists = [src.class_names() for src in sources]
+    if all(lst is not None for lst in lists) and len({tuple(lst) for lst in lists if lst is not None}) == 1:
+        return list(lists[0] or [])
+    return infer_classes(sources)
+
+
+def _ledger(path: Path) -> dict[str, int]:
+    """Committed position of every producer in the store's resume ledger."""
+    with StoreReader(path) as r:
+        return {k.decode(): int(json.loads(bytes(v))["done"]) for k, v in r.iter_raw(DB_PROGRESS)}
 
 
 def ingest(
@@ -108,12 +125,12 @@ def ingest(
         raise ValueError("sources must not be empty")
     config = config or WriterConfig()
     path = Path(store)
-    layout = _store_layout(path)
+    layout = store_layout(path)
     first = sources[0]
     if layout is None:
         shape = tuple(first.shape)
         dtype = normalize_dtype(dtype if dtype is not None else first.dtype)
-        names = list(classes) if classes is not None else infer_classes(sources)
+        names = list(classes) if classes is not None else _classes_from(sources)
     else:
         if dtype is not None and normalize_dtype(dtype) != layout[1]:
             raise ValidationError(f"store holds dtype {layout[1]}, --dtype gave {np.dtype(dtype)}", path=path)
@@ -123,14 +140,19 @@ def ingest(
                 f"store has classes {', '.join(names)}, --classes gave {', '.join(classes)}", path=path
             )
     t0 = time.perf_counter()
+    ledger = _ledger(path) if layout is not None else {}
     for src in sources:
-        bar = _bar(progress, f"validate {src.name}", len(src))
+        done = min(ledger.get(src.fingerprint(), 0), len(src))  # what an earlier run already committed
+        if done == len(src):
+            continue
+        bar = _bar(progress, f"validate {src.name}", len(src) - done)
         try:
             scan_source(
                 src,
                 shape=shape,
                 dtype=np.dtype(dtype),
                 classes=names,
+                start=done,
                 allow_nonfinite=config.allow_nonfinite,
                 cast=cast,
                 batch=batch,

@@ -296,9 +296,9 @@ def train(
     cfg = config or TrainConfig()
     lcfg = loader or LoaderConfig()
     path = Path(store)
-    reader = StoreReader(path).open()
-    meta = reader.meta
-    labels = reader.labels()
+    with StoreReader(path) as reader:  # closed again at once: workers open their own
+        meta = reader.meta
+        labels = reader.labels()
     classes = list(meta.classes)
     device_kind = (
         "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") else "cpu"
@@ -513,8 +513,8 @@ def evaluate(
         LmdbStoreError: unreadable checkpoint, or one trained on other classes or another sample shape.
     """
     path = Path(store)
-    reader = StoreReader(path).open()
-    meta = reader.meta
+    with StoreReader(path) as reader:
+        meta = reader.meta
     dev = resolve_device(device, DistInfo())
     ckpt = load_checkpoint(checkpoint, map_location=dev)
     if ckpt["classes"] != list(meta.classes) or tuple(ckpt["sample_shape"]) != meta.shape:
