@@ -266,8 +266,8 @@ def train(
         )
         lcfg = LoaderConfig(
             batch_size=batch,
-            shuffle=shuffle,
-            block_buffer=block_buffer,  # type: ignore[arg-type]
+            shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
+            block_buffer=block_buffer,
             workers=workers,
             seed=seed,
             balanced=balanced,

@@ -313,7 +313,7 @@ def train(
     torch.manual_seed(lcfg.seed)
     model = build_model(meta.shape, len(classes), cfg.width).to(device)
     if device.type == "cpu":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     ddp_model: nn.Module = model
     if info.active:
         ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -525,7 +525,7 @@ def evaluate(
         )
     model = _model_from_checkpoint(ckpt).to(dev).eval()
     if dev.type == "cpu":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))
     sampler = EpochBatchSampler(idx, batch_size, shuffle="none")
     loader = make_loader(
