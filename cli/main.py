@@ -41,14 +41,14 @@ def _fail(msg: str, code: int = 1) -> None:
 
 
 @contextmanager
-def _errors() -> Iterator[None]:
-    """Turn deliberate errors into one line on stderr and a non-zero exit."""
+def _errors(code: int = 1) -> Iterator[None]:
+    """Turn deliberate errors into one line on stderr and exit status ``code``."""
     try:
         yield
     except LmdbStoreError as exc:
-        _fail(str(exc))
+        _fail(str(exc), code)
     except (ValueError, IndexError) as exc:
-        _fail(str(exc))
+        _fail(str(exc), code)
     except KeyboardInterrupt:
         _fail("interrupted; committed batches are kept (rerun the same command to resume)", 130)
 
@@ -186,13 +186,40 @@ def verify(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     checksums: Annotated[bool, typer.Option(help="Check per-value checksums (when the store has them).")] = True,
+    structure: Annotated[bool, typer.Option(help="Check LMDB's page structure first (without liblmdb).")] = True,
     max_problems: Annotated[int, typer.Option(help="Stop listing after this many problems.")] = 20,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Check STORE's metadata against its contents; exit 1 if anything is wrong."""
-    with _errors():
+    """Check STORE's contents against its metadata.
+
+    Checks the LMDB page structure, that sample keys are contiguous and every value has the right length
+    and checksum, that labels, class counts and the class-index table agree, and that nothing extra is
+    stored.  Lists the first problems with their sample indices.  Exit status: 0 clean, 1 problems found,
+    2 the store cannot be opened at all.
+    """
+    with _errors(code=2):
         from lmdbstore.verify import verify_store
 
-        report = verify_store(store, checksums=checksums, max_problems=max_problems)
+        bars: list[Any] = []  # created on the first progress call, so an unopenable store prints one line
+
+        def advance(done: int) -> None:
+            if not bars:
+                from tqdm import tqdm
+
+                bars.append(tqdm(desc="verify", unit="samples", unit_scale=True, leave=False, file=sys.stderr))
+            bars[0].update(done - bars[0].n)
+
+        try:
+            report = verify_store(
+                store,
+                checksums=checksums,
+                max_problems=max_problems,
+                structure=structure,
+                progress=advance if progress else None,
+            )
+        finally:
+            for bar in bars:
+                bar.close()
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
         else:

@@ -73,6 +73,10 @@ class WriterConfig:
             raise ValueError(f"initial_map_size must be at least 1 MiB, got {self.initial_map_size}")
         if self.max_map_size is not None and self.max_map_size < 1 << 16:
             raise ValueError(f"max_map_size must be at least 64 KiB, got {self.max_map_size}")
+        if self.max_map_size is not None and self.initial_map_size > self.max_map_size:
+            raise ValueError(
+                f"initial_map_size ({self.initial_map_size}) must not exceed max_map_size ({self.max_map_size})"
+            )
 
 
 @dataclass(frozen=True)

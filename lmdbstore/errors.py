@@ -9,6 +9,7 @@ boundary by :func:`translate_lmdb_errors`, so callers never need to import ``lmd
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,6 +109,21 @@ class SourceError(LmdbStoreError):
     """An ingest source file cannot be read (missing, truncated, empty, wrong layout)."""
 
 
+#: Below this many bytes available to us, an I/O error on write is taken for a full disk.
+DISK_FULL_BYTES = 1 << 20
+
+
+def _disk_full(path: str | Path) -> bool:
+    """Whether the filesystem holding ``path`` (or its parent) has all but run out of space."""
+    for p in (Path(path), Path(path).parent):
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize < DISK_FULL_BYTES
+    return False
+
+
 @contextmanager
 def translate_lmdb_errors(path: str | Path, action: str) -> Iterator[None]:
     """Re-raise py-lmdb (and OS) errors met while doing ``action`` on ``path`` as our own.
@@ -128,12 +144,23 @@ def translate_lmdb_errors(path: str | Path, action: str) -> Iterator[None]:
         raise CorruptStoreError(f"{action}: LMDB reports corruption ({exc})", path=path) from exc
     except (lmdb.InvalidError, lmdb.VersionMismatchError) as exc:
         raise NotAStoreError(f"{action}: not a valid LMDB environment ({exc})", path=path) from exc
+    except lmdb.ReadersFullError as exc:
+        raise LmdbStoreError(
+            f"{action}: every LMDB reader slot is taken by a live lock=True reader",
+            path=path,
+            hint="read a store nobody writes with lock=False (no slot), or run fewer lock=True readers",
+        ) from exc
     except lmdb.DiskError as exc:
         raise StoreFullError(f"{action}: disk error ({exc})", path=path, hint="free disk space") from exc
     except lmdb.Error as exc:
         text = str(exc)
         if "No space left" in text or "ENOSPC" in text:
             raise StoreFullError(f"{action}: no space left on device", path=path, hint="free disk space") from exc
+        if os.strerror(errno.EIO) in text and _disk_full(path):
+            # LMDB turns a short write (what a full disk causes) into EIO
+            raise StoreFullError(
+                f"{action}: no space left on device (LMDB saw a short write)", path=path, hint="free disk space"
+            ) from exc
         raise LmdbStoreError(f"{action}: LMDB error: {text}", path=path) from exc
     except OSError as exc:
         if exc.errno == errno.ENOSPC:

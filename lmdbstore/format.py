@@ -291,7 +291,7 @@ class StoreMeta:
         if d.get("format") != FORMAT_NAME:
             raise CorruptStoreError(f"metadata format is {d.get('format')!r}, expected {FORMAT_NAME!r}", path=path)
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:  # not 1.0 nor true
             raise FormatVersionError(
                 f"unsupported format version {version!r} (this lmdbstore reads version {FORMAT_VERSION})",
                 path=path,
@@ -352,6 +352,16 @@ class StoreMeta:
         if not isinstance(vs, dict):
             raise bad("value_stats must be an object")
         stats = ValueStats(**{k: vs[k] for k in ("n", "sum", "sumsq", "min", "max", "nonfinite") if k in vs})
+        if not (is_int(stats.n) and stats.n >= 0 and is_int(stats.nonfinite) and stats.nonfinite >= 0):
+            raise bad("value_stats counts must be non-negative integers")
+
+        def is_num(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        if not (
+            is_num(stats.sum) and is_num(stats.sumsq) and all(v is None or is_num(v) for v in (stats.min, stats.max))
+        ):
+            raise bad("value_stats sum/sumsq must be numbers and min/max numbers or null")
         return cls(
             shape=tuple(shape),
             dtype=dtype,

@@ -179,14 +179,15 @@ class StoreWriter:
             raw = txn.get(name.encode(), db=self._dbs[DB_PROGRESS])
         if raw is None:
             return 0
-        return int(json.loads(raw)["done"])
+        return int(_parse_progress(raw, self.path, name)["done"])
 
     def progress_entries(self) -> dict[str, dict[str, Any]]:
         """The whole committed resume ledger: name -> {"done": int, "total": int | None}."""
         out: dict[str, dict[str, Any]] = {}
         with self._env.begin() as txn:
             for k, v in txn.cursor(db=self._dbs[DB_PROGRESS]):
-                out[bytes(k).decode()] = json.loads(bytes(v))
+                name = bytes(k).decode("utf-8", "replace")
+                out[name] = _parse_progress(bytes(v), self.path, name)
         return out
 
     # ------------------------------------------------------------------ appending
@@ -250,6 +251,9 @@ class StoreWriter:
         y = np.concatenate(self._pending_y) if self._pending_y else np.zeros(0, self._meta.label_dtype)
         stats = ValueStats(**vars(self._meta.value_stats))
         stats.update(x)
+        with translate_lmdb_errors(self.path, "clear stale readers"):
+            # Slots of killed lock=True readers pin old pages, which would make the file grow.
+            self._env.reader_check()
         while True:
             try:
                 with translate_lmdb_errors(self.path, "commit"):
@@ -431,8 +435,12 @@ def check_samples(
             raise ValidationError(f"samples have dtype {arr.dtype}, expected {want}", path=path, hint="cast them first")
         if not np.can_cast(arr.dtype, want, casting="same_kind"):
             raise ValidationError(f"cannot cast dtype {arr.dtype} to {want}", path=path)
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want, casting="safe"):
+            lo, hi, info = int(arr.min()), int(arr.max()), np.iinfo(want)
+            if lo < info.min or hi > info.max:  # a narrowing integer cast would wrap silently
+                raise ValidationError(f"values {lo}..{hi} do not fit dtype {want}", path=path)
     arr = np.ascontiguousarray(arr, dtype=want)
-    if want.kind == "f" and not allow_nonfinite:
+    if want.kind == "f" and not allow_nonfinite and len(arr):
         finite = np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)
         if not finite.all():
             first = int(np.flatnonzero(~finite)[0])
@@ -442,13 +450,33 @@ def check_samples(
     return arr
 
 
+def _parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
+    """Decode one resume-ledger entry (JSON ``{"done": int, "total": int | None}``).
+
+    Raises:
+        CorruptStoreError: the entry is not such JSON (damaged or foreign data; never unpickled).
+    """
+    try:
+        entry = json.loads(bytes(raw).decode("utf-8"))
+        done = entry["done"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise CorruptStoreError(f"resume-ledger entry is malformed ({exc})", path=path, key=name) from exc
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise CorruptStoreError(f"resume-ledger entry has done={done!r}", path=path, key=name)
+    return dict(entry)
+
+
 def _acquire_lock(path: Path) -> int:
     fd = os.open(path / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise StoreLockedError("another writer is using this store", path=path, hint="wait for it to finish") from None
+        raise StoreLockedError(
+            "another writer is using this store (or `lmdbstore verify` is checking its file structure)",
+            path=path,
+            hint="wait for it to finish",
+        ) from None
     return fd
 
 
@@ -550,10 +578,13 @@ def open_writer(
     lock_fd = _acquire_lock(p)
     try:
         size = os.path.getsize(p / DATA_FILE)
+        map_size = max(config.initial_map_size, 2 * size)
+        if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
+            map_size = max(min(map_size, config.max_map_size), size)
         env = open_env(
             p,
             readonly=False,
-            map_size=max(config.initial_map_size, 2 * size),
+            map_size=map_size,
             sync=config.sync,
             metasync=config.sync,
             meminit=False,
