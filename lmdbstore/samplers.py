@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -85,12 +85,14 @@ class EpochBatchSampler:
     Args:
         indices: the sample indices to draw from (e.g. the training split).
         batch_size: samples per batch on this rank.
-        shuffle: ``"random"`` (a fresh permutation each epoch) or ``"block"`` (see :func:`block_order`).
+        shuffle: ``"random"`` (a fresh permutation each epoch), ``"block"`` (see :func:`block_order`) or
+            ``"none"`` (the given order, e.g. for validation).
         samples_per_value: the store's packing, needed for block mode.
         block_buffer: batches' worth of values mixed together in block mode.
         seed: base seed; call :meth:`set_epoch` before each epoch.
         rank, world_size: this process's share under DDP (defaults: the only process).
-        drop_last: leave out the final short batch (single process only).
+        drop_last: leave out the final short batch; with several ranks, the tail that would not give
+            every rank a full batch (so that all ranks still run the same number of steps).
     """
 
     def __init__(
@@ -98,7 +100,7 @@ class EpochBatchSampler:
         indices: Sequence[int] | np.ndarray,
         batch_size: int,
         *,
-        shuffle: ShuffleMode = "random",
+        shuffle: ShuffleMode | Literal["none"] = "random",
         samples_per_value: int = 1,
         block_buffer: int = 4,
         seed: int = 0,
@@ -135,19 +137,18 @@ class EpochBatchSampler:
         return self.indices.copy()
 
     def batches(self) -> list[np.ndarray]:
-        out = shard_batches(self.epoch_order(), self.batch_size, self.rank, self.world_size)
-        if self.drop_last and out and len(out[-1]) < self.batch_size:
-            out = out[:-1]
-        return out
+        order = self.epoch_order()
+        if self.drop_last:  # whole steps only: a per-rank drop would leave the ranks unequal
+            step = self.batch_size * self.world_size
+            order = order[: len(order) // step * step]
+        return shard_batches(order, self.batch_size, self.rank, self.world_size)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter(self.batches())
 
     def __len__(self) -> int:
-        n = len(self.indices)
-        if self.world_size == 1:
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-        return -(-n // (self.batch_size * self.world_size)) if n else 0
+        n, step = len(self.indices), self.batch_size * self.world_size
+        return n // step if self.drop_last else -(-n // step)
 
 
 class BalancedBatchSampler:
@@ -179,6 +180,8 @@ class BalancedBatchSampler:
         world_size: int = 1,
         class_names: Sequence[str] | None = None,
     ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.class_indices = [np.asarray(c, dtype=np.int64) for c in class_indices]
         k = len(self.class_indices)
         w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)

@@ -1,0 +1,169 @@
+"""Shared test helpers and fixtures for the lmdbstore test suite.
+
+Everything here builds *real* stores with the real writer in pytest's ``tmp_path``; nothing is mocked.
+Fixture and helper names are stable: other test files rely on them.
+
+Module-level helpers (importable with ``from conftest import make_data, build_store, ...``):
+
+``CLASSES``
+    ``["a", "b", "c", "d", "e"]``, the class names every fixture store uses.
+``make_data(n, seed=0, *, shape=(25, 25), dtype=np.float32, n_classes=5, p=None)``
+    Deterministic ``(x, y)``: ``x`` of shape ``(n, *shape)`` and ``dtype``, ``y`` int64 in
+    ``0..n_classes-1`` (drawn with probabilities ``p``, uniform by default).  Float samples are standard
+    normal, integer samples uniform over the dtype's range.  **The first element of every sample encodes
+    its index** (``x[i].flat[0] == i``; modulo the range for small integer dtypes, exact in float16
+    only below 2,048), so a test can
+    tell exactly which samples came back from a loader.
+``build_store(path, x, y, *, classes=CLASSES, config=None, batch=None)``
+    Write ``(x, y)`` into a new store at ``path`` with :func:`lmdbstore.open_writer` (in batches of
+    ``batch`` samples, each committed, when given) and return ``path``.
+``snapshot_store(path)``
+    Every key and value of every sub-database, read through raw py-lmdb, as a dict: compare two
+    snapshots to prove an operation left a store byte-for-byte unchanged.
+``raw_env(path)``
+    Context manager yielding a raw, writable ``lmdb.Environment`` on the store (closed on exit), for
+    tests that damage a store on purpose.  No :class:`StoreReader` of that store may be open in the
+    process meanwhile (py-lmdb refuses to open one environment twice in a process).
+
+Fixtures:
+
+``make_data``
+    The :func:`make_data` function itself.
+``store_factory``
+    ``store_factory(n=2000, seed=0, *, name="store", shape=(25, 25), dtype=np.float32, config=None,
+    batch=None, p=None) -> StoreInfo``: a new store in ``tmp_path`` holding ``make_data(n, seed, ...)``.
+``small_store``
+    A :class:`StoreInfo` for 2,000 z-scored-like 25x25 float32 samples with classes "a".."e"
+    (default writer config: 18 samples per value, crc32 trailer; the last value is partial).
+
+``StoreInfo`` has fields ``path`` (``pathlib.Path`` of the store), ``x`` and ``y`` (the arrays written).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+import pytest
+
+from lmdbstore import WriterConfig, open_writer
+from lmdbstore.format import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
+
+CLASSES = ["a", "b", "c", "d", "e"]
+ALL_DBS = (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_META, DB_PROGRESS)
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """A store built for a test and the data written into it."""
+
+    path: Path
+    x: np.ndarray
+    y: np.ndarray
+
+
+def make_data(
+    n: int,
+    seed: int = 0,
+    *,
+    shape: Sequence[int] = (25, 25),
+    dtype: Any = np.float32,
+    n_classes: int = 5,
+    p: Sequence[float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic samples and labels; ``x[i].flat[0]`` encodes ``i`` (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    full = (n, *shape)
+    if dt.kind == "f":
+        x = rng.standard_normal(full).astype(dt)
+    else:
+        info = np.iinfo(dt)
+        x = rng.integers(info.min, info.max, size=full, dtype=dt, endpoint=True)
+    if n:
+        flat = x.reshape(n, -1)
+        if dt.kind == "f":
+            flat[:, 0] = np.arange(n)
+        else:
+            modulus = min(int(np.iinfo(dt).max) + 1, 1 << 62)
+            flat[:, 0] = (np.arange(n) % modulus).astype(dt)
+    y = rng.choice(n_classes, size=n, p=p).astype(np.int64)
+    return x, y
+
+
+def build_store(
+    path: Path,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    classes: Sequence[str] = CLASSES,
+    config: WriterConfig | None = None,
+    batch: int | None = None,
+) -> Path:
+    """Write ``(x, y)`` to a new store at ``path`` (committing every ``batch`` samples if given)."""
+    with open_writer(path, shape=x.shape[1:], dtype=x.dtype, classes=classes, config=config) as w:
+        step = batch or max(len(x), 1)
+        for lo in range(0, len(x), step):
+            w.append(x[lo : lo + step], y[lo : lo + step])
+            if batch:
+                w.commit()
+    return path
+
+
+@contextmanager
+def raw_env(path: Path, *, readonly: bool = False) -> Iterator[lmdb.Environment]:
+    """A raw py-lmdb environment on the store directory, closed on exit."""
+    env = lmdb.open(str(path), max_dbs=MAX_DBS, readonly=readonly, create=False, lock=not readonly)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def snapshot_store(path: Path) -> dict[bytes, dict[bytes, bytes]]:
+    """Every (key, value) of every sub-database of the store at ``path``."""
+    out: dict[bytes, dict[bytes, bytes]] = {}
+    with raw_env(path, readonly=True) as env, env.begin() as txn:
+        for name in ALL_DBS:
+            db = env.open_db(name, txn=txn, create=False)
+            out[name] = {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
+    return out
+
+
+@pytest.fixture(name="make_data")
+def make_data_fixture() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+    """The :func:`make_data` factory."""
+    return make_data
+
+
+@pytest.fixture
+def store_factory(tmp_path: Path) -> Callable[..., StoreInfo]:
+    """Build stores of :func:`make_data` samples in ``tmp_path`` (see the module docstring)."""
+
+    def factory(
+        n: int = 2000,
+        seed: int = 0,
+        *,
+        name: str = "store",
+        shape: Sequence[int] = (25, 25),
+        dtype: Any = np.float32,
+        config: WriterConfig | None = None,
+        batch: int | None = None,
+        p: Sequence[float] | None = None,
+    ) -> StoreInfo:
+        x, y = make_data(n, seed, shape=shape, dtype=dtype, p=p)
+        path = build_store(tmp_path / name, x, y, config=config, batch=batch)
+        return StoreInfo(path, x, y)
+
+    return factory
+
+
+@pytest.fixture
+def small_store(store_factory: Callable[..., StoreInfo]) -> StoreInfo:
+    """2,000 25x25 float32 samples, classes "a".."e", default writer settings."""
+    return store_factory(2000, seed=1234)
