@@ -67,7 +67,9 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         if get_worker_info() is not None:
             x.share_memory_()  # filled in place; pickling to the main process then copies nothing
         self.reader.read_batch(idx, out=x.numpy().reshape(len(idx), *self.shape))
-        return x, self.labels[torch.from_numpy(idx)]
+        # index_select, not ``labels[tensor]``: advanced indexing runs on torch's intra-op thread pool and
+        # cost ~8 ms per 4096-sample batch in a 2-thread main process (index_select: ~0.01 ms).
+        return x, torch.index_select(self.labels, 0, torch.from_numpy(idx))
 
 
 def make_loader(

@@ -11,6 +11,7 @@ while a writer appends.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from ._env import check_store_dir, open_env, read_meta
+from ._env import begin_read, check_store_dir, open_env, read_meta
 from .errors import ChecksumError, CorruptStoreError, translate_lmdb_errors
 from .format import (
     DB_CLASSIDX,
@@ -42,10 +43,11 @@ class _Handle:
     def __init__(self, path: Path, lock: bool):
         check_store_dir(path)
         self.pid = os.getpid()
+        self.lock = lock
         self.env = open_env(path, readonly=True, lock=lock)
         try:
             with translate_lmdb_errors(path, "open"):
-                self.txn = self.env.begin(buffers=True)
+                self.txn = begin_read(self.env)
                 self.meta = read_meta(self.env, self.txn, path)
                 self.dbs = {
                     name: self.env.open_db(name, txn=self.txn, create=False)
@@ -57,6 +59,19 @@ class _Handle:
         except BaseException:
             self.env.close()
             raise
+
+    def forget_after_fork(self) -> None:
+        """Let go of a handle inherited through ``fork()`` so that this process can open its own.
+
+        py-lmdb refuses to open an environment that is still open in the process, and a forked child
+        inherits the parent's.  A lock-free handle shares nothing with the parent (no reader table), so
+        it is closed.  A handle with a reader lock must not be closed here: aborting its transaction
+        would free the *parent's* reader slot and expose its snapshot to a writer.  It is only
+        dereferenced; py-lmdb forgets it, without touching the slot, when the last reference goes.
+        """
+        if not self.lock:
+            with contextlib.suppress(lmdb.Error):
+                self.close()
 
     def close(self) -> None:
         try:
@@ -92,7 +107,12 @@ class StoreReader:
     def _handle(self) -> _Handle:
         h = self._h
         if h is None or h.pid != os.getpid():
-            # After a fork the inherited handle belongs to the parent: drop it without closing.
+            # After a fork the inherited handle belongs to the parent (see _Handle.forget_after_fork);
+            # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.
+            self._h = None
+            if h is not None:
+                h.forget_after_fork()
+                h = None
             h = self._h = _Handle(self.path, self.lock)
         return h
 
@@ -202,26 +222,37 @@ class StoreReader:
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         firsts = sidx - sidx % spv
-        keys = firsts.astype(">u8").tobytes()
+        # The per-sample loop is the hot path (random order: one lookup per sample), so numpy makes
+        # every per-sample input up front: one 8-byte key object per sample (``V8`` items become
+        # ``bytes``), no key slicing, index arithmetic or list indexing inside the loop.
+        keys = firsts.astype(">u8").view("V8").tolist()
         offs = ((sidx - firsts) * sb).tolist()
         dsts = (order * sb).tolist()
-        firsts_l = firsts.tolist()
         ov = memoryview(out.reshape(-1).view(np.uint8))
-        get = None if self.verify_checksums else h.txn.get
+        verify = self.verify_checksums
+        get = h.txn.get
         db = h.dbs[DB_SAMPLES]
-        last_first = -1
+        # unchecked fast path: still refuse a value of the wrong length (the last value is shorter)
+        full_len, tail_first = spv * sb + m.trailer_bytes, m.count - m.count % spv
+        tail_len = m.expected_value_len(tail_first) if tail_first < m.count else full_len
+        tail_key = encode_key(tail_first)
+        last: Any = None
         buf: Any = None
         try:
-            for j in range(n):
-                f = firsts_l[j]
-                if f != last_first:
-                    buf = self._value(h, f) if get is None else get(keys[8 * j : 8 * j + 8], db=db)
-                    last_first = f
-                o, d = offs[j], dsts[j]
+            for k, o, d in zip(keys, offs, dsts, strict=True):
+                if k != last:
+                    last = k
+                    if verify:
+                        buf = self._value(h, int.from_bytes(k, "big"))
+                    else:
+                        buf = get(k, db=db)
+                        if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
+                            buf = self._value(h, int.from_bytes(k, "big"))  # raises the precise error
                 ov[d : d + sb] = buf[o : o + sb]
         except (TypeError, ValueError):
             # A None (missing key) or short value: re-read through the checked path for the exact error.
-            self._value(h, last_first)
+            if last is not None:
+                self._value(h, int.from_bytes(last, "big"))
             raise
         return out
 
