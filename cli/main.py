@@ -259,7 +259,10 @@ def train(
     shuffle: Annotated[
         str, typer.Option(help="random: new permutation per epoch; block: shuffled packed values, fewer lookups.")
     ] = "random",
-    block_buffer: Annotated[int, typer.Option(help="Block mode: batches' worth of values mixed together.")] = 4,
+    block_buffer: Annotated[
+        int,
+        typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = 0,
     out: Annotated[
         Path | None, typer.Option(help="Directory for checkpoints and metrics (default runs/<store name>).")

@@ -87,9 +87,9 @@ class LoaderConfig:
         batch_size: samples per batch (default 4096).
         shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample) or ``"block"``
             (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups).
-        block_buffer: in block mode, how many batches' worth of values are mixed together (default 4):
-            1 reads every value once per batch and keeps a value's samples together; larger mixes
-            more at the cost of more lookups per batch.
+        block_buffer: in block mode, over how many batches each value's samples are spread (default 2):
+            1 keeps a value's samples in one batch (one lookup and one copy per value: fastest, most
+            correlated); larger mixes more at the cost of more lookups and shorter copies per batch.
         workers: DataLoader worker processes (default 2).
         seed: base seed; epoch ``e`` uses ``seed + e`` everywhere, so runs and ranks agree.
         balanced: draw classes equally (with replacement) instead of going over every sample once.
@@ -101,7 +101,7 @@ class LoaderConfig:
 
     batch_size: int = 4096
     shuffle: ShuffleMode = "random"
-    block_buffer: int = 4
+    block_buffer: int = 2
     workers: int = 2
     seed: int = 0
     balanced: bool = False

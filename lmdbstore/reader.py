@@ -222,12 +222,16 @@ class StoreReader:
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         firsts = sidx - sidx % spv
-        # The per-sample loop is the hot path (random order: one lookup per sample), so numpy makes
-        # every per-sample input up front: one 8-byte key object per sample (``V8`` items become
-        # ``bytes``), no key slicing, index arithmetic or list indexing inside the loop.
-        keys = firsts.astype(">u8").view("V8").tolist()
-        offs = ((sidx - firsts) * sb).tolist()
-        dsts = (order * sb).tolist()
+        # Runs: consecutive samples of one value whose rows in ``out`` are consecutive too (block-mode
+        # batches come sorted, so their runs are whole pieces of values); each run is one copy.  In
+        # random order runs are single samples, and this is the hot path: numpy prepares every per-run
+        # input up front (one 8-byte key object per run -- ``V8`` items become ``bytes``), so the loop
+        # does no slicing, arithmetic or list indexing of its own.
+        brk = np.flatnonzero(np.r_[True, (np.diff(sidx) != 1) | (firsts[1:] != firsts[:-1]) | (np.diff(order) != 1)])
+        keys = firsts[brk].astype(">u8").view("V8").tolist()
+        offs = ((sidx[brk] - firsts[brk]) * sb).tolist()
+        dsts = (order[brk] * sb).tolist()
+        ends = [d + ln for d, ln in zip(dsts, (np.diff(np.r_[brk, n]) * sb).tolist(), strict=True)]
         ov = memoryview(out.reshape(-1).view(np.uint8))
         verify = self.verify_checksums
         get = h.txn.get
@@ -239,7 +243,7 @@ class StoreReader:
         last: Any = None
         buf: Any = None
         try:
-            for k, o, d in zip(keys, offs, dsts, strict=True):
+            for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
                 if k != last:
                     last = k
                     if verify:
@@ -248,7 +252,7 @@ class StoreReader:
                         buf = get(k, db=db)
                         if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
                             buf = self._value(h, int.from_bytes(k, "big"))  # raises the precise error
-                ov[d : d + sb] = buf[o : o + sb]
+                ov[d:e] = buf[o : o + e - d]
         except (TypeError, ValueError):
             # A None (missing key) or short value: re-read through the checked path for the exact error.
             if last is not None:

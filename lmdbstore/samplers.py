@@ -31,31 +31,45 @@ def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, stream])
 
 
+def _concat_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([src[a:a+n] for a, n in zip(starts, lengths)])`` without a Python loop."""
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return src[np.repeat(starts, lengths) + offsets]
+
+
 def block_order(
     indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Quasi-random order that keeps the samples of one packed value close together.
+    """Quasi-random order that keeps the samples of one packed value together in short runs.
 
-    The indices are grouped by the value holding them, the groups are shuffled, and then the samples
-    inside each window of ``block_buffer * batch_size`` samples are shuffled.  A batch then needs about
-    ``block_buffer * batch_size / samples_per_value`` lookups instead of ``batch_size``.
+    The indices are grouped by the value holding them and the groups are shuffled.  Each group is then
+    cut into ``block_buffer`` contiguous pieces and the pieces are shuffled within windows of
+    ``block_buffer * batch_size`` samples, so a value's samples are spread over about ``block_buffer``
+    batches.  A batch needs about ``block_buffer * batch_size / samples_per_value`` lookups instead of
+    ``batch_size``, and its samples come in runs of consecutive indices that the reader copies in one go.
+    ``block_buffer=1`` keeps each value's samples in one batch (fastest, most correlated).
     """
     idx = np.sort(np.asarray(indices, dtype=np.int64))
     if idx.size == 0:
         return idx
     groups = idx // samples_per_value
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    ends = np.r_[starts[1:], idx.size]
+    lengths = np.diff(np.r_[starts, idx.size])
     perm = rng.permutation(len(starts))
-    lengths = (ends - starts)[perm]
-    # position of each sample in the concatenation of the shuffled groups
-    group_of = np.repeat(perm, lengths)
-    offset_in_group = np.arange(idx.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    order = idx[starts[group_of] + offset_in_group]
-    window = max(1, block_buffer * batch_size)
-    for lo in range(0, order.size, window):
-        rng.shuffle(order[lo : lo + window])
-    return order
+    order = _concat_runs(idx, starts[perm], lengths[perm])
+    if block_buffer <= 1:
+        return order
+    # cut every group (now contiguous in ``order``) into up to block_buffer pieces
+    g_len = lengths[perm]
+    g_start = np.cumsum(g_len) - g_len
+    piece = np.repeat(np.arange(len(g_len)) * block_buffer, g_len) + (
+        (np.arange(idx.size) - np.repeat(g_start, g_len)) * block_buffer // np.repeat(g_len, g_len)
+    )
+    p_start = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]])
+    p_len = np.diff(np.r_[p_start, idx.size])
+    window = np.asarray(p_start // max(1, block_buffer * batch_size))
+    shuffled = np.lexsort((rng.random(len(p_start)), window))  # pieces shuffled inside their window
+    return _concat_runs(order, p_start[shuffled], p_len[shuffled])
 
 
 def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
@@ -102,7 +116,7 @@ class EpochBatchSampler:
         *,
         shuffle: ShuffleMode | Literal["none"] = "random",
         samples_per_value: int = 1,
-        block_buffer: int = 4,
+        block_buffer: int = 2,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -141,7 +155,12 @@ class EpochBatchSampler:
         if self.drop_last:  # whole steps only: a per-rank drop would leave the ranks unequal
             step = self.batch_size * self.world_size
             order = order[: len(order) // step * step]
-        return shard_batches(order, self.batch_size, self.rank, self.world_size)
+        out = shard_batches(order, self.batch_size, self.rank, self.world_size)
+        if self.shuffle == "block":
+            # A batch is a set for SGD; sorted, its runs of consecutive indices are contiguous, and the
+            # reader copies each run with one memcpy straight into place.
+            out = [np.sort(b) for b in out]
+        return out
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter(self.batches())

@@ -245,3 +245,17 @@ def test_short_or_missing_value_is_corruption(small_store: StoreInfo, verify: bo
             with pytest.raises(CorruptStoreError) as exc:
                 read()
             assert exc.value.key == 36
+
+
+def test_read_batch_copies_runs_across_value_boundaries(small_store: StoreInfo) -> None:
+    """Runs of consecutive indices (block-mode batches) are copied per run; results stay exact."""
+    x = small_store.x
+    cases = [
+        np.arange(10, 90),  # several whole and partial values, sorted
+        np.r_[np.arange(30, 50), np.arange(5, 12), np.arange(1990, 2000)],  # runs in unsorted order
+        np.r_[np.arange(100, 110), np.arange(100, 110)],  # a run repeated
+        np.arange(1999, 1979, -1),  # descending: rows reversed
+    ]
+    with StoreReader(small_store.path) as r:
+        for idx in cases:
+            np.testing.assert_array_equal(r.read_batch(idx), x[idx])
