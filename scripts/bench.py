@@ -37,7 +37,9 @@ import argparse
 import contextlib
 import csv
 import ctypes
+import functools
 import json
+import math
 import os
 import pickle
 import platform
@@ -140,7 +142,7 @@ def resident_fraction(paths: Sequence[Path]) -> float | None:
             libc.munmap(ctypes.c_void_p(addr), size)
             if not ok:
                 return None
-            resident += int((np.frombuffer(vec, np.uint8) & 1).sum())
+            resident += int((np.ctypeslib.as_array(vec) & 1).sum())
             total += pages
         finally:
             os.close(fd)
@@ -228,7 +230,25 @@ def machine_info(data_dir: Path) -> dict[str, Any]:
         except ImportError:
             versions[mod] = "not installed"
     info["versions"] = versions
+    info["lmdbstore_source"] = _source_state(Path(lmdbstore.__file__).resolve().parent)
     return info
+
+
+def _source_state(pkg: Path) -> str:
+    """Git commit of the lmdbstore sources and whether they have uncommitted changes (results depend on it)."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(pkg), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(pkg), "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    if commit.returncode != 0:
+        return "unknown (not a git checkout)"
+    changed = [line[3:] for line in dirty.stdout.splitlines() if line.strip()]
+    return commit.stdout.strip() + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
 
 
 def _filesystem_of(path: Path) -> str:
@@ -243,7 +263,7 @@ def _filesystem_of(path: Path) -> str:
     rot = ""
     dev_name = Path(best[1]).name
     with contextlib.suppress(OSError):
-        rot = " rotational" if Path(f"/sys/block/{dev_name}/queue/rotational").read_text().strip() == "1" else " ssd"
+        rot = f" (rotational={Path(f'/sys/block/{dev_name}/queue/rotational').read_text().strip()})"
     return f"{best[2]} on {best[1]}{rot} (mounted at {best[0]})"
 
 
@@ -255,6 +275,7 @@ def describe_machine(info: dict[str, Any]) -> str:
             f"Disk:    {info['filesystem']}, {info['disk_free_gib']} GiB free",
             f"OS:      {info['platform']}",
             "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f", python {info['python']}",
+            f"lmdbstore source: {info.get('lmdbstore_source', 'unknown')}",
         ]
     )
 
@@ -266,7 +287,7 @@ def make_data(n: int, shape: tuple[int, ...], n_classes: int, seed: int) -> tupl
     x = np.empty((n, *shape), np.float32)
     for a in range(0, n, WRITE_CHUNK):
         b = min(a + WRITE_CHUNK, n)
-        x[a:b] = rng.standard_normal((b - a, *shape), dtype=np.float32)
+        rng.standard_normal(dtype=np.float32, out=x[a:b])
     y = rng.integers(0, n_classes, n).astype(np.uint8)
     return x, y
 
@@ -684,6 +705,25 @@ class NpyFilesFormat(Format):
     def _open(self) -> Any:
         return self.dir / "samples", np.load(self.dir / "labels.npy")
 
+    def remove(self) -> None:
+        """Delete the files; many of them go to a background ``rm`` (unlinking tens of thousands of
+        small files can take minutes on some filesystems, e.g. ext4 mounted with ``discard``)."""
+        self.close()
+        if not self.dir.exists():
+            return
+        if self.n <= 2000:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        trash = self.dir.parent.parent / f".bench_trash_{os.getpid()}_{time.time_ns()}"
+        os.rename(self.dir, trash)
+        subprocess.Popen(
+            ["rm", "-rf", str(trash)],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        log(f"npy_files: deleting {self.n:,} files in the background ({trash})")
+
     def read_xy(self, idx: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
         d, y = self.handles()
         return np.stack([np.load(d / f"{i:08d}.npy") for i in idx.tolist()]), y[idx]
@@ -703,33 +743,66 @@ def make_format(name: str, root: Path) -> Format:
 
 
 # ============================================================================ measurements
+def window_rate(sizes: Sequence[int], seconds: Sequence[float], window: int = 1) -> float:
+    """Median samples/s over consecutive windows of ``window`` batches.
+
+    The machine may be shared: a median over short windows ignores the bursts when another process
+    takes the CPU or the disk, where one long average would fold them in.
+    """
+    if not sizes:
+        return float("nan")
+    window = max(1, min(window, len(sizes)))
+    rates = [
+        sum(sizes[i : i + window]) / max(sum(seconds[i : i + window]), 1e-9)
+        for i in range(0, len(sizes) - window + 1, window)
+    ]
+    return float(np.median(rates))
+
+
 def time_reads(fn: Callable[[np.ndarray], Any], batches: Sequence[np.ndarray], min_time: float) -> float:
-    """Samples/s of ``fn`` over ``batches`` after one untimed warm-up batch, for at least ``min_time`` s."""
+    """Samples/s of ``fn`` over ``batches`` (median per batch) after one untimed warm-up batch.
+
+    Stops once ``min_time`` seconds and at least two batches are timed, or when the batches run out
+    (``min_time=math.inf`` times them all).
+    """
     fn(batches[0])
-    done, t0 = 0, time.perf_counter()
+    sizes: list[int] = []
+    secs: list[float] = []
+    t_start = time.perf_counter()
     for k, b in enumerate(batches[1:] if len(batches) > 1 else batches):
+        t0 = time.perf_counter()
         fn(b)
-        done += len(b)
-        if time.perf_counter() - t0 >= min_time and k >= 1:
+        t1 = time.perf_counter()
+        sizes.append(len(b))
+        secs.append(t1 - t0)
+        if t1 - t_start >= min_time and k >= 1:
             break
-    return done / (time.perf_counter() - t0)
+    return window_rate(sizes, secs)
 
 
 def time_loader(loader: Iterable[Any], warmup: int, min_time: float) -> float:
-    """Samples/s through a DataLoader, timed after the first ``warmup`` batches (worker start-up)."""
+    """Samples/s through a DataLoader, timed after the first ``warmup`` batches (worker start-up).
+
+    Batches arrive in bursts when several workers finish together, so the rate is the median over
+    windows of ``2 * warmup`` batches (``warmup`` is the worker count).
+    """
     it = iter(loader)
+    sizes: list[int] = []
+    secs: list[float] = []
     try:
         for _ in range(warmup):
             next(it)
-        done, t0 = 0, time.perf_counter()
+        t_start = last = time.perf_counter()
         for k, (x, _y) in enumerate(it):
-            done += len(x)
-            if time.perf_counter() - t0 >= min_time and k >= 3:
+            now = time.perf_counter()
+            sizes.append(len(x))
+            secs.append(now - last)
+            last = now
+            if now - t_start >= min_time and k >= 3:
                 break
-        elapsed = time.perf_counter() - t0
     finally:
         del it  # shuts the workers down
-    return done / elapsed if done else float("nan")
+    return window_rate(sizes, secs, window=2 * max(1, warmup))
 
 
 def time_cold(
@@ -804,22 +877,15 @@ class Settings:
 
 
 def measure_format(fmt: Format, x: np.ndarray, y: np.ndarray, s: Settings) -> tuple[list[Row], BuildStats]:
-    """Build one format and measure every (read method, order) it offers."""
+    """Build one format and measure every (read method, order) it offers: all warm reads first, then
+    the cold-cache reads (so the page cache is filled once)."""
     log(f"{fmt.name}: building {len(x):,} samples")
     stats = fmt.build(x, y)
     raw = len(x) * x[0].nbytes
     log(f"{fmt.name}: built in {stats.seconds:.1f}s ({human(stats.n / stats.seconds)} samples/s)")
-    rows: list[Row] = []
-    n_batches = 400
+    runs: list[tuple[Row, Callable[[np.ndarray], Any], list[np.ndarray]]] = []
     for order in fmt.orders:
-        if order == "block":
-            assert isinstance(fmt, LmdbstoreFormat)
-            spv = fmt.spv()
-            warm = block_batches(fmt.n, spv, s.batch, fmt.block_buffer, n_batches, s.seed)
-            cold = block_batches(fmt.n, spv, s.batch, fmt.block_buffer, s.cold_batches, s.seed + 7)
-        else:
-            warm = random_batches(fmt.n, s.batch, n_batches, s.seed)
-            cold = random_batches(fmt.n, s.batch, s.cold_batches, s.seed + 7)
+        warm, cold = _batches_for(fmt, order, s)
         for mode in fmt.modes:
             row = Row(fmt.name, fmt.title, mode, order, stats.n, note=fmt.note)
             row.ingest_s, row.ingest_sps = stats.seconds, stats.n / stats.seconds
@@ -831,25 +897,36 @@ def measure_format(fmt: Format, x: np.ndarray, y: np.ndarray, s: Settings) -> tu
             if warm_s:
                 log(f"{fmt.name}: pre-read files into the page cache in {warm_s:.1f}s")
 
-            def fn(b: np.ndarray, mode: str = mode) -> Any:
-                return fmt.read_xy(b, mode)
-
+            fn: Callable[[np.ndarray], Any] = functools.partial(fmt.read_xy, mode=mode)
             row.read_1p = time_reads(fn, warm, s.min_time)
             if s.workers:
                 row.read_2w = time_loader(
                     fmt.loader(warm, mode, order, s.workers), warmup=s.workers, min_time=s.min_time * 1.5
                 )
-            if s.cold:
-                row.cold_1p, row.cold_resident_before, row.cold_resident_after = time_cold(
-                    fmt, fn, cold, s.cold_max_time
-                )
             fmt.close()
             log(
-                f"{fmt.name} [{mode}, {order}]: 1 proc {human(row.read_1p)}/s, "
-                f"{s.workers} workers {human(row.read_2w)}/s, cold {human(row.cold_1p)}/s"
+                f"{fmt.name} [{mode}, {order}]: 1 proc {human(row.read_1p)}/s, {s.workers} workers {human(row.read_2w)}/s"
             )
-            rows.append(row)
-    return rows, stats
+            runs.append((row, fn, cold))
+    if s.cold:
+        for row, fn, cold in runs:
+            row.cold_1p, row.cold_resident_before, row.cold_resident_after = time_cold(fmt, fn, cold, s.cold_max_time)
+            fmt.close()
+            log(f"{fmt.name} [{row.mode}, {row.order}]: cold {human(row.cold_1p)}/s")
+    return [r for r, _, _ in runs], stats
+
+
+def _batches_for(fmt: Format, order: str, s: Settings) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Warm and cold batches (distinct seeds) in ``order``: random, or lmdbstore's block order."""
+    n_batches = 400
+    if order == "block":
+        assert isinstance(fmt, LmdbstoreFormat)
+        spv = fmt.spv()
+        fmt.close()
+        warm = block_batches(fmt.n, spv, s.batch, fmt.block_buffer, n_batches, s.seed)
+        cold = block_batches(fmt.n, spv, s.batch, fmt.block_buffer, s.cold_batches, s.seed + 7)
+        return warm, cold
+    return random_batches(fmt.n, s.batch, n_batches, s.seed), random_batches(fmt.n, s.batch, s.cold_batches, s.seed + 7)
 
 
 def add_ratios(rows: list[Row]) -> None:
@@ -915,29 +992,42 @@ def evaluate_goals(rows: list[Row]) -> list[Goal]:
 
 
 # ============================================================================ scaling run
-def scaling_probe(store: Path, batches: int, batch: int, seed: int) -> dict[str, Any]:
-    """Run in a fresh process: warm random-read samples/s, peak memory and B-tree depth of one store."""
+def scaling_probe(path: Path, kind: str, batches: int, batch: int, seed: int) -> dict[str, Any]:
+    """Run in a fresh process: warm random-read samples/s and memory of one store (or memmap reference).
+
+    ``kind`` is ``"lmdbstore"`` (a store directory, read with ``StoreReader.read_batch``) or
+    ``"memmap"`` (a directory holding ``x.npy``, read by fancy indexing a ``np.load(mmap_mode="r")``).
+    """
     base = rss_status()
-    reader = StoreReader(store)
-    n = len(reader)
-    bs = random_batches(n, batch, batches + 1, seed)
-    rate = time_reads(reader.read_batch, bs, min_time=0.0)
-    st = reader.env_stats()
-    samples = st["dbs"]["samples"]
+    resident = resident_fraction(files_under(path))
+    reader: StoreReader | None = None
+    read: Callable[[np.ndarray], Any]
+    if kind == "lmdbstore":
+        reader = StoreReader(path)
+        n, read = len(reader), reader.read_batch
+    else:
+        mm = np.load(path / "x.npy", mmap_mode="r")
+        n, read = len(mm), mm.__getitem__  # fancy indexing copies the rows out of the map
+
+    rng = np.random.default_rng([seed, 0x5CA1])  # no permutation of all n: the probe's memory stays flat
+    bs = [rng.choice(n, min(batch, n), replace=False) for _ in range(batches + 1)]
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    rate = time_reads(read, bs, min_time=math.inf)  # every batch
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    n_read = (batches + 1) * batch
     mem = rss_status()
     out: dict[str, Any] = {
+        "kind": kind,
         "n": n,
         "read_sps": rate,
-        "samples_read": batches * batch,
-        "depth": samples["depth"],
-        "branch_pages": samples["branch_pages"],
-        "leaf_pages": samples["leaf_pages"],
-        "overflow_pages": samples["overflow_pages"],
-        # VmHWM is this process's own peak; ru_maxrss on Linux also carries the peak of the forked
+        "samples_read": n_read,
+        "resident_at_start": resident,
+        "minflt_per_sample": (ru1.ru_minflt - ru0.ru_minflt) / n_read,
+        "majflt_per_sample": (ru1.ru_majflt - ru0.ru_majflt) / n_read,
+        # VmHWM is this process's own peak; ru_maxrss on Linux also carries the peak of the forking
         # parent across exec, so it is kept for reference only.
         "peak_rss_mib": mem.get("VmHWM"),
         "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "rss_mib": mem.get("VmRSS"),
         "rss_anon_mib": mem.get("RssAnon"),
         "rss_file_mib": mem.get("RssFile"),
         "rss_anon_at_start_mib": base.get("RssAnon"),
@@ -948,50 +1038,114 @@ def scaling_probe(store: Path, batches: int, batch: int, seed: int) -> dict[str,
         out["uss_mib"] = psutil.Process().memory_full_info().uss / 2**20
     except (ImportError, OSError, AttributeError):
         out["uss_mib"] = None
-    reader.close()
+    if reader is not None:
+        samples = reader.env_stats()["dbs"]["samples"]
+        out.update({k: samples[k] for k in ("depth", "branch_pages", "leaf_pages", "overflow_pages")})
+        reader.close()
     return out
 
 
 def run_scaling(
-    sizes: Sequence[int], x: np.ndarray, y: np.ndarray, root: Path, s: Settings, probe_batches: int, keep: bool
+    sizes: Sequence[int],
+    x: np.ndarray,
+    y: np.ndarray,
+    root: Path,
+    s: Settings,
+    probe_batches: int,
+    keep: bool,
+    reuse: dict[int, tuple[Path, float]] | None = None,
+    with_memmap: bool = True,
 ) -> list[dict[str, Any]]:
-    """Build an lmdbstore store per size (cycling the source data) and probe each in a fresh process."""
+    """Per size: build an lmdbstore store (cycling the source data) and probe it in a fresh process;
+    then the same for a plain ``.npy`` memmap of that size, the physical reference.
+
+    ``reuse`` maps a size to an already built store of that size and its build seconds (the main
+    run's lmdbstore store), which is probed instead of building the same store again.
+    """
     results = []
+    reuse = reuse or {}
     for size in sizes:
-        need = int(size * x[0].nbytes * 1.1) + (1 << 30)
-        free = shutil.disk_usage(root).free
-        if need > free:
-            fit = int((free - (1 << 30)) / (x[0].nbytes * 1.1))
-            print(
-                f"NOTE: scaling size {size:,} needs ~{need / 2**30:.1f} GiB, only {free / 2**30:.1f} GiB free; ", end=""
-            )
-            if fit < 1000:
-                print("skipped")
+        if size not in reuse:
+            size = _fit_to_disk(size, x[0].nbytes, root)
+            if not size:
                 continue
-            print(f"using {fit:,} samples instead")
-            size = fit
-        path = root / f"scaling_{size}"
-        shutil.rmtree(path, ignore_errors=True)
-        log(f"scaling: building lmdbstore with {size:,} samples")
-        t0 = time.perf_counter()
-        build_lmdbstore(path, _cycled(x, y, size), classes=[f"c{i}" for i in range(s.n_classes)])
-        build_s = time.perf_counter() - t0
-        warm_s = warm_page_cache(files_under(path))
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--scaling-probe", str(path)]
-        cmd += ["--probe-batches", str(probe_batches), "--batch", str(s.batch), "--seed", str(s.seed)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"scaling probe failed for {path}: {proc.stderr.strip()[-2000:]}")
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
-        res.update(build_s=build_s, ingest_sps=size / build_s, disk_bytes=allocated_bytes(path), prewarm_s=warm_s)
-        results.append(res)
-        log(
-            f"scaling {size:,}: {human(res['read_sps'])} samples/s, depth {res['depth']}, "
-            f"peak RSS {res['peak_rss_mib']:.0f} MiB (anon {res['rss_anon_mib']:.0f} MiB)"
-        )
-        if not keep:
+        if size in reuse:
+            path, build_s = reuse[size]
+        else:
+            path = root / f"scaling_{size}"
             shutil.rmtree(path, ignore_errors=True)
+            log(f"scaling: building lmdbstore with {size:,} samples")
+            t0 = time.perf_counter()
+            build_lmdbstore(path, _cycled(x, y, size), classes=[f"c{i}" for i in range(s.n_classes)])
+            build_s = time.perf_counter() - t0
+        res = _probe(path, "lmdbstore", s, probe_batches)
+        res.update(build_s=build_s, ingest_sps=size / build_s, disk_bytes=allocated_bytes(path))
+        if size not in reuse and not keep:
+            shutil.rmtree(path, ignore_errors=True)
+        if with_memmap:
+            mpath = root / f"scaling_memmap_{size}"
+            t0 = time.perf_counter()
+            _build_npy(mpath, x, size)
+            mm_build_s = time.perf_counter() - t0
+            ref = _probe(mpath, "memmap", s, probe_batches)
+            res.update({f"memmap_{k}": v for k, v in ref.items() if k not in ("kind", "n")})
+            res["memmap_ingest_sps"] = size / mm_build_s
+            res["read_vs_memmap"] = ratio(res["read_sps"], ref["read_sps"])
+            if not keep:
+                shutil.rmtree(mpath, ignore_errors=True)
+        log(
+            f"scaling {size:,}: lmdbstore {human(res['read_sps'])} samples/s"
+            + (f" (memmap {human(res.get('memmap_read_sps'))}/s)" if with_memmap else "")
+            + f", depth {res['depth']}, peak RSS {res['peak_rss_mib']:.0f} MiB (anon {res['rss_anon_mib']:.0f} MiB)"
+        )
+        results.append(res)
     return results
+
+
+def _fit_to_disk(size: int, sample_bytes: int, root: Path) -> int:
+    """``size``, or fewer samples (with a printed note) when the disk cannot hold them; 0 to skip."""
+    need = int(size * sample_bytes * 1.1) + (1 << 30)
+    free = shutil.disk_usage(root).free
+    if need <= free:
+        return size
+    fit = int((free - (1 << 30)) / (sample_bytes * 1.1))
+    msg = f"NOTE: scaling size {size:,} needs ~{need / 2**30:.1f} GiB, only {free / 2**30:.1f} GiB free; "
+    if fit < 1000:
+        print(msg + "skipped")
+        return 0
+    print(msg + f"using {fit:,} samples instead")
+    return fit
+
+
+def _build_npy(path: Path, x: np.ndarray, size: int) -> None:
+    """A ``size``-sample ``x.npy`` (the source repeated), written sequentially and fsynced."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    with open(path / "x.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": np.lib.format.dtype_to_descr(x.dtype), "fortran_order": False, "shape": (size, *x.shape[1:])}
+        )
+        done = 0
+        while done < size:
+            k = min(len(x), size - done)
+            for a in range(0, k, WRITE_CHUNK):
+                f.write(x[a : min(a + WRITE_CHUNK, k)].tobytes())
+            done += k
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _probe(path: Path, kind: str, s: Settings, probe_batches: int) -> dict[str, Any]:
+    """Warm the files' pages, then measure them in a fresh process (``--scaling-probe``)."""
+    warm_s = warm_page_cache(files_under(path))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--scaling-probe", str(path), "--probe-kind", kind]
+    cmd += ["--probe-batches", str(probe_batches), "--batch", str(s.batch), "--seed", str(s.seed)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scaling probe failed for {path}: {proc.stderr.strip()[-2000:]}")
+    res: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["prewarm_s"] = warm_s
+    return res
 
 
 def _cycled(x: np.ndarray, y: np.ndarray, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -1061,17 +1215,21 @@ def format_table(rows: list[Row], workers: int) -> str:
 
 
 def format_scaling(results: list[dict[str, Any]]) -> str:
+    """The scaling table as fixed-width text."""
     head = (
-        f"{'samples':>10} {'ingest/s':>9} {'B/sample':>8} {'depth':>5} {'branch':>7} {'leaf':>7} "
-        f"{'overflow':>9} {'read/s':>8} {'peak RSS':>8} {'anon':>7} {'file':>7} {'uss':>7}  (MiB)"
+        f"{'samples':>10} {'ingest/s':>9} {'B/sample':>8} {'depth':>5} {'branch':>6} {'leaf':>6} "
+        f"{'read/s':>8} {'memmap/s':>8} {'xmemmap':>7} {'peak RSS':>8} {'anon':>6} {'file':>6} "
+        f"{'majflt':>8} {'resident':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
-        uss = f"{r['uss_mib']:.0f}" if r.get("uss_mib") is not None else "-"
+        res = r.get("resident_at_start")
         lines.append(
             f"{r['n']:>10,} {human(r['ingest_sps']):>9} {r['disk_bytes'] / r['n']:>8.0f} {r['depth']:>5} "
-            f"{r['branch_pages']:>7} {r['leaf_pages']:>7} {r['overflow_pages']:>9} {human(r['read_sps']):>8} "
-            f"{r['peak_rss_mib'] or 0:>8.0f} {r['rss_anon_mib'] or 0:>7.0f} {r['rss_file_mib'] or 0:>7.0f} {uss:>7}"
+            f"{r['branch_pages']:>6} {r['leaf_pages']:>6} {human(r['read_sps']):>8} "
+            f"{human(r.get('memmap_read_sps')):>8} {_fmt_ratio(r.get('read_vs_memmap')):>7} "
+            f"{r['peak_rss_mib'] or 0:>8.0f} {r['rss_anon_mib'] or 0:>6.0f} {r['rss_file_mib'] or 0:>6.0f} "
+            f"{r['majflt_per_sample']:>8.3f} {'-' if res is None else f'{100 * res:.0f}%':>8}"
         )
     return "\n".join(lines)
 
@@ -1092,7 +1250,7 @@ def row_record(r: Row) -> dict[str, Any]:
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
 
 
-def plot(rows: list[Row], path: Path, workers: int, batch: int) -> Path | None:
+def plot(rows: list[Row], path: Path, workers: int, batch: int, subtitle: str) -> Path | None:
     """Horizontal bars of read samples/s per format/method: 1 process, workers, cold (log scale)."""
     try:
         import matplotlib
@@ -1118,7 +1276,7 @@ def plot(rows: list[Row], path: Path, workers: int, batch: int) -> Path | None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(f"random-batch read throughput (samples/s, batch {batch}, log scale)")
-    ax.set_title(f"Read throughput by format, N={human(rows[0].n)} samples of 2.5 KB")
+    ax.set_title(f"Read throughput by format: {subtitle}", fontsize=10)
     ax.grid(axis="x", which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
@@ -1145,7 +1303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default=",".join(FORMAT_ORDER), help="comma-separated formats (default all)")
     p.add_argument("--scaling-sizes", default=None, help="store sizes for the scaling run, or 'none'")
     p.add_argument("--probe-batches", type=int, default=None, help="random batches read per scaling probe")
-    p.add_argument("--min-time", type=float, default=None, help="seconds per warm measurement (default 2)")
+    p.add_argument("--min-time", type=float, default=None, help="seconds per warm measurement (default 1.5)")
     p.add_argument("--cold-batches", type=int, default=None, help="batches per cold-cache measurement (default 2)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache measurement")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -1154,7 +1312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the data files")
     p.add_argument("--quick", action="store_true", help="tiny sizes and short timings (seconds)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-scaling-memmap", action="store_true", help="skip the memmap reference in the scaling run")
     p.add_argument("--scaling-probe", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--probe-kind", default="lmdbstore", choices=("lmdbstore", "memmap"), help=argparse.SUPPRESS)
     return p
 
 
@@ -1184,9 +1344,9 @@ def resolve(args: argparse.Namespace) -> tuple[Settings, list[str], list[int], i
         n_classes=args.classes,
         batch=args.batch,
         workers=args.workers,
-        min_time=args.min_time if args.min_time is not None else (0.2 if q else 2.0),
+        min_time=args.min_time if args.min_time is not None else (0.2 if q else 1.5),
         cold_batches=args.cold_batches if args.cold_batches is not None else (1 if q else 2),
-        cold_max_time=2.0 if q else 10.0,
+        cold_max_time=2.0 if q else 5.0,
         seed=args.seed,
         cold=not args.no_cold,
     )
@@ -1194,11 +1354,18 @@ def resolve(args: argparse.Namespace) -> tuple[Settings, list[str], list[int], i
     return s, formats, sizes, probe
 
 
+def dataset_line(s: Settings) -> str:
+    return f"{s.n:,} samples of {'x'.join(map(str, s.shape))} float32, {s.n_classes} classes, batch {s.batch}"
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; returns everything that was written to the JSON file."""
     args = build_parser().parse_args(argv)
     if args.scaling_probe:
-        print(json.dumps(scaling_probe(Path(args.scaling_probe), args.probe_batches or 60, args.batch, args.seed)))
+        probe = scaling_probe(
+            Path(args.scaling_probe), args.probe_kind, args.probe_batches or 60, args.batch, args.seed
+        )
+        print(json.dumps(probe))
         return {}
     s, formats, sizes, probe_batches = resolve(args)
     out = Path(args.out)
@@ -1208,16 +1375,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     info = machine_info(data)
     print(describe_machine(info))
-    print(
-        f"Dataset: {s.n:,} samples of {'x'.join(map(str, s.shape))} float32, {s.n_classes} classes; "
-        f"batch {s.batch}; per-sample .npy files at {s.npy_n:,} samples\n",
-        flush=True,
-    )
+    print(f"Dataset: {dataset_line(s)}; per-sample .npy files at {s.npy_n:,} samples\n", flush=True)
     log("generating data")
     x, y = make_data(s.n, s.shape, s.n_classes, s.seed)
     rows: list[Row] = []
     builds: dict[str, Any] = {}
     fmts: list[Format] = []
+    reuse: dict[int, tuple[Path, float]] = {}
     try:
         for name in formats:
             fmt = make_format(name, data)
@@ -1235,10 +1399,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             builds[name] = asdict(stats)
             if name == "lmdbstore":
                 builds[name]["env_stats"] = _jsonable(fmt.env_stats())  # type: ignore[attr-defined]
-            if not args.keep:
+            if name == "lmdbstore" and s.n in sizes:
+                reuse[s.n] = (fmt.dir, stats.seconds)  # the scaling run probes it instead of rebuilding
+            elif not args.keep and name != "npy_files":  # its many files are deleted last, in the background
                 fmt.remove()
         add_ratios(rows)
-        scaling = run_scaling(sizes, x, y, data, s, probe_batches, args.keep) if sizes else []
+        scaling = (
+            run_scaling(sizes, x, y, data, s, probe_batches, args.keep, reuse, not args.no_scaling_memmap)
+            if sizes
+            else []
+        )
     finally:
         if not args.keep:
             for fmt in fmts:
@@ -1250,7 +1420,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     csv_path, scaling_csv = out / "bench_results.csv", out / "bench_scaling.csv"
     write_csv(csv_path, [row_record(r) for r in rows])
     write_csv(scaling_csv, scaling)
-    png = None if args.no_plot or not rows else plot(rows, out / "bench_read_throughput.png", s.workers, s.batch)
+    png = (
+        None
+        if args.no_plot or not rows
+        else plot(rows, out / "bench_read_throughput.png", s.workers, s.batch, dataset_line(s))
+    )
     result = {
         "machine": info,
         "settings": asdict(s),
@@ -1277,7 +1451,8 @@ def render_report(
     parts = [format_table(rows, s.workers), ""]
     parts.append(
         "Columns: ingest/s includes the final fsync; B/sample = allocated disk blocks / samples (raw = "
-        f"{int(np.prod(s.shape)) * 4} B); read = random batches of {s.batch} (x and labels), warm page cache; "
+        f"{int(np.prod(s.shape)) * 4} B); read = random batches of {s.batch} (x and labels), warm page cache, median rate over batches "
+        "(robust to other processes on a shared machine); "
         f"{s.workers}w = DataLoader with {s.workers} workers (batch_size=None, one __getitem__ per batch); "
         "xmemmap / xh5py = ratio to numpy memmap / HDF5 contiguous per-sample reads in this run; cold = "
         "after posix_fadvise(DONTNEED) on every file of the format, drop = share of pages evicted "
@@ -1295,11 +1470,14 @@ def render_report(
     if scaling:
         parts += ["", "Scaling (lmdbstore, warm random reads in a fresh reader process):", format_scaling(scaling)]
         parts.append(
-            "peak RSS = VmHWM of the reader process (it counts the store's mmap'd pages the reads touched; "
-            "ru_maxrss is in the JSON but on Linux it inherits the forking parent's peak); anon = RssAnon (the "
-            "process's own memory: interpreter, numpy, batch buffers); file = RssFile (page-cache pages of the "
-            "store mapped by the reader, shared and reclaimable); uss = psutil USS. Each probe reads "
-            "the same number of random batches."
+            "read/s = warm random batches through StoreReader.read_batch in a fresh process, after the store "
+            "was read into the page cache; memmap/s = the same batches from a plain .npy memmap of the same "
+            "size (physical reference); depth/branch/leaf = B-tree of the samples sub-database; peak RSS = "
+            "VmHWM of the reader (MiB; it counts page-cache pages the reads mapped; ru_maxrss, in the JSON, "
+            "inherits the forking parent's peak on Linux); anon = RssAnon (the process's own memory); file = "
+            "RssFile (shared, reclaimable page-cache pages mapped); majflt = major page faults per sample "
+            "read (disk reads: >0 means the store did not stay in the page cache); resident = share of the "
+            "files in the page cache when the probe started. Every probe reads the same number of batches."
         )
     parts.append(f"\nTotal time: {elapsed:.0f}s")
     return "\n".join(parts)
