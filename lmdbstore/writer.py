@@ -224,6 +224,8 @@ class StoreWriter:
         """
         self._check_open()
         arr = self.check_samples(x, cast=cast)
+        if np.may_share_memory(arr, np.asarray(x)):
+            arr = arr.copy()  # buffered until the commit: the caller may reuse its array meanwhile
         ids = label_ids(y, len(arr), self._meta.classes, path=self.path)
         first = self.count
         if len(arr):
@@ -243,11 +245,12 @@ class StoreWriter:
         self._check_open()
         if not self._pending_x and not self._pending_progress:
             return
-        x = (
-            np.concatenate(self._pending_x)
-            if self._pending_x
-            else np.zeros((0, *self._meta.shape), self._meta.np_dtype)
-        )
+        if len(self._pending_x) == 1:
+            x = self._pending_x[0]  # already the writer's own copy
+        elif self._pending_x:
+            x = np.concatenate(self._pending_x)
+        else:
+            x = np.zeros((0, *self._meta.shape), self._meta.np_dtype)
         y = np.concatenate(self._pending_y) if self._pending_y else np.zeros(0, self._meta.label_dtype)
         stats = ValueStats(**vars(self._meta.value_stats))
         stats.update(x)
@@ -286,20 +289,31 @@ class StoreWriter:
             # samples: rewrite the partial last value, then append full values
             n_tail = len(self._tail.samples) // sb
             start = m.count - n_tail
-            payload = memoryview(self._tail.samples + x.tobytes()) if n_new else memoryview(self._tail.samples)
+            tail = self._tail.samples
+            xb = memoryview(x.reshape(-1).view(np.uint8))
+
+            def payload(lo: int, hi: int) -> bytes | memoryview:
+                """Bytes lo..hi of (old partial value + new samples), copying only across the seam."""
+                if hi <= len(tail):
+                    return tail[lo:hi]
+                if lo >= len(tail):
+                    return xb[lo - len(tail) : hi - len(tail)]
+                return tail[lo:] + bytes(xb[: hi - len(tail)])
+
             db = self._dbs[DB_SAMPLES]
             pos = 0
             for first in range(start, count, spv):
                 n = min(spv, count - first)
-                value = payload[pos * sb : (pos + n) * sb]
+                value: bytes | memoryview = payload(pos * sb, (pos + n) * sb)
                 if self._checksum is not None:
-                    value = memoryview(bytes(value) + self._checksum(value))
+                    value = b"".join((value, self._checksum(value)))
                 if first == start and n_tail:
                     txn.put(encode_key(first), value, db=db)
                 elif not txn.put(encode_key(first), value, db=db, append=True):
                     raise CorruptStoreError("append out of key order", path=self.path, key=first)
                 pos += n
-            new_tail_samples = bytes(payload[(count - start - count % spv) * sb :]) if count % spv else b""
+            total = (count - start) * sb
+            new_tail_samples = bytes(payload(total - count % spv * sb, total)) if count % spv else b""
             # labels
             labels = np.concatenate([self._tail.labels, y])
             lab_start = m.count - len(self._tail.labels)

@@ -550,3 +550,15 @@ def test_progress_ledger_is_committed_with_the_samples(tmp_path: Path) -> None:
     with raw_env(path, readonly=True) as env, env.begin() as txn:
         raw = txn.get(b"src", db=env.open_db(b"progress", txn=txn, create=False))
     assert json.loads(raw)["done"] == 300  # JSON, not pickle
+
+
+def test_append_copies_a_buffer_the_caller_reuses(tmp_path: Path) -> None:
+    """Appends are buffered until the commit; refilling the same array must not change what was appended."""
+    buf = np.zeros((5, 25, 25), np.float32)
+    with open_writer(tmp_path / "s", shape=(25, 25), dtype="float32", classes=CLASSES) as w:
+        for i in range(3):
+            buf[:] = i
+            w.append(buf, [0] * 5)
+    with StoreReader(tmp_path / "s") as r:
+        got = r.read_range(0, 15)
+    assert [float(got[5 * i].flat[0]) for i in range(3)] == [0.0, 1.0, 2.0]
