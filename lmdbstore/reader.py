@@ -181,7 +181,7 @@ class StoreReader:
             assert fn is not None
             if fn(payload) != bytes(buf[want - m.trailer_bytes :]):
                 raise ChecksumError("checksum mismatch", path=self.path, key=first)
-        return payload
+        return memoryview(payload)
 
     def _check_indices(self, idx: np.ndarray, count: int) -> None:
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= count):
@@ -232,7 +232,7 @@ class StoreReader:
         offs = ((sidx[brk] - firsts[brk]) * sb).tolist()
         dsts = (order[brk] * sb).tolist()
         ends = [d + ln for d, ln in zip(dsts, (np.diff(np.r_[brk, n]) * sb).tolist(), strict=True)]
-        ov = memoryview(out.reshape(-1).view(np.uint8))
+        ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
         verify = self.verify_checksums
         get = h.txn.get
         db = h.dbs[DB_SAMPLES]
@@ -266,7 +266,7 @@ class StoreReader:
         if not 0 <= start <= stop <= m.count:
             raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
         out = np.empty((stop - start, *m.shape), m.np_dtype)
-        ov = memoryview(out.reshape(-1).view(np.uint8))
+        ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
         sb, spv, pos = m.sample_bytes, m.samples_per_value, 0
         h = self._handle()
         first = start - start % spv
@@ -348,7 +348,7 @@ class StoreReader:
         with translate_lmdb_errors(self.path, "scan"):
             cur = h.txn.cursor(db=h.env.open_db(db_name, txn=h.txn, create=False))
             for k, v in cur:
-                yield bytes(k), v
+                yield bytes(k), memoryview(v)
 
     def env_stats(self) -> dict[str, Any]:
         """LMDB facts: page size, depth and pages of each sub-database, map size, last page, file bytes."""

@@ -290,7 +290,7 @@ class StoreWriter:
             n_tail = len(self._tail.samples) // sb
             start = m.count - n_tail
             tail = self._tail.samples
-            xb = memoryview(x.reshape(-1).view(np.uint8))
+            xb = memoryview(x.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
 
             def payload(lo: int, hi: int) -> bytes | memoryview:
                 """Bytes lo..hi of (old partial value + new samples), copying only across the seam."""
