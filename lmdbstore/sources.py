@@ -298,6 +298,8 @@ class Source(ABC):
     dtype: np.dtype[Any]
     label: Label | None = None
     _n: int = 0
+    #: the file's own ``class_names`` (npz, HDF5), which its integer labels index
+    _names: list[str] | None = None
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -322,6 +324,8 @@ class Source(ABC):
 
     def class_names(self) -> list[str] | None:
         """Class names the source implies (a ``label=`` name, the file's ``class_names``, subdirectories) or None."""
+        if self.label is None and self._names is not None:
+            return list(self._names)
         return [self.label] if isinstance(self.label, str) else None
 
     @abstractmethod
@@ -515,11 +519,6 @@ class NpzSource(Source):
             "label": self.label,
         }
 
-    def class_names(self) -> list[str] | None:
-        if self.label is not None:
-            return super().class_names()
-        return list(self._names) if self._names is not None else None
-
     def _labels(self, y: np.ndarray, first: int) -> np.ndarray:
         if self._names is not None and y.dtype.kind in "iu":
             return _ids_to_names(y, self._names, self.path, first)
@@ -635,11 +634,6 @@ class H5Source(Source):
             "h5_y": self.h5_y,
             "label": self.label,
         }
-
-    def class_names(self) -> list[str] | None:
-        if self.label is not None:
-            return super().class_names()
-        return list(self._names) if self._names is not None else None
 
     def _read_labels(self, y: Any, a: int, b: int) -> np.ndarray:
         arr = np.asarray(y.asstr()[a:b], dtype=str) if self._y_is_str else np.asarray(y[a:b])
