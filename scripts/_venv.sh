@@ -1,0 +1,11 @@
+# Sourced by demo.sh and test.sh: create .venv if needed and install the project into it.
+# Usage: setup_venv EXTRAS   (e.g. "" or "[dev]")
+# TORCH_SPEC picks the torch installed when the venv has none. The default pins 2.13.0, which on the project's
+# CI machines is a local CPU build (no multi-GB CUDA download); `TORCH_SPEC=torch` takes whatever pip resolves.
+setup_venv() {
+    local py=${PYTHON:-python3}
+    [ -x .venv/bin/python ] || "$py" -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    .venv/bin/python -m pip install -q -e ".$1"
+}
