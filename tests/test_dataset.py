@@ -181,3 +181,12 @@ def test_balanced_loader(store_factory: Callable[..., StoreInfo]) -> None:
     assert len(seen) == 2000
     share = np.bincount(info.y[seen], minlength=5) / len(seen)
     np.testing.assert_allclose(share, 0.2, atol=0.04)
+
+
+def test_label_table_stays_compact(small_store: StoreInfo) -> None:
+    """Workers share the store's uint8 label table (50 MB at 50M samples), not an int64 copy (400 MB)."""
+    ds = LmdbBatchDataset(small_store.path)
+    assert ds.labels.dtype == torch.uint8 and ds.labels.numel() == len(small_store.y)
+    _, y = ds[np.array([5, 3, 1999])]
+    assert y.dtype == torch.int64
+    assert y.tolist() == small_store.y[[5, 3, 1999]].tolist()
