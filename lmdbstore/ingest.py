@@ -9,7 +9,6 @@ an interruption, running the same command again skips what was committed and con
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from .format import DB_PROGRESS
 from .reader import StoreReader
 from .sources import Source, infer_classes, scan_source
 from .synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
-from .writer import normalize_dtype, open_writer
+from .writer import normalize_dtype, open_writer, parse_progress
 
 __all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
 
@@ -88,9 +87,13 @@ def _classes_from(sources: Sequence[Source]) -> list[str]:
 
 
 def _ledger(path: Path) -> dict[str, int]:
-    """Committed position of every producer in the store's resume ledger."""
+    """Committed position of every producer in the store's resume ledger (validated like the writer does)."""
+    out: dict[str, int] = {}
     with StoreReader(path) as r:
-        return {k.decode(): int(json.loads(bytes(v))["done"]) for k, v in r.iter_raw(DB_PROGRESS)}
+        for k, v in r.iter_raw(DB_PROGRESS):
+            name = k.decode("utf-8", "replace")
+            out[name] = int(parse_progress(bytes(v), path, name)["done"])
+    return out
 
 
 def ingest(

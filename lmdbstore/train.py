@@ -241,7 +241,6 @@ def _check_inputs(
     labels: np.ndarray,
     classes: list[str],
     train_idx: np.ndarray,
-    cfg: TrainConfig,
     lcfg: LoaderConfig,
     info: DistInfo,
     path: Path,
@@ -308,7 +307,7 @@ def train(
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
 
     train_idx, val_idx = stratified_split(labels, cfg.val_fraction, lcfg.seed)
-    _check_inputs(meta.count, labels, classes, train_idx, cfg, lcfg, info, path)
+    _check_inputs(meta.count, labels, classes, train_idx, lcfg, info, path)
 
     torch.manual_seed(lcfg.seed)
     model = build_model(meta.shape, len(classes), cfg.width).to(device)

@@ -55,7 +55,7 @@ from .format import (
     label_dtype_for,
 )
 
-__all__ = ["StoreWriter", "check_samples", "label_ids", "normalize_dtype", "open_writer"]
+__all__ = ["StoreWriter", "check_samples", "label_ids", "normalize_dtype", "open_writer", "parse_progress"]
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -179,7 +179,7 @@ class StoreWriter:
             raw = txn.get(name.encode(), db=self._dbs[DB_PROGRESS])
         if raw is None:
             return 0
-        return int(_parse_progress(raw, self.path, name)["done"])
+        return int(parse_progress(raw, self.path, name)["done"])
 
     def progress_entries(self) -> dict[str, dict[str, Any]]:
         """The whole committed resume ledger: name -> {"done": int, "total": int | None}."""
@@ -187,7 +187,7 @@ class StoreWriter:
         with self._env.begin() as txn:
             for k, v in txn.cursor(db=self._dbs[DB_PROGRESS]):
                 name = bytes(k).decode("utf-8", "replace")
-                out[name] = _parse_progress(bytes(v), self.path, name)
+                out[name] = parse_progress(bytes(v), self.path, name)
         return out
 
     # ------------------------------------------------------------------ appending
@@ -464,7 +464,7 @@ def check_samples(
     return arr
 
 
-def _parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
+def parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
     """Decode one resume-ledger entry (JSON ``{"done": int, "total": int | None}``).
 
     Raises:
