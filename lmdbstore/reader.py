@@ -11,21 +11,18 @@ while a writer appends.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import numpy as np
 
-from ._env import begin_read, check_store_dir, open_env, read_meta
+from ._handle import Handle
 from .errors import ChecksumError, CorruptStoreError, translate_lmdb_errors
 from .format import (
     DB_CLASSIDX,
     DB_LABELS,
-    DB_PROGRESS,
     DB_SAMPLES,
     INDEX_DTYPE,
     StoreMeta,
@@ -33,51 +30,9 @@ from .format import (
     compute_checksum,
     encode_key,
 )
+from .positions import DEFAULT_IO_THREADS
 
 __all__ = ["StoreReader", "open_reader"]
-
-
-class _Handle:
-    """The per-process open state: environment, one long-lived read transaction, sub-databases."""
-
-    def __init__(self, path: Path, lock: bool):
-        check_store_dir(path)
-        self.pid = os.getpid()
-        self.lock = lock
-        self.env = open_env(path, readonly=True, lock=lock)
-        try:
-            with translate_lmdb_errors(path, "open"):
-                self.txn = begin_read(self.env)
-                self.meta = read_meta(self.env, self.txn, path)
-                self.dbs = {
-                    name: self.env.open_db(name, txn=self.txn, create=False)
-                    for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS)
-                }
-        except lmdb.NotFoundError as exc:
-            self.env.close()
-            raise CorruptStoreError("a sub-database is missing", path=path) from exc
-        except BaseException:
-            self.env.close()
-            raise
-
-    def forget_after_fork(self) -> None:
-        """Let go of a handle inherited through ``fork()`` so that this process can open its own.
-
-        py-lmdb refuses to open an environment that is still open in the process, and a forked child
-        inherits the parent's.  A lock-free handle shares nothing with the parent (no reader table), so
-        it is closed.  A handle with a reader lock must not be closed here: aborting its transaction
-        would free the *parent's* reader slot and expose its snapshot to a writer.  It is only
-        dereferenced; py-lmdb forgets it, without touching the slot, when the last reference goes.
-        """
-        if not self.lock:
-            with contextlib.suppress(lmdb.Error):
-                self.close()
-
-    def close(self) -> None:
-        try:
-            self.txn.abort()
-        finally:
-            self.env.close()
 
 
 class StoreReader:
@@ -87,7 +42,11 @@ class StoreReader:
         path: the store directory.
         lock: use LMDB's reader lock table (default ``False``: lock-free; see the module docstring).
         verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
-            and ``stats --check`` turn it on).
+            and ``stats --check`` turn it on).  Checked reads go through liblmdb.
+        positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.positions`):
+            one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
+            layout the position table does not recognise, reads through liblmdb lookups instead.
+        io_threads: reads in flight per process for cold batches (default 16).
 
     The reader is picklable: only the path and options travel, the environment is re-opened in the
     receiving process on first use.
@@ -96,25 +55,47 @@ class StoreReader:
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock: bool = False, verify_checksums: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lock: bool = False,
+        verify_checksums: bool = False,
+        positions: bool = True,
+        io_threads: int = DEFAULT_IO_THREADS,
+    ):
+        if io_threads < 1:
+            raise ValueError(f"io_threads must be >= 1, got {io_threads}")
         self.path = Path(path)
         self.lock = lock
         self.verify_checksums = verify_checksums
-        self._h: _Handle | None = None
+        self.positions = positions
+        self.io_threads = io_threads
+        self._h: Handle | None = None
         self._labels: np.ndarray | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def _handle(self) -> _Handle:
+    def _handle(self) -> Handle:
         h = self._h
-        if h is None or h.pid != os.getpid():
-            # After a fork the inherited handle belongs to the parent (see _Handle.forget_after_fork);
-            # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.
+        if h is None or h.pid != os.getpid() or not h.lease.valid:
+            # After a fork the inherited handle belongs to the parent (see Handle.forget_after_fork);
+            # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.  A lease
+            # turns invalid in this process when the shared environment was re-opened for a user that
+            # needed more (a writer): the old transaction is dead, the snapshot may still be the same.
             self._h = None
             if h is not None:
-                h.forget_after_fork()
-                h = None
-            h = self._h = _Handle(self.path, self.lock)
+                if h.pid != os.getpid():
+                    h.forget_after_fork()
+                else:
+                    h.close()
+            h = self._h = Handle(self.path, self.lock, self.io_threads, inherit=h)
         return h
+
+    @property
+    def read_path(self) -> str:
+        """``"positions"`` (reads by file offset) or ``"lmdb"`` (liblmdb lookups) for unchecked reads."""
+        h = self._handle()
+        return "positions" if self.positions and h.positions() is not None else "lmdb"
 
     def open(self) -> StoreReader:
         """Open now (instead of on first read), validating the store. Returns ``self``."""
@@ -133,10 +114,11 @@ class StoreReader:
         self._labels = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "lock": self.lock, "verify_checksums": self.verify_checksums}
+        return {k: getattr(self, k) for k in ("path", "lock", "verify_checksums", "positions", "io_threads")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], lock=state["lock"], verify_checksums=state["verify_checksums"])  # type: ignore[misc]
+        path = state.pop("path")
+        self.__init__(path, **state)  # type: ignore[misc]
 
     def __enter__(self) -> StoreReader:
         return self.open()
@@ -165,7 +147,7 @@ class StoreReader:
         return list(self.meta.classes)
 
     # ------------------------------------------------------------------ values
-    def _value(self, h: _Handle, first: int) -> memoryview:
+    def _value(self, h: Handle, first: int) -> memoryview:
         """The payload of the value starting at sample ``first`` (checked, trailer removed)."""
         m = h.meta
         with translate_lmdb_errors(self.path, "read"):
@@ -228,6 +210,18 @@ class StoreReader:
         # input up front (one 8-byte key object per run -- ``V8`` items become ``bytes``), so the loop
         # does no slicing, arithmetic or list indexing of its own.
         brk = np.flatnonzero(np.r_[True, (np.diff(sidx) != 1) | (firsts[1:] != firsts[:-1]) | (np.diff(order) != 1)])
+        table = h.positions() if self.positions and not self.verify_checksums else None
+        voffs = table.offsets[firsts[brk] // spv] if table is not None else None
+        if voffs is not None and (voffs >= 0).all():
+            # one read per run, straight into ``out`` (offsets and lengths were checked against the file);
+            # a batch touching a damaged value (offset -1) goes through liblmdb for the precise error
+            assert h.engine is not None
+            foffs = (voffs + (sidx[brk] - firsts[brk]) * sb).tolist()
+            d0 = order[brk] * sb
+            ends0 = d0 + np.diff(np.r_[brk, n]) * sb
+            ov0 = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+            h.engine.read(ov0, foffs, d0.tolist(), ends0.tolist())
+            return out
         keys = firsts[brk].astype(">u8").view("V8").tolist()
         offs = ((sidx[brk] - firsts[brk]) * sb).tolist()
         dsts = (order[brk] * sb).tolist()
@@ -265,6 +259,8 @@ class StoreReader:
         m = self.meta
         if not 0 <= start <= stop <= m.count:
             raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
+        if self.positions and not self.verify_checksums and self._handle().positions() is not None:
+            return self.read_batch(np.arange(start, stop))
         out = np.empty((stop - start, *m.shape), m.np_dtype)
         ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
         sb, spv, pos = m.sample_bytes, m.samples_per_value, 0
@@ -278,6 +274,37 @@ class StoreReader:
             pos += hi - lo
             first += spv
         return out
+
+    def prefetch(self, lo: Any, hi: Any) -> None:
+        """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
+
+        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a
+        pool thread), so a later random read of them is a copy from memory.  Used by the ``window``
+        shuffle for the next window.  A no-op on the liblmdb read path.
+        """
+        h = self._handle()
+        table = h.positions() if self.positions else None
+        if table is None or h.engine is None or len(table.offsets) == 0:
+            return
+        m = h.meta
+        lo_v = np.asarray(lo, np.int64).reshape(-1) // m.samples_per_value
+        hi_v = (np.asarray(hi, np.int64).reshape(-1) - 1) // m.samples_per_value
+        if lo_v.size == 0:
+            return
+        off, vlen = table.offsets, m.samples_per_value * m.sample_bytes + m.trailer_bytes
+        starts, ends = [], []
+        for a, b in zip(lo_v.tolist(), hi_v.tolist(), strict=True):
+            seg = off[max(a, 0) : min(b, len(off) - 1) + 1]
+            if seg.size == 0:
+                continue
+            s0, s1 = int(seg.min()), int(seg.max()) + vlen
+            if s1 - s0 <= 2 * vlen * seg.size:  # laid out together (the writer appends): one read
+                starts.append(s0)
+                ends.append(min(s1, table.file_size))
+            else:  # scattered pages: one read per value
+                starts.extend(seg.tolist())
+                ends.extend(np.minimum(seg + vlen, table.file_size).tolist())
+        h.engine.advise(starts, ends)
 
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ._env import DATA_FILE, WRITER_LOCK_FILE, check_store_dir, open_env
+from ._env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, open_env
 from .errors import CorruptStoreError
 from .format import (
     DB_CLASSIDX,
@@ -227,7 +227,7 @@ def _check_opens(path: Path) -> None:
     """Raise what opening would (missing, not a store, truncated data file) before the page walk,
     so those stay errors rather than structure problems.  Reads only LMDB's meta pages."""
     check_store_dir(path)
-    open_env(path, readonly=True, lock=False).close()
+    ENVS.acquire(path, writable=False, lock=False, opener=lambda: open_env(path, readonly=True, lock=False)).release()
 
 
 def _check_structure(path: Path, report: VerifyReport, found: _Collector) -> None:

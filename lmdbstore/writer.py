@@ -23,7 +23,7 @@ import lmdb
 import numpy as np
 
 from . import __version__
-from ._env import DATA_FILE, WRITER_LOCK_FILE, check_store_dir, open_env, read_meta
+from ._env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, open_env, read_meta
 from .config import WriterConfig
 from .errors import (
     CorruptStoreError,
@@ -368,7 +368,7 @@ class StoreWriter:
                 self.commit()
         finally:
             self._closed = True
-            self._env.close()
+            ENVS.release_env(self._env)  # shared with this process's readers of the store
             os.close(self._lock_fd)
 
     def _check_open(self) -> None:
@@ -567,6 +567,7 @@ def open_writer(
         p.mkdir(parents=True, exist_ok=True)
         lock_fd = _acquire_lock(p)
         try:
+            ENVS.prepare(p, writable=True)
             with translate_lmdb_errors(p, "create"):
                 env = lmdb.open(
                     str(p),
@@ -578,6 +579,7 @@ def open_writer(
                     readahead=False,
                     meminit=False,
                 )
+            ENVS.adopt(p, env, writable=True)
             meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])
             with translate_lmdb_errors(p, "create"), env.begin(write=True) as txn:
                 for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS):
@@ -595,6 +597,7 @@ def open_writer(
         map_size = max(config.initial_map_size, 2 * size)
         if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
             map_size = max(min(map_size, config.max_map_size), size)
+        ENVS.prepare(p, writable=True)
         env = open_env(
             p,
             readonly=False,
@@ -603,13 +606,14 @@ def open_writer(
             metasync=config.sync,
             meminit=False,
         )
+        ENVS.adopt(p, env, writable=True)
         try:
             with env.begin() as txn:
                 meta = read_meta(env, txn, p)
             _check_same(meta, p, shape, dtype, classes)
             return StoreWriter(p, meta, env, lock_fd, config)
         except BaseException:
-            env.close()
+            ENVS.release_env(env)
             raise
     except BaseException:
         os.close(lock_fd)
