@@ -49,9 +49,12 @@ class Handle:
         self.table: PositionTable | None = None
         self.engine: PreadEngine | None = None
         self.built = False
+        #: how this handle got its table: "" (not yet), "built", "inherited" (same snapshot, e.g. after fork)
+        self.table_source = ""
         if inherit is not None and inherit.table is not None and inherit.table.txnid == self.txnid:
             # same snapshot (e.g. inherited through fork): its offsets hold here too
             self._use(inherit.table)
+            self.table_source = "inherited"
 
     def _use(self, table: PositionTable | None) -> None:
         self.built, self.table = True, table
@@ -76,6 +79,7 @@ class Handle:
             finally:
                 pool.close()
             self._use(table)
+            self.table_source = "built"
         return self.table
 
     def forget_after_fork(self) -> None:

@@ -35,8 +35,12 @@ __all__ = [
 
 #: Bytes of consecutive values read as one chunk (one large sequential read).
 DEFAULT_CHUNK_BYTES = 4 << 20
-#: Share of available memory one window may take (the next window is prefetched beside it).
-WINDOW_SHARE = 0.25
+#: Share of available memory one window takes (the next one is prefetched beside it; the first one of an
+#: epoch has to be read before its batches run at full speed, so it is kept modest).
+WINDOW_SHARE = 0.125
+#: A window gathers at least this many chunks (chunks shrink for small windows), so that its class mix is
+#: close to the store's even when the store was written one class after another.
+MIN_CHUNKS_PER_WINDOW = 256
 #: Share of available memory the page cache may give a store that is read at random.
 CACHE_SHARE = 0.8
 
@@ -56,7 +60,7 @@ def available_memory() -> int:
 
 
 def default_window_bytes(available: int | None = None) -> int:
-    """A quarter of available memory (at least 64 MiB): the window plus the one prefetched beside it."""
+    """An eighth of available memory (at least 64 MiB): the window plus the one prefetched beside it."""
     avail = available_memory() if available is None else available
     return max(64 << 20, int(avail * WINDOW_SHARE))
 
@@ -146,7 +150,8 @@ class WindowBatchSampler(EpochBatchSampler):
             :class:`~lmdbstore.samplers.EpochBatchSampler`.
         samples_per_value, sample_bytes: the store's packing and sample size.
         window_bytes: sample bytes per window (default :func:`default_window_bytes`).
-        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB).
+        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when a window would hold
+            fewer than 256 chunks).
         prefetch: called as ``prefetch(lo, hi)`` with the sample ranges of the next window when a window
             starts (and of the first two windows when the epoch starts), e.g.
             :meth:`~lmdbstore.reader.StoreReader.prefetch`.
@@ -182,7 +187,7 @@ class WindowBatchSampler(EpochBatchSampler):
             raise ValueError(f"window_bytes and chunk_bytes must be positive, got {window_bytes}, {chunk_bytes}")
         self.samples_per_value = samples_per_value
         self.window_samples = max(1, window_bytes // sample_bytes)
-        self.chunk_samples = max(1, chunk_bytes // sample_bytes)
+        self.chunk_samples = max(1, min(chunk_bytes, window_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
         self.prefetch = prefetch
 
     def plan(self) -> WindowPlan:
