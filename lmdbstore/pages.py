@@ -123,12 +123,17 @@ class _Pages:
                     f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path
                 )
         ps = self.psize
+        arr = np.empty((len(pgnos), ps), np.uint8)
 
-        def one(p: int) -> bytes:
-            return _pread_exact(self.fd, ps, p * ps, self.file_size, f"page {p}", self.path)
+        def one(i: int) -> None:  # straight into its row: no per-page objects left behind
+            if os.preadv(self.fd, [memoryview(arr[i])], pgnos[i] * ps) != ps:
+                raise CorruptStoreError(f"data file shorter than expected at page {pgnos[i]}", path=self.path)
 
-        raw = self.pmap(one, pgnos) if self.pmap is not None and len(pgnos) > 8 else [one(p) for p in pgnos]
-        arr = np.frombuffer(b"".join(raw), np.uint8).reshape(len(pgnos), ps)
+        if self.pmap is not None and len(pgnos) > 8:
+            self.pmap(one, range(len(pgnos)))
+        else:
+            for i in range(len(pgnos)):
+                one(i)
         hdr_pgno = arr[:, :8].copy().view("<u8").reshape(-1)
         flags = arr[:, 10:12].copy().view("<u2").reshape(-1) & _TYPE_MASK
         bad = np.flatnonzero((hdr_pgno != np.asarray(pgnos, np.uint64)) | (flags != want))
@@ -157,6 +162,29 @@ class _Pages:
         return ptr, words
 
 
+def _nodes_2d(pages: _Pages, arr: np.ndarray, pgnos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked."""
+    ps = pages.psize
+    words = arr.view("<u2")
+    lower, upper = words[:, 6].astype(np.int64), words[:, 7].astype(np.int64)
+    bad = np.flatnonzero((lower < PAGEHDRSZ) | (lower > upper) | (upper > ps) | (lower % 2 == 1) | (lower == PAGEHDRSZ))
+    if bad.size:
+        i = int(bad[0])
+        raise CorruptStoreError(f"page {pgnos[i]} has bad bounds lower={lower[i]} upper={upper[i]}", path=pages.path)
+    nkeys = (lower - PAGEHDRSZ) // 2
+    row = np.repeat(np.arange(len(arr)), nkeys)
+    slot = np.arange(int(nkeys.sum())) - np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
+    ptr = words[row, PAGEHDRSZ // 2 + slot].astype(np.int64)
+    bad = np.flatnonzero((ptr < upper[row]) | (ptr + NODESIZE > ps) | (ptr % 2 == 1))
+    if bad.size:
+        raise CorruptStoreError(f"page {pgnos[int(row[bad[0]])]} has a node outside its page", path=pages.path)
+    return row, ptr
+
+
+#: Leaf pages parsed per group (bounded memory however large the store).
+LEAF_GROUP = 1024
+
+
 def _gather_u64(page: np.ndarray, offs: np.ndarray, dtype: str) -> np.ndarray:
     return page[offs[:, None] + np.arange(8)].copy().view(dtype).reshape(-1)
 
@@ -174,8 +202,8 @@ class BTreeValues:
     pos: np.ndarray  # int64
 
 
-def _walk(pages: _Pages, db: LmdbDb, what: str) -> list[tuple[int, np.ndarray]]:
-    """The leaf pages of ``db`` in key order, read level by level (each level's reads in flight together)."""
+def _walk(pages: _Pages, db: LmdbDb, what: str) -> list[int]:
+    """The leaf page numbers of ``db`` in key order, read level by level (each level's reads in flight together)."""
     if not 1 <= db.depth <= MAX_DEPTH:
         raise CorruptStoreError(f"{what} B-tree has depth {db.depth}", path=pages.path)
     level = [db.root]
@@ -193,12 +221,13 @@ def _walk(pages: _Pages, db: LmdbDb, what: str) -> list[tuple[int, np.ndarray]]:
             )
             nxt.extend(child.tolist())
         level = nxt
-    return list(zip(level, pages.read(level, P_LEAF), strict=True))
+    return level
 
 
 def _main_db_entry(pages: _Pages, main: LmdbDb, name: bytes) -> LmdbDb:
     """The ``MDB_db`` record of the named sub-database ``name`` in the main B-tree."""
-    for pgno, page in _walk(pages, main, "main"):
+    leaves = _walk(pages, main, "main")
+    for pgno, page in zip(leaves, pages.read(leaves, P_LEAF), strict=True):
         ptr, words = pages.nodes(page, pgno)
         for o in ptr.tolist():
             w = o // 2
@@ -240,31 +269,49 @@ def samples_positions(
         z = np.zeros(0, np.int64)
         return BTreeValues(z.astype(np.uint64), z, z)
     ps = meta.psize
-    keys, sizes, pos = [], [], []
-    for pgno, page in _walk(pages, db, name.decode()):
-        ptr, words = pages.nodes(page, pgno)
-        w = ptr // 2
+    if db.entries > pages.n_pages * (ps // (NODESIZE + 8 + 2)):
+        raise CorruptStoreError(
+            f"{name.decode()} B-tree claims {db.entries} entries, more than the file holds", path=path
+        )
+    keys = np.empty(db.entries, np.uint64)
+    sizes = np.empty(db.entries, np.int64)
+    pos = np.empty(db.entries, np.int64)
+    done = 0
+    leaves = _walk(pages, db, name.decode())
+    for g in range(0, len(leaves), LEAF_GROUP):
+        pgnos = leaves[g : g + LEAF_GROUP]
+        arr = pages.read(pgnos, P_LEAF)
+        row, ptr = _nodes_2d(pages, arr, pgnos)
+        flat = arr.reshape(-1)
+        base = row * ps + ptr  # node offsets in ``flat``
+        w = base // 2
+        words = flat.view("<u2")
         dsize = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16
         flags, ksize = words[w + 2], words[w + 3]
         if (ksize != 8).any():
-            raise UnsupportedLayout(f"page {pgno} has keys that are not 8 bytes")
+            raise UnsupportedLayout("keys that are not 8 bytes")
         if (flags & ~np.uint16(F_BIGDATA)).any():
-            raise UnsupportedLayout(f"page {pgno} has sub-database or duplicate nodes")
+            raise UnsupportedLayout("sub-database or duplicate nodes")
         big = (flags & F_BIGDATA).astype(bool)
         data = ptr + NODESIZE + 8
-        if int((data + np.where(big, 8, dsize)).max()) > ps:
-            raise CorruptStoreError(f"page {pgno} has a value outside its page", path=path)
-        keys.append(_gather_u64(page, ptr + NODESIZE, ">u8"))
-        sizes.append(dsize)
-        p = pgno * ps + data
+        bad = np.flatnonzero(data + np.where(big, 8, dsize) > ps)
+        if bad.size:
+            raise CorruptStoreError(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
+        n = len(ptr)
+        if done + n > db.entries:
+            raise CorruptStoreError(f"more values in the B-tree than its header's {db.entries}", path=path)
+        keys[done : done + n] = _gather_u64(flat, base + NODESIZE, ">u8")
+        sizes[done : done + n] = dsize
+        p = np.asarray(pgnos, np.int64)[row] * ps + data
         if big.any():
-            ov = _gather_u64(page, data[big], "<u8").astype(np.int64)
+            ov = _gather_u64(flat, base[big] + NODESIZE + 8, "<u8").astype(np.int64)
             need = (PAGEHDRSZ - 1 + dsize[big]) // ps + 1
             if (ov < 2).any() or ((ov + need) > pages.n_pages).any():
-                raise CorruptStoreError(f"page {pgno} points at overflow pages outside the file", path=path)
+                raise CorruptStoreError("a value points at overflow pages outside the file", path=path)
             p[big] = ov * ps + PAGEHDRSZ
-        pos.append(p)
-    out = BTreeValues(np.concatenate(keys), np.concatenate(sizes), np.concatenate(pos))
-    if len(out.keys) != db.entries:
-        raise CorruptStoreError(f"{len(out.keys)} values in the B-tree, its header says {db.entries}", path=path)
+        pos[done : done + n] = p
+        done += n
+    if done != db.entries:
+        raise CorruptStoreError(f"{done} values in the B-tree, its header says {db.entries}", path=path)
+    out = BTreeValues(keys, sizes, pos)
     return out

@@ -17,6 +17,8 @@ before use; any mismatch or unrecognised layout makes the reader use liblmdb for
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import mmap
 import os
@@ -105,9 +107,17 @@ def build_table(
     if present.any() and int((offsets[present] + want_len[present]).max()) > file_size:
         raise CorruptStoreError("a value extends past the end of the data file", path=path)
     table = PositionTable(txnid, offsets, file_size)
-    if not _agrees(fd, table, meta, lookup, want_len, path):
-        return None
-    return table
+    del vals, keys, slot, ok, good, present
+    ok_ = _agrees(fd, table, meta, lookup, want_len, path)
+    _give_back_free_memory()
+    return table if ok_ else None
+
+
+def _give_back_free_memory() -> None:
+    """Return the parse's freed temporaries to the OS (glibc keeps freed heap memory in the process
+    otherwise, and the reader's resident memory would look like it grew with the store)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def _agrees(
