@@ -18,7 +18,7 @@ class Handle:
     """The per-process open state: a share of the environment, one long-lived read transaction,
     the sub-databases, and (built on first use) the position table of that transaction's snapshot."""
 
-    def __init__(self, path: Path, lock: bool, io_threads: int, inherit: Handle | None = None):
+    def __init__(self, path: Path, lock: bool, io_threads: int, inherit: PositionTable | None = None):
         check_store_dir(path)
         self.pid = os.getpid()
         self.path = path
@@ -51,9 +51,13 @@ class Handle:
         self.built = False
         #: how this handle got its table: "" (not yet), "built", "inherited" (same snapshot, e.g. after fork)
         self.table_source = ""
-        if inherit is not None and inherit.table is not None and inherit.table.txnid == self.txnid:
-            # same snapshot (e.g. inherited through fork): its offsets hold here too
-            self._use(inherit.table)
+        st = os.fstat(self.fd)
+        same_file = (
+            inherit is not None and inherit.file_id == (st.st_dev, st.st_ino) and inherit.file_size <= st.st_size
+        )
+        if inherit is not None and same_file and inherit.txnid == self.txnid:
+            # same snapshot (e.g. inherited through fork, or re-opened): its offsets hold here too
+            self._use(inherit)
             self.table_source = "inherited"
 
     def _use(self, table: PositionTable | None) -> None:

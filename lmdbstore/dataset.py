@@ -57,6 +57,8 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             # every worker; widened to int64 per batch only
             labels = self.reader.labels()
             self.labels = torch.from_numpy(labels if labels.dtype == np.uint8 else labels.astype(np.int32))
+            # the position table, built once here and inherited by forked workers (same snapshot)
+            self.reader.read_path  # noqa: B018
         finally:
             self.reader.close()
 

@@ -57,6 +57,7 @@ class PositionTable:
     txnid: int
     offsets: np.ndarray  # int64, one per value
     file_size: int
+    file_id: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the data file it was built from
 
 
 def build_table(
@@ -106,7 +107,8 @@ def build_table(
     present = offsets >= 0
     if present.any() and int((offsets[present] + want_len[present]).max()) > file_size:
         raise CorruptStoreError("a value extends past the end of the data file", path=path)
-    table = PositionTable(txnid, offsets, file_size)
+    st = os.fstat(fd)
+    table = PositionTable(txnid, offsets, file_size, (st.st_dev, st.st_ino))
     del vals, keys, slot, ok, good, present
     ok_ = _agrees(fd, table, meta, lookup, want_len, path)
     _give_back_free_memory()

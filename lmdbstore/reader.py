@@ -30,7 +30,7 @@ from .format import (
     compute_checksum,
     encode_key,
 )
-from .positions import DEFAULT_IO_THREADS
+from .positions import DEFAULT_IO_THREADS, PositionTable
 
 __all__ = ["StoreReader", "open_reader"]
 
@@ -72,6 +72,7 @@ class StoreReader:
         self.positions = positions
         self.io_threads = io_threads
         self._h: Handle | None = None
+        self._table: PositionTable | None = None
         self._labels: np.ndarray | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -88,14 +89,21 @@ class StoreReader:
                     h.forget_after_fork()
                 else:
                     h.close()
-            h = self._h = Handle(self.path, self.lock, self.io_threads, inherit=h)
+            h = self._h = Handle(self.path, self.lock, self.io_threads, inherit=self._table)
         return h
+
+    def _positions(self, h: Handle) -> PositionTable | None:
+        """The handle's position table, kept on the reader too: it outlives :meth:`close` and a fork, so
+        a re-opened handle of the same snapshot (e.g. in a forked DataLoader worker) need not rebuild it."""
+        table = h.positions()
+        self._table = table
+        return table
 
     @property
     def read_path(self) -> str:
         """``"positions"`` (reads by file offset) or ``"lmdb"`` (liblmdb lookups) for unchecked reads."""
         h = self._handle()
-        return "positions" if self.positions and h.positions() is not None else "lmdb"
+        return "positions" if self.positions and self._positions(h) is not None else "lmdb"
 
     def open(self) -> StoreReader:
         """Open now (instead of on first read), validating the store. Returns ``self``."""
@@ -210,7 +218,7 @@ class StoreReader:
         # input up front (one 8-byte key object per run -- ``V8`` items become ``bytes``), so the loop
         # does no slicing, arithmetic or list indexing of its own.
         brk = np.flatnonzero(np.r_[True, (np.diff(sidx) != 1) | (firsts[1:] != firsts[:-1]) | (np.diff(order) != 1)])
-        table = h.positions() if self.positions and not self.verify_checksums else None
+        table = self._positions(h) if self.positions and not self.verify_checksums else None
         voffs = table.offsets[firsts[brk] // spv] if table is not None else None
         if voffs is not None and (voffs >= 0).all():
             # one read per run, straight into ``out`` (offsets and lengths were checked against the file);
@@ -259,7 +267,7 @@ class StoreReader:
         m = self.meta
         if not 0 <= start <= stop <= m.count:
             raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
-        if self.positions and not self.verify_checksums and self._handle().positions() is not None:
+        if self.positions and not self.verify_checksums and self._positions(self._handle()) is not None:
             return self.read_batch(np.arange(start, stop))
         out = np.empty((stop - start, *m.shape), m.np_dtype)
         ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
@@ -283,7 +291,7 @@ class StoreReader:
         shuffle for the next window.  A no-op on the liblmdb read path.
         """
         h = self._handle()
-        table = h.positions() if self.positions else None
+        table = self._positions(h) if self.positions else None
         if table is None or h.engine is None or len(table.offsets) == 0:
             return
         m = h.meta

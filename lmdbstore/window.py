@@ -38,6 +38,9 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 #: Share of available memory one window takes (the next one is prefetched beside it; the first one of an
 #: epoch has to be read before its batches run at full speed, so it is kept modest).
 WINDOW_SHARE = 0.125
+#: The first window of an epoch is at most this large, so that training starts after a short read (the
+#: next, full-size window is prefetched while it is consumed).
+FIRST_WINDOW_BYTES = 256 << 20
 #: A window gathers at least this many chunks (chunks shrink for small windows), so that its class mix is
 #: close to the store's even when the store was written one class after another.
 MIN_CHUNKS_PER_WINDOW = 256
@@ -96,12 +99,18 @@ class WindowPlan:
 
 
 def window_order(
-    indices: np.ndarray, samples_per_value: int, window_samples: int, chunk_samples: int, rng: np.random.Generator
+    indices: np.ndarray,
+    samples_per_value: int,
+    window_samples: int,
+    chunk_samples: int,
+    rng: np.random.Generator,
+    first_window_samples: int | None = None,
 ) -> WindowPlan:
     """The windowed order of ``indices`` (see the module docstring).
 
     Chunks hold whole values (``chunk_samples`` rounded up to whole values); a window holds
-    ``window_samples // chunk_samples`` chunks (at least one).  O(len(indices)) time and memory.
+    ``window_samples // chunk_samples`` chunks (at least one), the first window
+    ``first_window_samples // chunk_samples`` (default: as many).  O(len(indices)) time and memory.
     """
     idx = np.sort(np.asarray(indices, dtype=np.int64))
     if idx.size == 0:
@@ -115,19 +124,21 @@ def window_order(
     lengths = np.diff(np.r_[starts, idx.size])
     perm = rng.permutation(len(starts))
     order = _concat_runs(idx, starts[perm], lengths[perm])
-    per_window = max(1, window_samples // max(1, per_chunk * samples_per_value))
+    chunk_len = max(1, per_chunk * samples_per_value)
+    per_window = max(1, window_samples // chunk_len)
+    first = per_window if first_window_samples is None else min(per_window, max(1, first_window_samples // chunk_len))
     cum = np.r_[0, np.cumsum(lengths[perm])]
-    win_starts = cum[::per_window]
-    if win_starts[-1] != idx.size:
-        win_starts = np.r_[win_starts, idx.size]
+    bounds = np.r_[0, np.arange(first, len(starts), per_window), len(starts)]  # in chunks
+    bounds = np.unique(bounds)
+    win_starts = cum[bounds]
     lo_all = idx[starts[perm]]
     hi_all = idx[starts[perm] + lengths[perm] - 1] + 1
     chunk_lo, chunk_hi = [], []
     for w in range(len(win_starts) - 1):
         a, b = int(win_starts[w]), int(win_starts[w + 1])
         rng.shuffle(order[a:b])  # uniform within the window
-        chunk_lo.append(np.sort(lo_all[w * per_window : (w + 1) * per_window]))
-        chunk_hi.append(np.sort(hi_all[w * per_window : (w + 1) * per_window]))
+        chunk_lo.append(np.sort(lo_all[bounds[w] : bounds[w + 1]]))
+        chunk_hi.append(np.sort(hi_all[bounds[w] : bounds[w + 1]]))
     return WindowPlan(order, win_starts.astype(np.int64), chunk_lo, chunk_hi)
 
 
@@ -150,8 +161,8 @@ class WindowBatchSampler(EpochBatchSampler):
             :class:`~lmdbstore.samplers.EpochBatchSampler`.
         samples_per_value, sample_bytes: the store's packing and sample size.
         window_bytes: sample bytes per window (default :func:`default_window_bytes`).
-        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when a window would hold
-            fewer than 256 chunks).
+        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window,
+            at most 256 MiB, would hold fewer than 256 chunks).
         prefetch: called as ``prefetch(lo, hi)`` with the sample ranges of the next window when a window
             starts (and of the first two windows when the epoch starts), e.g.
             :meth:`~lmdbstore.reader.StoreReader.prefetch`.
@@ -187,13 +198,22 @@ class WindowBatchSampler(EpochBatchSampler):
             raise ValueError(f"window_bytes and chunk_bytes must be positive, got {window_bytes}, {chunk_bytes}")
         self.samples_per_value = samples_per_value
         self.window_samples = max(1, window_bytes // sample_bytes)
-        self.chunk_samples = max(1, min(chunk_bytes, window_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
+        self.first_window_samples = max(1, min(window_bytes, FIRST_WINDOW_BYTES) // sample_bytes)
+        first_bytes = self.first_window_samples * sample_bytes
+        self.chunk_samples = max(1, min(chunk_bytes, first_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
         self.prefetch = prefetch
 
     def plan(self) -> WindowPlan:
         """This epoch's windowed order (identical on every rank)."""
         rng = _rng(self.seed, self.epoch, 7)
-        return window_order(self.indices, self.samples_per_value, self.window_samples, self.chunk_samples, rng)
+        return window_order(
+            self.indices,
+            self.samples_per_value,
+            self.window_samples,
+            self.chunk_samples,
+            rng,
+            self.first_window_samples,
+        )
 
     def epoch_order(self) -> np.ndarray:
         return self.plan().order

@@ -287,6 +287,57 @@ def train_wait(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]
     }
 
 
+def accuracy(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    """Validation accuracy of random, window and block order on a class-sorted store (one class after
+    another, the way a generator writes them): same model, data, steps and seed; only the order differs."""
+    import torch
+
+    from lmdbstore import WriterConfig, open_writer
+    from lmdbstore.dataset import LmdbBatchDataset
+    from lmdbstore.model import build_model
+    from lmdbstore.samplers import stratified_split
+    from lmdbstore.synth import SYNTH_CLASSES, synth_batches
+
+    x, y = next(synth_batches(args.accuracy, seed=args.seed, batch=args.accuracy))
+    order = np.argsort(y, kind="stable")
+    path = workdir / "sorted"
+    with open_writer(
+        path, shape=x.shape[1:], dtype=x.dtype, classes=SYNTH_CLASSES, config=WriterConfig(sync=False)
+    ) as w:
+        w.append(x[order], y[order])
+    ds = LmdbBatchDataset(path)
+    with StoreReader(path) as r:
+        spv, sb, labels = r.meta.samples_per_value, r.meta.sample_bytes, r.labels()
+    tr, va = stratified_split(labels, 0.1, args.seed)
+    window_bytes = len(tr) * sb // 8  # an eighth of the data per window, as out of core
+    out: dict[str, float] = {}
+    for mode in ("random", "window", "block"):
+        torch.manual_seed(args.seed)
+        model = build_model(ds.shape, len(SYNTH_CLASSES))
+        opt = torch.optim.AdamW(model.parameters(), 3e-3)
+        if mode == "window":
+            s: Any = WindowBatchSampler(tr, 256, samples_per_value=spv, sample_bytes=sb, window_bytes=window_bytes)
+        else:
+            s = EpochBatchSampler(tr, 256, shuffle=mode, samples_per_value=spv, block_buffer=1, seed=args.seed)  # type: ignore[arg-type]
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            model.train()
+            for b in s:
+                xb, yb = ds[b]
+                loss = torch.nn.functional.cross_entropy(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        model.eval()
+        with torch.no_grad():
+            correct = sum(int((model(ds[b][0]).argmax(1) == ds[b][1]).sum()) for b in np.array_split(va, 8))
+        out[mode] = correct / len(va)
+        log(f"  class-sorted store, {mode}: validation accuracy {out[mode]:.3f}")
+    ds.reader.close()
+    shutil.rmtree(path)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=200_000, help="store size when creating one")
@@ -299,6 +350,7 @@ def main() -> None:
     ap.add_argument("--window-mb", type=int, default=1024)
     ap.add_argument("--warm-samples", type=int, default=400_000)
     ap.add_argument("--train-steps", type=int, default=0)
+    ap.add_argument("--accuracy", type=int, default=0, help="samples of a class-sorted store to train on per order")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench_ooc_out"))
     ap.add_argument("--skip", default="", help="comma-separated sections to skip: disk,one,loader,warm,quality")
@@ -336,6 +388,8 @@ def main() -> None:
             res["quality"] = quality(path, n, args)
         if args.train_steps:
             res["train"] = train_wait(path, n, args)
+        if args.accuracy:
+            res["accuracy"] = accuracy(args, workdir)
         report(res, args)
     finally:
         if created and not args.keep:
@@ -399,6 +453,10 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> None:
         f"{m['labels MB']:.1f} MB (not loaded here); the reader's anonymous RSS after open + one 4096-sample batch "
         f"{m['reader RssAnon MB']:.1f} MB, {m['reader RssAnon after trim MB']:.1f} MB after malloc_trim",
     ]
+    a = res.get("accuracy")
+    if a:
+        lines += ["", f"| order (class-sorted store of {args.accuracy:,} samples, 2 epochs) | validation accuracy |"]
+        lines += ["|---|---:|"] + [f"| {k} | {v:.3f} |" for k, v in a.items()]
     t = res.get("train")
     if t:
         lines.append(
