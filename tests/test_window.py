@@ -155,3 +155,13 @@ def test_bad_arguments() -> None:
         WindowBatchSampler(np.arange(10), 4, samples_per_value=1, sample_bytes=4, window_bytes=0)
     with pytest.raises(ValueError, match="batch_size"):
         WindowBatchSampler(np.arange(10), 0, samples_per_value=1, sample_bytes=4)
+
+
+def test_first_window_is_capped_so_training_starts_at_once() -> None:
+    gib = 1 << 30
+    s = WindowBatchSampler(np.arange(2_000_000), 4096, samples_per_value=18, sample_bytes=SB, window_bytes=gib)
+    plan = s.plan()
+    sizes = np.diff(plan.window_starts)
+    assert sizes[0] <= (256 << 20) // SB < sizes[1]  # 256 MiB first, then full windows
+    assert sizes[1] <= gib // SB
+    assert all(len(lo) >= 240 for lo in plan.chunk_lo[:-1])  # ~256 chunks (whole values): a store-like class mix
