@@ -257,8 +257,15 @@ def train(
     val_fraction: Annotated[float, typer.Option(help="Share of every class held out for validation.")] = 0.1,
     balanced: Annotated[bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")] = False,
     shuffle: Annotated[
-        str, typer.Option(help="random: new permutation per epoch; block: shuffled packed values, fewer lookups.")
-    ] = "random",
+        str,
+        typer.Option(
+            help="auto: random if the store fits in memory, else window; random: new permutation per epoch; "
+            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs."
+        ),
+    ] = "auto",
+    window_mb: Annotated[
+        int | None, typer.Option(help="Window shuffle: window size in MiB (default: 1/8 of available memory).")
+    ] = None,
     block_buffer: Annotated[
         int,
         typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
@@ -298,6 +305,7 @@ def train(
             batch_size=batch,
             shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
             block_buffer=block_buffer,
+            window_mb=window_mb,
             workers=workers,
             seed=seed,
             balanced=balanced,

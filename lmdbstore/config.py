@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 ChecksumKind = Literal["none", "crc32", "xxh64"]
-ShuffleMode = Literal["random", "block"]
+ShuffleMode = Literal["auto", "random", "block", "window"]
 
 #: LMDB page size assumed when the environment cannot tell (it is the OS page size; 4 KiB on x86-64).
 DEFAULT_PAGE_SIZE = 4096
@@ -85,8 +85,11 @@ class LoaderConfig:
 
     Attributes:
         batch_size: samples per batch (default 4096).
-        shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample) or ``"block"``
-            (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups).
+        shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample), ``"block"``
+            (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups),
+            ``"window"`` (random batches from a window of large consecutive runs: stores bigger than RAM)
+            or ``"auto"`` (default: ``random`` if the store fits in the page cache, else ``window``).
+        window_mb: window size of ``"window"`` in MiB (default ``None``: an eighth of available memory).
         block_buffer: in block mode, over how many batches each value's samples are spread (default 2):
             1 keeps a value's samples in one batch (one lookup and one copy per value: fastest, most
             correlated); larger mixes more at the cost of more lookups and shorter copies per batch.
@@ -100,7 +103,8 @@ class LoaderConfig:
     """
 
     batch_size: int = 4096
-    shuffle: ShuffleMode = "random"
+    shuffle: ShuffleMode = "auto"
+    window_mb: int | None = None
     block_buffer: int = 2
     workers: int = 2
     seed: int = 0
@@ -113,8 +117,10 @@ class LoaderConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-        if self.shuffle not in ("random", "block"):
-            raise ValueError(f"shuffle must be 'random' or 'block', got {self.shuffle!r}")
+        if self.shuffle not in ("auto", "random", "block", "window"):
+            raise ValueError(f"shuffle must be 'auto', 'random', 'block' or 'window', got {self.shuffle!r}")
+        if self.window_mb is not None and self.window_mb < 1:
+            raise ValueError(f"window_mb must be positive, got {self.window_mb}")
         if self.block_buffer < 1:
             raise ValueError(f"block_buffer must be positive, got {self.block_buffer}")
         if self.workers < 0:

@@ -29,12 +29,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ._env import DATA_FILE
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
 from .errors import LmdbStoreError, ValidationError
 from .model import build_model
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
+from .window import WindowBatchSampler, choose_shuffle
 
 __all__ = ["DistInfo", "EpochMetrics", "TrainResult", "evaluate", "load_checkpoint", "train"]
 
@@ -181,6 +183,15 @@ def _model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
     return model
 
 
+def _shuffle(lcfg: LoaderConfig, path: Path, say: Log) -> str:
+    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by store size against memory, and says so."""
+    if lcfg.shuffle != "auto":
+        return lcfg.shuffle
+    choice = choose_shuffle(os.path.getsize(path / DATA_FILE))
+    say(f"shuffle: {choice.shuffle} ({choice.reason})")
+    return choice.shuffle
+
+
 # ---------------------------------------------------------------------- loops
 class _Timed:
     """Iterate a loader and add up the time spent waiting for the next batch."""
@@ -322,11 +333,23 @@ def train(
         sampler: EpochBatchSampler | BalancedBatchSampler = BalancedBatchSampler(
             per_class, lcfg.batch_size, seed=lcfg.seed, rank=info.rank, world_size=info.world_size, class_names=classes
         )
+    elif (shuffle := _shuffle(lcfg, path, say)) == "window":
+        sampler = WindowBatchSampler(
+            train_idx,
+            lcfg.batch_size,
+            samples_per_value=meta.samples_per_value,
+            sample_bytes=meta.sample_bytes,
+            window_bytes=None if lcfg.window_mb is None else lcfg.window_mb << 20,
+            prefetch=StoreReader(path).prefetch,  # the next window is read ahead, in large runs
+            seed=lcfg.seed,
+            rank=info.rank,
+            world_size=info.world_size,
+        )
     else:
         sampler = EpochBatchSampler(
             train_idx,
             lcfg.batch_size,
-            shuffle=lcfg.shuffle,
+            shuffle=shuffle,  # type: ignore[arg-type]
             samples_per_value=meta.samples_per_value,
             block_buffer=lcfg.block_buffer,
             seed=lcfg.seed,

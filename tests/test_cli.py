@@ -129,8 +129,25 @@ def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
     )
     assert r.exit_code == 0, r.output
     assert "epoch 2:" in r.stdout and "confusion matrix" in r.stdout
+    assert "shuffle: random (store" in r.stdout  # the default (auto) says what it chose
     final = json.loads(r.stdout.strip().splitlines()[-1])
     assert final["final"]["val_accuracy"] > 0.5
+    r = run(
+        "train",
+        store,
+        "--shuffle",
+        "window",
+        "--window-mb",
+        "1",
+        "--batch",
+        "256",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        out,
+    )
+    assert r.exit_code == 0, r.output
     r = run("train", store, "--batch", "100000", "--no-progress", "--out", tmp_path / "r2")
     assert r.exit_code == 1 and "larger than the training split" in _err_line(r)
     r = run("eval", store, out / "best.pt", "--json", "--predictions", tmp_path / "p.npy", "--workers", "0")

@@ -25,7 +25,12 @@ def epoch_sampler(ds: LmdbBatchDataset, cfg: LoaderConfig, indices: np.ndarray |
     spv = ds.reader.meta.samples_per_value
     ds.reader.close()
     return EpochBatchSampler(
-        idx, cfg.batch_size, shuffle=cfg.shuffle, samples_per_value=spv, block_buffer=cfg.block_buffer, seed=cfg.seed
+        idx,
+        cfg.batch_size,
+        shuffle="random" if cfg.shuffle == "auto" else cfg.shuffle,  # type: ignore[arg-type]  # no window here
+        samples_per_value=spv,
+        block_buffer=cfg.block_buffer,
+        seed=cfg.seed,
     )
 
 

@@ -83,7 +83,14 @@ def test_resume_without_checkpoint_fails(synth_store: Path, tmp_path: Path) -> N
         )
 
 
-@pytest.mark.parametrize("loader", [{"shuffle": "block", "workers": 2}, {"balanced": True, "workers": 0}])
+@pytest.mark.parametrize(
+    "loader",
+    [
+        {"shuffle": "block", "workers": 2},
+        {"balanced": True, "workers": 0},
+        {"shuffle": "window", "window_mb": 1, "workers": 2},
+    ],
+)
 def test_block_and_balanced_modes_train(synth_store: Path, loader: dict[str, object]) -> None:
     result = _quiet_train(synth_store, None, epochs=1, **loader)
     assert result.final.val_accuracy is not None  # type: ignore[attr-defined]
