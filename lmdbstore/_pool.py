@@ -19,6 +19,7 @@ import os
 import pickle
 import queue
 import signal
+import struct
 import traceback
 from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import wait
@@ -50,6 +51,41 @@ class WorkerDied(Exception):
         self.exitcode = exitcode
 
 
+_FRAME = struct.Struct("<QI")  # pickle bytes, out-of-band buffers
+
+
+def send(fd: int, obj: Any) -> None:
+    """Write ``obj`` to pipe ``fd``: pickle protocol 5 with numpy data out of band, written straight
+    from the arrays (no copy into the pickle)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    lengths = struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
+    for part in (_FRAME.pack(len(head), len(raws)) + lengths + head, *raws):
+        view = memoryview(part).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def _read_exactly(fd: int, n: int) -> bytearray:
+    out = bytearray(n)
+    view, got = memoryview(out), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            raise EOFError("pipe closed")
+        got += k
+    return out
+
+
+def receive(fd: int) -> Any:
+    """Read one object written by :func:`send`; each array's data is read once, into its own buffer."""
+    head_len, n = _FRAME.unpack(_read_exactly(fd, _FRAME.size))
+    lengths = struct.unpack(f"<{n}Q", _read_exactly(fd, 8 * n)) if n else ()
+    head = _read_exactly(fd, head_len)
+    return pickle.loads(head, buffers=[_read_exactly(fd, k) for k in lengths])
+
+
 def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
     """Worker loop: take ``(index, pickled task)`` from the shared queue, send ``(index, ok, payload)``
     pickled through this worker's own pipe ``results``, until ``None``."""
@@ -58,7 +94,7 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
         fn = pickle.loads(fn_blob)
     except Exception as exc:  # e.g. the function lives in a module the worker cannot import
         text = "".join(traceback.format_exception(exc))
-        results.send_bytes(pickle.dumps((LOAD_FAILED, False, (type(exc).__name__, str(exc), text, None))))
+        send(results.fileno(), (LOAD_FAILED, False, (type(exc).__name__, str(exc), text, None)))
         return
     while True:
         try:
@@ -76,12 +112,10 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
             text = "".join(traceback.format_exception(exc))
             out = (False, (type(exc).__name__, str(exc), text, getattr(exc, "payload", None)))
         try:
-            data = pickle.dumps((index, *out), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
+            send(results.fileno(), (index, *out))  # blocks while the parent is behind: back-pressure
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
             text = "".join(traceback.format_exception(exc))
-            data = pickle.dumps((index, False, (type(exc).__name__, f"result cannot be pickled: {exc}", text, None)))
-        try:
-            results.send_bytes(data)  # blocks while the parent is behind: back-pressure
+            send(results.fileno(), (index, False, (type(exc).__name__, f"result cannot be pickled: {exc}", text, None)))
         except OSError:
             os._exit(0)  # the parent is gone
 
@@ -162,7 +196,7 @@ class OrderedPool:
         while True:
             for conn in wait(self._conns, timeout=POLL_SECONDS):
                 try:
-                    return pickle.loads(conn.recv_bytes())  # type: ignore[no-any-return,union-attr]
+                    return receive(conn.fileno())  # type: ignore[no-any-return,union-attr]
                 except EOFError:  # its worker ended
                     proc = self._procs[self._conns.index(conn)]
                     proc.join(TERMINATE_GRACE)

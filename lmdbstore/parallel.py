@@ -25,6 +25,7 @@ import numpy as np
 from ._pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from .config import WriterConfig
 from .errors import TaskError, ValidationError
+from .format import ValueStats
 from .writer import StoreWriter, check_samples, label_ids, open_writer
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
@@ -58,7 +59,8 @@ class ParallelReport:
 @dataclass(frozen=True)
 class TaskResults:
     """Runs in a worker: ``produce(task)``, validated against the store like ``StoreWriter.append`` does,
-    joined into one ``(x, label ids)`` pair (the unit the writer commits atomically with the ledger)."""
+    joined into one ``(x, label ids)`` pair (the unit the writer commits atomically with the ledger),
+    with the pair's value statistics."""
 
     produce: Callable[[Any], Any]
     shape: tuple[int, ...]
@@ -67,8 +69,13 @@ class TaskResults:
     allow_nonfinite: bool = False
     cast: bool = False
 
-    def __call__(self, task: Any) -> tuple[np.ndarray, np.ndarray]:
-        out = self.produce(task)
+    def __call__(self, task: Any) -> tuple[np.ndarray, np.ndarray, ValueStats]:
+        x, y = self._joined(self.produce(task))
+        stats = ValueStats()
+        stats.update(x)  # here, in parallel, rather than in the single writer
+        return x, y, stats
+
+    def _joined(self, out: Any) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = [], []
         for x, y in _pairs(out):
             arr = check_samples(
@@ -167,9 +174,9 @@ def commit_in_order(
     added, t0 = 0, time.perf_counter()
     results = pool.results(tasks, start)
     try:
-        for index, (x, y) in results:
+        for index, (x, y, stats) in results:
             key, done, total = ledger(index)
-            w.append(x, y, progress=(key, done), progress_total=total)
+            w.append(x, y, progress=(key, done), progress_total=total, stats=stats)
             added += len(y)
             bar.update(1)
             bar.set_postfix_str(f"{added / max(time.perf_counter() - t0, 1e-9):,.0f} samples/s", refresh=False)
