@@ -61,8 +61,9 @@ def send(fd: int, obj: Any) -> None:
     head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
     lengths = struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
-    for part in (_FRAME.pack(len(head), len(raws)) + lengths + head, *raws):
-        view = memoryview(part).cast("B")
+    parts: list[memoryview] = [memoryview(_FRAME.pack(len(head), len(raws)) + lengths + head), *raws]
+    for part in parts:
+        view = part.cast("B")
         while view:
             view = view[os.write(fd, view) :]
 

@@ -91,16 +91,27 @@ def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
     orig = par._bar
     par._bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]
     try:
-        t0 = time.perf_counter()
+        c0, t0 = os.times(), time.perf_counter()
         rep = write_parallel(
             path, augment, range(tasks), workers=workers, shape=SHAPE, dtype="float32", classes=CLASSES, config=cfg
         )
-        wall = time.perf_counter() - t0
+        wall, c1 = time.perf_counter() - t0, os.times()
     finally:
         par._bar = orig
     shutil.rmtree(path)
     steady = (len(stamps) - 1) * TASK_SAMPLES / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
-    return {"workers": workers, "samples": rep.added, "wall_s": wall, "rate": rep.added / wall, "steady_rate": steady}
+    return {
+        "workers": workers,
+        "samples": rep.added,
+        "wall_s": wall,
+        "rate": rep.added / wall,
+        "steady_rate": steady,
+        # CPU seconds per task: the writer's process, and the (reaped) worker processes together
+        "writer_cpu_ms": ((c1.user - c0.user) + (c1.system - c0.system)) / tasks * 1e3,
+        "workers_cpu_ms": ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system))
+        / tasks
+        * 1e3,
+    }
 
 
 class _Recorder:
@@ -180,18 +191,20 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     mb_task = TASK_SAMPLES * int(np.prod(SHAPE)) * 4 / 1e6
     base = rows[0]
+    load = os.getloadavg()[0]
     lines = [
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"{tasks} tasks x {TASK_SAMPLES} samples 25x25 float32 ({mb_task:.1f} MB per task); "
-        f"produce: {per_task * 1e3:.0f} ms per task in one process",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {load:.1f} at the end; {tasks} tasks x {TASK_SAMPLES} samples 25x25 float32 "
+        f"({mb_task:.1f} MB per task); produce: {per_task * 1e3:.0f} ms per task in one process",
         "",
-        "| run | samples/s (whole call) | ratio | samples/s (steady) | ratio |",
-        "|---|---:|---:|---:|---:|",
+        "| run | samples/s (whole call) | ratio | samples/s (steady) | ratio | CPU ms/task: writer | workers |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| write_parallel workers={r['workers']} | {r['rate']:,.0f} | {r['rate'] / base['rate']:.2f}x "
-            f"| {r['steady_rate']:,.0f} | {r['steady_rate'] / base['steady_rate']:.2f}x |"
+            f"| {r['steady_rate']:,.0f} | {r['steady_rate'] / base['steady_rate']:.2f}x "
+            f"| {r['writer_cpu_ms']:.0f} | {r['workers_cpu_ms']:.0f} |"
         )
     sps = 1e6 / (int(np.prod(SHAPE)) * 4)
     lines += [
