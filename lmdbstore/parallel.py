@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from . import errors
 from ._pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from .config import WriterConfig
-from .errors import TaskError, ValidationError
+from .errors import LmdbStoreError, TaskError, ValidationError
 from .format import ValueStats
 from .writer import StoreWriter, check_samples, label_ids, open_writer
 
@@ -159,10 +160,11 @@ def commit_in_order(
     *,
     workers: int,
     in_flight: int,
-    bar: Any,
+    report: Callable[[int], None],
 ) -> int:
     """Run ``producer`` over ``tasks[start:]`` in ``workers`` processes and append each result, in order,
-    with its ledger entry ``ledger(index)``; returns the samples appended.
+    with its ledger entry ``ledger(index)``, then calls ``report(samples of the task)``; returns the samples
+    appended.
 
     Results of tasks before a failing one are committed before the error is raised.
 
@@ -171,25 +173,38 @@ def commit_in_order(
         TaskError: ``produce`` raised, could not be imported by the workers, or a worker died.
     """
     pool = OrderedPool(producer, workers, max(1, workers) * in_flight)
-    added, t0 = 0, time.perf_counter()
+    added = 0
     results = pool.results(tasks, start)
     try:
         for index, (x, y, stats) in results:
             key, done, total = ledger(index)
             w.append(x, y, progress=(key, done), progress_total=total, stats=stats)
             added += len(y)
-            bar.update(1)
-            bar.set_postfix_str(f"{added / max(time.perf_counter() - t0, 1e-9):,.0f} samples/s", refresh=False)
+            report(len(y))
     except (TaskFailure, WorkerDied) as exc:
         results.close()  # stop the workers before the commit
         w.commit()  # keep every task before the failing one
-        raise _as_error(exc, tasks, w.path) from exc
+        raise as_error(exc, tasks, w.path) from exc
     finally:
         results.close()
     return added
 
 
-def _as_error(exc: TaskFailure | WorkerDied, tasks: Sequence[Any], path: Path) -> Exception:
+def carry_error(exc: LmdbStoreError) -> LmdbStoreError:
+    """Mark an error raised in a worker to be rebuilt as itself (class, path, key, hint) in the parent,
+    instead of being reported as the task's failure."""
+    exc.payload = (type(exc).__name__, exc.message, exc.path, exc.key, exc.hint)  # type: ignore[attr-defined]
+    return exc
+
+
+def as_error(exc: TaskFailure | WorkerDied, tasks: Sequence[Any], path: Path) -> Exception:
+    """The error to raise in the parent for a failed task or a dead worker."""
+    if isinstance(exc, TaskFailure) and isinstance(exc.payload, tuple) and len(exc.payload) == 5:
+        kind, message, where, key, hint = exc.payload
+        cls = getattr(errors, kind, None)
+        if not (isinstance(cls, type) and issubclass(cls, LmdbStoreError)):
+            cls = LmdbStoreError
+        return cls(message, path=where, key=key, hint=hint)
     if isinstance(exc, WorkerDied):
         return TaskError(str(exc), path=path, hint="look for an out-of-memory kill; rerun to resume")
     if exc.index == LOAD_FAILED:
@@ -271,6 +286,13 @@ def write_parallel(
         producer = TaskResults(produce, m.shape, m.dtype, tuple(m.classes), config.allow_nonfinite, cast)
         n = len(task_list)
         bar = _bar(progress, n, start, run[-40:])
+        t_run, added = time.perf_counter(), [0]
+
+        def report(samples: int) -> None:
+            added[0] += samples
+            bar.update(1)
+            bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
+
         try:
             if start < n:
                 commit_in_order(
@@ -281,7 +303,7 @@ def write_parallel(
                     lambda i: (key, i + 1, n),
                     workers=workers,
                     in_flight=in_flight,
-                    bar=bar,
+                    report=report,
                 )
         finally:
             bar.close()
