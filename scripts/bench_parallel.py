@@ -78,7 +78,7 @@ def _time(fn: Any) -> float:
 
 
 def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
-    path = work / f"w{workers}"
+    path = work / f"w{workers}_{time.monotonic_ns()}"
     cfg = WriterConfig()
     stamps: list[float] = []
 
@@ -171,7 +171,9 @@ def bench_pipe(tasks: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=60, help="tasks per write_parallel run (default 60)")
-    ap.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
+    ap.add_argument(
+        "--workers", default="1,2,1,2", help="worker counts, in this order (default 1,2,1,2: twice, as load drifts)"
+    )
     ap.add_argument("--quick", action="store_true", help="few tasks: a smoke test")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
