@@ -121,6 +121,13 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
             os._exit(0)  # the parent is gone
 
 
+def _pickled_task(tasks: Sequence[Any], i: int) -> bytes:
+    try:
+        return pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise ValueError(f"tasks[{i}] cannot be sent to a worker process ({exc})") from None
+
+
 class OrderedPool:
     """``workers`` spawned processes running ``fn(task)``; :meth:`results` yields outputs in task order.
 
@@ -162,16 +169,16 @@ class OrderedPool:
         try:
             n_procs = min(self.workers, max(len(tasks) - start, 1))
             for _ in range(n_procs):
-                recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_main, args=(fn_blob, task_q, send, os.getpid()), daemon=True)
+                rx, tx = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker_main, args=(fn_blob, task_q, tx, os.getpid()), daemon=True)
                 p.start()
-                send.close()  # the worker holds the only write end: its death closes the pipe
+                tx.close()  # the worker holds the only write end: its death closes the pipe
                 self._procs.append(p)
-                self._conns.append(recv)
+                self._conns.append(rx)
             nxt, head, ready = start, start, {}
             while head < len(tasks):
                 while nxt < len(tasks) and nxt - head < self.limit:
-                    task_q.put((nxt, pickle.dumps(tasks[nxt], protocol=pickle.HIGHEST_PROTOCOL)))
+                    task_q.put((nxt, _pickled_task(tasks, nxt)))
                     nxt += 1
                 while head not in ready and LOAD_FAILED not in ready:
                     index, ok, payload = self._receive()
@@ -186,7 +193,7 @@ class OrderedPool:
             for _ in self._procs:
                 task_q.put(None)
             for p in self._procs:
-                p.join()
+                p.join(TERMINATE_GRACE)
         finally:
             self._stop()
             task_q.cancel_join_thread()  # never block exit on a pipe nobody reads any more

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +81,16 @@ def produce_bad(task: tuple[str, int]) -> tuple[np.ndarray, np.ndarray]:
     elif kind == "none":
         return None  # type: ignore[return-value]
     return x, y
+
+
+class Unpicklable:
+    """A task with a stable repr that cannot be sent to a worker."""
+
+    def __repr__(self) -> str:
+        return "Unpicklable()"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Unpicklable cannot be pickled")
 
 
 def mark_task(task: tuple[str, int]) -> int:

@@ -144,6 +144,8 @@ def test_bad_arguments(tmp_path: Path) -> None:
         _write(tmp_path / "s", in_flight=0)
     with pytest.raises(ValueError, match="stable repr"):
         _write(tmp_path / "s", tasks=[object()])
+    with pytest.raises(ValueError, match=r"tasks\[1\] cannot be sent to a worker process"):
+        _write(tmp_path / "s", tasks=[(0, 5), pt.Unpicklable()])
 
 
 def test_a_dying_worker_stops_the_run(tmp_path: Path) -> None:
