@@ -3,8 +3,11 @@ validation before writing (file and row named, store unchanged), resume across s
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +128,53 @@ def test_cli_workers_as_a_subprocess_reports_a_bad_source_in_one_line(tmp_path: 
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "bad.npz" in proc.stderr and "(at 123)" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+INGEST_SCRIPT = """
+import sys
+from lmdbstore import WriterConfig
+from lmdbstore.ingest import ingest
+from lmdbstore.sources import open_sources
+rep = ingest(sys.argv[1], open_sources(sys.argv[2:]), classes=list("abcde"), batch=200, workers=2,
+             config=WriterConfig(commit_bytes=1, sync=False))
+print("DONE", rep.total)
+"""
+
+
+@pytest.mark.slow
+def test_killed_parallel_ingest_resumes_to_exactly_the_sources(tmp_path: Path) -> None:
+    paths = []
+    for i in range(4):
+        x, y = make_data(3000, 20 + i)
+        np.savez(tmp_path / f"s{i}.npz", x=x, y=y)
+        paths.append(tmp_path / f"s{i}.npz")
+    ingest(tmp_path / "ref", _open(paths), classes=CLASSES)
+    ref_x, ref_y = _everything(tmp_path / "ref")
+    store = tmp_path / "s"
+    cmd = [sys.executable, "-c", INGEST_SCRIPT, str(store), *map(str, paths)]
+    rng = np.random.default_rng(5)
+    counts = []
+    for _ in range(3):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        data, deadline = store / "data.mdb", time.monotonic() + 60
+        size = data.stat().st_size if data.exists() else -1
+        while (data.stat().st_size if data.exists() else -1) == size and time.monotonic() < deadline:
+            time.sleep(0.01)  # until this run's writing pass commits
+        time.sleep(float(rng.uniform(0.0, 0.3)))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        if store.exists():  # whole chunks in source order, as the per-source ledger says
+            with open_writer(store) as w:
+                done = sum(e["done"] for e in w.progress_entries().values())
+            counts.append(done)
+            x, y = _everything(store)
+            assert len(x) == done
+            np.testing.assert_array_equal(x, ref_x[:done])
+            np.testing.assert_array_equal(y, ref_y[:done])
+    assert any(0 < c < len(ref_x) for c in counts), counts  # some kill hit the writing pass
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["DONE", str(len(ref_x))]
+    x, y = _everything(store)
+    np.testing.assert_array_equal(x, ref_x)
+    np.testing.assert_array_equal(y, ref_y)
