@@ -42,6 +42,14 @@ def produce(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return task_data(task)
 
 
+def produce_with_inf(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce`, with an inf in sample 5 of task 0 (for stores that allow non-finite values)."""
+    x, y = task_data(task)
+    if task[0] == 0:
+        x[5, 1, 1] = np.inf
+    return x, y
+
+
 def produce_chunks(task: tuple[int, int]):  # type: ignore[no-untyped-def]
     """Yields the same samples in two pieces, with labels as class names."""
     x, y = task_data(task)

@@ -16,7 +16,7 @@ import numpy as np
 import parallel_tasks as pt
 import pytest
 
-from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, write_parallel
+from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, open_writer, write_parallel
 from lmdbstore._pool import OrderedPool
 from lmdbstore.format import DB_PROGRESS
 from lmdbstore.verify import verify_store
@@ -281,3 +281,29 @@ def test_workers_of_a_killed_parent_exit_by_themselves(tmp_path: Path) -> None:
     os.kill(proc.pid, signal.SIGKILL)  # only the parent
     proc.wait(10)
     assert not _wait_gone(_started(pid_dir), 10.0)
+
+
+def test_value_statistics_from_the_workers_match_the_writers_own(tmp_path: Path) -> None:
+    tasks = _tasks(9)
+    x, y = pt.expected(tasks)
+    x[5, 1, 1] = np.inf  # counted, not folded into the moments
+    cfg = WriterConfig(commit_bytes=4096, sync=False, allow_nonfinite=True)
+    with open_writer(tmp_path / "plain", shape=pt.SHAPE, dtype="float32", classes=pt.CLASSES, config=cfg) as w:
+        w.append(x, y)
+    write_parallel(
+        tmp_path / "par",
+        pt.produce_with_inf,
+        tasks,
+        workers=2,
+        shape=pt.SHAPE,
+        dtype="float32",
+        classes=pt.CLASSES,
+        config=cfg,
+        progress=False,
+    )
+    with open_reader(tmp_path / "plain") as a, open_reader(tmp_path / "par") as b:
+        sa, sb = a.meta.value_stats, b.meta.value_stats
+    assert (
+        (sb.n, sb.nonfinite, sb.min, sb.max) == (sa.n, sa.nonfinite, sa.min, sa.max) == (x.size - 1, 1, sa.min, sa.max)
+    )
+    assert sb.sum == pytest.approx(sa.sum, rel=1e-9) and sb.sumsq == pytest.approx(sa.sumsq, rel=1e-9)
