@@ -113,6 +113,7 @@ def ingest(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = 0,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    workers: Annotated[int, typer.Option(min=0, help="Read and validate sources in N processes (order kept).")] = 0,
 ) -> None:
     """Validate SOURCES and append them to STORE.
 
@@ -153,7 +154,9 @@ def ingest(
                 sample_shape=layout[0] if layout else None,
             )
             names = [c.strip() for c in classes.split(",")] if classes else None
-            report = run_ingest(store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars)
+            report = run_ingest(
+                store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars, workers=workers
+            )
         for s in report.sources:
             note = f" ({s.skipped:,} already in the store)" if s.skipped else ""
             typer.echo(f"  {s.name}: {s.written:,} samples written{note}")

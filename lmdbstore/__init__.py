@@ -3,6 +3,7 @@
 Public API (everything else is internal)::
 
     open_writer / StoreWriter      write samples and labels (bounded commits, resumable)
+    write_parallel                 many producer processes, one writer, in task order (resumable)
     open_reader / StoreReader      random, batched and sequential reads; labels; class index
     StoreMeta                      the store's JSON metadata
     WriterConfig, LoaderConfig, TrainConfig
@@ -26,9 +27,11 @@ from .errors import (
     StoreFullError,
     StoreLockedError,
     StoreNotFoundError,
+    TaskError,
     ValidationError,
 )
 from .format import FORMAT_VERSION, StoreMeta
+from .parallel import ParallelReport, write_parallel
 from .reader import StoreReader, open_reader
 from .writer import StoreWriter, open_writer
 
@@ -40,6 +43,7 @@ __all__ = [
     "LmdbStoreError",
     "LoaderConfig",
     "NotAStoreError",
+    "ParallelReport",
     "SourceError",
     "StoreExistsError",
     "StoreFullError",
@@ -48,10 +52,12 @@ __all__ = [
     "StoreNotFoundError",
     "StoreReader",
     "StoreWriter",
+    "TaskError",
     "TrainConfig",
     "ValidationError",
     "WriterConfig",
     "__version__",
     "open_reader",
     "open_writer",
+    "write_parallel",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "StoreFullError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "TaskError",
     "ValidationError",
     "translate_lmdb_errors",
 ]
@@ -107,6 +108,15 @@ class ValidationError(LmdbStoreError):
 
 class SourceError(LmdbStoreError):
     """An ingest source file cannot be read (missing, truncated, empty, wrong layout)."""
+
+
+class TaskError(LmdbStoreError):
+    """A task of ``write_parallel`` raised (``key`` is its index) or a worker process died.
+
+    ``remote_traceback`` holds the worker's traceback text when there is one.
+    """
+
+    remote_traceback: str | None = None
 
 
 #: Below this many bytes available to us, an I/O error on write is taken for a full disk.

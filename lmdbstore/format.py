@@ -192,10 +192,17 @@ class ValueStats:
         f64 = flat.astype(np.float64)
         self.n += int(f64.size)
         self.sum += float(f64.sum())
-        self.sumsq += float(np.dot(f64, f64))
+        self.sumsq += float(np.einsum("i,i->", f64, f64))  # not np.dot: BLAS threads stall on a busy machine
         lo, hi = float(flat.min()), float(flat.max())
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
+
+    def merge(self, other: ValueStats) -> None:
+        """Fold in statistics computed elsewhere (e.g. in a worker process) over other values."""
+        self.n, self.sum, self.sumsq = self.n + other.n, self.sum + other.sum, self.sumsq + other.sumsq
+        self.nonfinite += other.nonfinite
+        self.min = other.min if self.min is None else self.min if other.min is None else min(self.min, other.min)
+        self.max = other.max if self.max is None else self.max if other.max is None else max(self.max, other.max)
 
     @property
     def mean(self) -> float | None:

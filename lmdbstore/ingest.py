@@ -106,6 +106,7 @@ def ingest(
     cast: bool = False,
     batch: int = DEFAULT_READ_BATCH,
     progress: ProgressFactory | None = None,
+    workers: int = 0,
 ) -> IngestReport:
     """Validate ``sources`` and append them to ``store`` (created if needed).
 
@@ -119,6 +120,7 @@ def ingest(
         cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
         batch: rows per read.
         progress: factory of progress bars (``(description, total) -> bar``); ``None`` for none.
+        workers: read and validate in this many processes (``lmdbstore.parallel_ingest``); 0: in this one.
 
     Raises:
         ValidationError / SourceError: a source is unusable; nothing has been written.
@@ -144,6 +146,24 @@ def ingest(
             )
     t0 = time.perf_counter()
     ledger = _ledger(path) if layout is not None else {}
+    if workers:  # the same two passes, in worker processes
+        from .parallel_ingest import ingest_parallel
+
+        return ingest_parallel(
+            path,
+            sources,
+            ledger,
+            shape=tuple(shape),
+            dtype=dtype,
+            classes=names,
+            config=config,
+            cast=cast,
+            batch=batch,
+            progress=progress,
+            workers=workers,
+            created=layout is None,
+            t0=t0,
+        )
     for src in sources:
         done = min(ledger.get(src.fingerprint(), 0), len(src))  # what an earlier run already committed
         if done == len(src):

@@ -108,6 +108,7 @@ class StoreWriter:
         self._trailer = checksum_size(meta.checksum)
         self._pending_x: list[np.ndarray] = []
         self._pending_y: list[np.ndarray] = []
+        self._pending_stats_of: list[ValueStats | None] = []  # precomputed statistics per pending batch
         self._pending_bytes = 0
         self._pending_progress: dict[str, dict[str, Any]] = {}
         self._pending_stats = ValueStats()
@@ -206,6 +207,7 @@ class StoreWriter:
         progress: tuple[str, int] | None = None,
         progress_total: int | None = None,
         cast: bool = False,
+        stats: ValueStats | None = None,
     ) -> int:
         """Append a batch of samples ``x`` (shape ``(N, *shape)`` or one sample) with labels ``y``.
 
@@ -215,6 +217,8 @@ class StoreWriter:
             progress: ``(name, position)`` to record in the resume ledger with these samples.
             progress_total: total size of that producer, kept beside the position (optional).
             cast: convert ``x`` to the store's dtype when the kinds agree (e.g. float64 -> float32).
+            stats: ``ValueStats`` of ``x`` computed elsewhere (a worker process), folded into the
+                metadata instead of recomputing them here; trusted as given.
 
         Returns:
             The index the first sample of the batch receives.
@@ -231,6 +235,7 @@ class StoreWriter:
         if len(arr):
             self._pending_x.append(arr)
             self._pending_y.append(ids)
+            self._pending_stats_of.append(stats)
             self._pending_bytes += arr.nbytes
         if progress is not None:
             name, pos = progress
@@ -253,7 +258,14 @@ class StoreWriter:
             x = np.zeros((0, *self._meta.shape), self._meta.np_dtype)
         y = np.concatenate(self._pending_y) if self._pending_y else np.zeros(0, self._meta.label_dtype)
         stats = ValueStats(**vars(self._meta.value_stats))
-        stats.update(x)
+        if all(s is None for s in self._pending_stats_of):
+            stats.update(x)
+        else:  # some batches came with statistics computed elsewhere
+            for a, s in zip(self._pending_x, self._pending_stats_of, strict=True):
+                if s is None:
+                    stats.update(a)
+                else:
+                    stats.merge(s)
         with translate_lmdb_errors(self.path, "clear stale readers"):
             # Slots of killed lock=True readers pin old pages, which would make the file grow.
             self._env.reader_check()
@@ -267,6 +279,7 @@ class StoreWriter:
                     raise
         self._meta, self._tail = new_meta, new_tail
         self._pending_x, self._pending_y, self._pending_bytes = [], [], 0
+        self._pending_stats_of = []
         self._pending_progress = {}
 
     def _grow_map(self) -> bool:
@@ -357,6 +370,7 @@ class StoreWriter:
     def abort(self) -> None:
         """Discard everything appended since the last commit."""
         self._pending_x, self._pending_y, self._pending_bytes = [], [], 0
+        self._pending_stats_of = []
         self._pending_progress = {}
 
     def close(self, commit: bool = True) -> None:

@@ -1,0 +1,236 @@
+#!/usr/bin/env python
+"""write_parallel benchmark: producer scaling against one worker, and the single writer against np.save.
+
+What it measures, on tasks of ``--task-samples`` (default 4,096) z-scored 25x25 float32 samples:
+
+* ``produce``      the producer alone in this process: milliseconds of numpy work per task (one
+                   augmentation round, ``--rounds``, takes about 50 ms on a 2-core x86-64 VM).
+* ``workers=N``    ``write_parallel`` with N spawned workers (``--workers``, default 1,2), wall clock of the
+                   whole call (spawn start-up included) and the rate after the first task (steady state),
+                   and the ratio against 1 worker.
+* ``writer``       the writer alone: ``StoreWriter.append`` + commits (crc32, fsync per 64 MiB commit) of
+                   ready arrays, in this process; MB/s of sample bytes.
+* ``np.save``      the same bytes written with ``np.save`` to one file and fsynced, same run: the baseline
+                   the writer's rate is stated against.
+* ``pipe``         results crossing from a worker to this process (pickled arrays through a pipe, what
+                   ``write_parallel`` uses) with no writing: is the transport a limit?
+
+Usage::
+
+    python scripts/bench_parallel.py                 # a few minutes
+    python scripts/bench_parallel.py --quick         # seconds; a smoke test
+
+Prints a Markdown table; ``--out DIR`` also writes ``bench_parallel.md`` and ``bench_parallel.json``.
+Data goes to a temporary directory (``--workdir``), removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned workers import this file as a module
+
+from lmdbstore import WriterConfig, open_writer, write_parallel
+from lmdbstore._pool import OrderedPool
+from lmdbstore.format import ValueStats
+
+SHAPE = (25, 25)
+CLASSES = ["a", "b", "c", "d", "e"]
+ROUNDS = int(os.environ.get("BENCH_PARALLEL_ROUNDS", "1"))  # --rounds; the environment reaches the workers
+TASK_SAMPLES = int(os.environ.get("BENCH_PARALLEL_TASK_SAMPLES", "4096"))
+_CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def augment(task: int) -> tuple[np.ndarray, np.ndarray]:
+    """A producer whose numpy compute dominates: noise, ``ROUNDS`` blur/shift/nonlinearity passes, z-score."""
+    rng = np.random.default_rng(task)
+    x = rng.standard_normal((TASK_SAMPLES, *SHAPE), dtype=np.float32)
+    for r in range(ROUNDS):
+        x = 0.5 * x + 0.25 * (np.roll(x, 1, axis=1) + np.roll(x, -1, axis=2))
+        x = np.tanh(x * (1.0 + 0.1 * r), out=x)
+    x -= x.mean(axis=(1, 2), keepdims=True)
+    x /= x.std(axis=(1, 2), keepdims=True) + 1e-6
+    return x, rng.integers(0, len(CLASSES), TASK_SAMPLES)
+
+
+def cached(task: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ready arrays of the same size (no compute): the transport or the writer alone."""
+    if not _CACHE:
+        _CACHE[0] = augment(0)
+    return _CACHE[0]
+
+
+def _time(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
+    path = work / f"w{workers}_{time.monotonic_ns()}"
+    cfg = WriterConfig()
+    stamps: list[float] = []
+
+    class Bar:  # records when each task was committed
+        def update(self, n: int) -> None:
+            stamps.append(time.perf_counter())
+
+    import lmdbstore.parallel as par
+
+    orig = par._bar
+    par._bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]
+    try:
+        c0, t0 = os.times(), time.perf_counter()
+        rep = write_parallel(
+            path, augment, range(tasks), workers=workers, shape=SHAPE, dtype="float32", classes=CLASSES, config=cfg
+        )
+        wall, c1 = time.perf_counter() - t0, os.times()
+    finally:
+        par._bar = orig
+    shutil.rmtree(path)
+    steady = (len(stamps) - 1) * TASK_SAMPLES / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
+    return {
+        "workers": workers,
+        "samples": rep.added,
+        "wall_s": wall,
+        "rate": rep.added / wall,
+        "steady_rate": steady,
+        # CPU seconds per task: the writer's process, and the (reaped) worker processes together
+        "writer_cpu_ms": ((c1.user - c0.user) + (c1.system - c0.system)) / tasks * 1e3,
+        "workers_cpu_ms": ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system))
+        / tasks
+        * 1e3,
+    }
+
+
+class _Recorder:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def update(self, n: int) -> None:
+        self.inner.update(n)
+
+    def set_postfix_str(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def bench_writer(work: Path, tasks: int) -> dict[str, Any]:
+    """The writer alone on ready arrays (as write_parallel drives it: statistics come precomputed), the
+    writer computing the statistics itself (a plain append loop), and np.save of the same bytes."""
+    x, y = cached(0)
+    stats = ValueStats()
+    stats.update(x)
+    nbytes = x.nbytes * tasks
+    out: dict[str, Any] = {"bytes": nbytes}
+    for label, given in (("writer_mb_s", stats), ("writer_own_stats_mb_s", None)):
+        path = work / "writer"
+        with open_writer(path, shape=SHAPE, dtype="float32", classes=CLASSES) as w:
+            t0 = time.perf_counter()
+            for i in range(tasks):
+                w.append(x, y, progress=("bench", i + 1), stats=given)
+            w.commit()
+            out[label] = nbytes / (time.perf_counter() - t0) / 1e6
+        shutil.rmtree(path)
+    big = np.concatenate([x] * tasks)
+    npy = work / "same.npy"
+    t0 = time.perf_counter()
+    with open(npy, "wb") as f:
+        np.save(f, big)
+        f.flush()
+        os.fsync(f.fileno())
+    out["npsave_mb_s"] = nbytes / (time.perf_counter() - t0) / 1e6
+    npy.unlink()
+    return out
+
+
+def bench_pipe(tasks: int) -> dict[str, Any]:
+    pool = OrderedPool(cached, workers=1, limit=2)
+    got = 0
+    it = pool.results(range(tasks + 1))
+    next(it)  # start-up and the first result are not timed
+    t0 = time.perf_counter()
+    for _, (x, _y) in it:
+        got += x.nbytes
+    return {"pipe_mb_s": got / (time.perf_counter() - t0) / 1e6}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=60, help="tasks per write_parallel run (default 60)")
+    ap.add_argument(
+        "--workers", default="1,2,1,2", help="worker counts, in this order (default 1,2,1,2: twice, as load drifts)"
+    )
+    ap.add_argument("--quick", action="store_true", help="few tasks: a smoke test")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=1, help="augmentation passes per task (default 1: ~50 ms)")
+    args = ap.parse_args()
+    globals()["ROUNDS"] = args.rounds
+    os.environ["BENCH_PARALLEL_ROUNDS"] = str(args.rounds)
+    tasks = 6 if args.quick else args.tasks
+    counts = [int(w) for w in args.workers.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=args.workdir))
+    try:
+        per_task = min(_time(lambda: augment(1)) for _ in range(3))
+        rows = [bench_workers(work, tasks, w) for w in counts]
+        writer = bench_writer(work, tasks)
+        pipe = bench_pipe(min(tasks, 30))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    mb_task = TASK_SAMPLES * int(np.prod(SHAPE)) * 4 / 1e6
+    base = rows[0]
+    load = os.getloadavg()[0]
+    lines = [
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {load:.1f} at the end; {tasks} tasks x {TASK_SAMPLES} samples 25x25 float32 "
+        f"({mb_task:.1f} MB per task); produce: {per_task * 1e3:.0f} ms per task in one process",
+        "",
+        "| run | samples/s (whole call) | ratio | samples/s (steady) | ratio | CPU ms/task: writer | workers |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| write_parallel workers={r['workers']} | {r['rate']:,.0f} | {r['rate'] / base['rate']:.2f}x "
+            f"| {r['steady_rate']:,.0f} | {r['steady_rate'] / base['steady_rate']:.2f}x "
+            f"| {r['writer_cpu_ms']:.0f} | {r['workers_cpu_ms']:.0f} |"
+        )
+    sps = 1e6 / (int(np.prod(SHAPE)) * 4)
+    lines += [
+        "",
+        "| single writer vs baselines (same bytes, same run) | MB/s | samples/s | vs np.save |",
+        "|---|---:|---:|---:|",
+        f"| np.save + fsync | {writer['npsave_mb_s']:,.0f} | {writer['npsave_mb_s'] * sps:,.0f} | 1.00x |",
+        f"| single writer as write_parallel drives it (crc32, fsync) | {writer['writer_mb_s']:,.0f} "
+        f"| {writer['writer_mb_s'] * sps:,.0f} | {writer['writer_mb_s'] / writer['npsave_mb_s']:.2f}x |",
+        f"| plain append loop (value statistics in the writer) | {writer['writer_own_stats_mb_s']:,.0f} "
+        f"| {writer['writer_own_stats_mb_s'] * sps:,.0f} "
+        f"| {writer['writer_own_stats_mb_s'] / writer['npsave_mb_s']:.2f}x |",
+        f"| worker -> writer pipe (pickled arrays, no write) | {pipe['pipe_mb_s']:,.0f} "
+        f"| {pipe['pipe_mb_s'] * sps:,.0f} | {pipe['pipe_mb_s'] / writer['npsave_mb_s']:.2f}x |",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_parallel.md").write_text(text + "\n")
+        data = {"per_task_s": per_task, "rows": rows, "writer": writer, "pipe": pipe, "tasks": tasks}
+        (args.out / "bench_parallel.json").write_text(json.dumps(data, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Producers for tests/test_parallel.py, in their own module so spawned workers import them cheaply.
+
+Every producer is deterministic per task.  ``x[k, 0, 0]`` encodes ``task_seed * 1000 + k``, so a test can
+tell which task and which sample each stored sample came from.
+
+Run as a script (``python parallel_tasks.py STORE N_TASKS WORKERS PRODUCER``) it calls
+:func:`lmdbstore.write_parallel` the way a user's script would; the kill and Ctrl-C tests drive it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHAPE = (4, 4)
+CLASSES = ["a", "b", "c"]
+#: Directory where producers that record their process id write one file per pid (set by tests).
+PID_DIR_ENV = "LMDBSTORE_TEST_PID_DIR"
+
+
+def task_data(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(x, y)`` of task ``(seed, n)``: ``n`` samples."""
+    seed, n = task
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, *SHAPE)).astype(np.float32)
+    x[:, 0, 0] = seed * 1000 + np.arange(n)
+    return x, rng.integers(0, len(CLASSES), n)
+
+
+def expected(tasks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Everything ``tasks`` should put in a store, in order."""
+    parts = [task_data(t) for t in tasks]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def produce(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    return task_data(task)
+
+
+def produce_with_inf(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce`, with an inf in sample 5 of task 0 (for stores that allow non-finite values)."""
+    x, y = task_data(task)
+    if task[0] == 0:
+        x[5, 1, 1] = np.inf
+    return x, y
+
+
+def produce_chunks(task: tuple[int, int]):  # type: ignore[no-untyped-def]
+    """Yields the same samples in two pieces, with labels as class names."""
+    x, y = task_data(task)
+    half = len(x) // 2
+    names = np.asarray(CLASSES)[y]
+    yield x[:half], names[:half]
+    yield x[half:], names[half:]
+
+
+def produce_slow(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce`, taking a while, recording this process's id under ``$LMDBSTORE_TEST_PID_DIR``."""
+    pid_dir = os.environ.get(PID_DIR_ENV)
+    if pid_dir:
+        Path(pid_dir, str(os.getpid())).touch()
+    time.sleep(0.02 + (task[0] % 3) * 0.01)
+    return task_data(task)
+
+
+def produce_fails_at_5(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    if task[0] == 5:
+        raise RuntimeError("boom in task five")
+    return task_data(task)
+
+
+def produce_bad(task: tuple[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``(kind, seed)``: a good result, or one with NaN, a wrong shape, dtype or label."""
+    kind, seed = task
+    x, y = task_data((seed, 8))
+    if kind == "nan":
+        x[3, 1, 1] = np.nan
+    elif kind == "shape":
+        x = x[:, :3]
+    elif kind == "dtype":
+        x = x.astype(np.float64)
+    elif kind == "label":
+        y[2] = 7
+    elif kind == "none":
+        return None  # type: ignore[return-value]
+    return x, y
+
+
+class Unpicklable:
+    """A task with a stable repr that cannot be sent to a worker."""
+
+    def __repr__(self) -> str:
+        return "Unpicklable()"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("Unpicklable cannot be pickled")
+
+
+def mark_task(task: tuple[str, int]) -> int:
+    """Task ``(directory, i)``: leaves ``task-<i>`` in the directory when it starts; returns ``2 * i``."""
+    Path(task[0], f"task-{task[1]}").touch()
+    return task[1] * 2
+
+
+def main() -> int:
+    from lmdbstore import write_parallel
+
+    store, n_tasks, workers, name = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    tasks = [(i, 50 + i % 7) for i in range(n_tasks)]
+    fn = globals()[name]
+    from lmdbstore import WriterConfig
+
+    cfg = WriterConfig(commit_bytes=1, sync=False)  # a commit per task: many chances to be killed
+    try:
+        report = write_parallel(
+            store,
+            fn,
+            tasks,
+            workers=workers,
+            shape=SHAPE,
+            dtype="float32",
+            classes=CLASSES,
+            config=cfg,
+            progress=False,
+        )
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        return 130
+    print(f"done {report.added} {report.total}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
