@@ -384,6 +384,12 @@ def demo(
         )
 
 
+from cli import cmd_export, cmd_viz  # noqa: E402  (commands kept in their own modules)
+
+cmd_export.register(app)
+cmd_viz.register(app)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
