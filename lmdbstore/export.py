@@ -238,7 +238,8 @@ def _write_npy(
         _write_npy_stream(fp, shape, dtype, chunks, progress)
         fp.flush()
         os.fsync(fp.fileno())
-    np.save(tmps[1], y, allow_pickle=False)
+    with open(tmps[1], "wb") as fy:  # a file object: np.save would append .npy to the temporary name
+        np.save(fy, y, allow_pickle=False)
     tmps[2].write_text(json.dumps(names) + "\n")
 
 
