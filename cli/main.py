@@ -174,6 +174,7 @@ def stats(
     sample: Annotated[
         int | None, typer.Option(help="Recompute value statistics from this many random samples read back.")
     ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Also draw class counts and a value histogram to this PNG.")] = None,
 ) -> None:
     """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values."""
     with _errors():
@@ -181,6 +182,10 @@ def stats(
 
         s = store_stats(store, sample=sample)
         typer.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
+        if plot is not None:
+            from lmdbstore.viz import plot_stats
+
+            typer.echo(f"wrote {plot_stats(store, plot).path}", err=as_json)
 
 
 # ---------------------------------------------------------------------------- verify
@@ -284,6 +289,9 @@ def train(
     max_steps: Annotated[int | None, typer.Option(help="Cut every epoch after this many steps.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per epoch.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON at the end.")] = False,
+    plot: Annotated[
+        bool, typer.Option("--plot", help="Draw OUT/run.png (loss, accuracy, samples/s) at the end.")
+    ] = False,
 ) -> None:
     """Train the CNN on STORE.
 
@@ -293,6 +301,10 @@ def train(
     Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.
     """
     with _errors():
+        if plot:
+            from lmdbstore.viz import require_pyplot
+
+            require_pyplot()  # fail before training, not after, when matplotlib is missing
         from lmdbstore.train import train as run_train
 
         tcfg = TrainConfig(
@@ -319,6 +331,10 @@ def train(
             return  # under torchrun only rank 0 reports
         if result.out_dir is not None and result.epochs:
             typer.echo(f"checkpoints and metrics in {result.out_dir}")
+        if plot and result.out_dir is not None and result.epochs:
+            from lmdbstore.viz import plot_runs
+
+            typer.echo(f"wrote {plot_runs([result.out_dir], result.out_dir / 'run.png').path}", err=as_json)
         if as_json and result.epochs:
             typer.echo(
                 json.dumps({"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes})
@@ -393,6 +409,12 @@ def demo(
             f"done: validation accuracy {res.final.val_accuracy:.4f} after {len(res.epochs)} epochs; "
             f"checkpoints and metrics in {workdir / 'run'}"
         )
+
+
+from cli import cmd_export, cmd_viz  # noqa: E402  (commands kept in their own modules)
+
+cmd_export.register(app)
+cmd_viz.register(app)
 
 
 def main() -> None:

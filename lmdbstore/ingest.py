@@ -23,6 +23,7 @@ from .errors import ValidationError
 from .format import DB_PROGRESS
 from .reader import StoreReader
 from .sources import Source, infer_classes, scan_source
+from .store_source import restrict_store_sources
 from .synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
 from .writer import normalize_dtype, open_writer, parse_progress
 
@@ -130,6 +131,7 @@ def ingest(
         raise ValueError("sources must not be empty")
     config = config or WriterConfig()
     path = Path(store)
+    sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
     layout = store_layout(path)
     first = sources[0]
     if layout is None:

@@ -930,6 +930,10 @@ def open_source(
             raise ValueError(f"sample_shape must be positive dimensions, got {tuple(sample_shape)}")
     if not p.exists():
         raise SourceError("no such file or directory", path=p)
+    if p.is_dir() and (p / "data.mdb").is_file():  # a store is a source too (lmdbstore.store_source)
+        from .store_source import open_store_source
+
+        return open_store_source(p, label=lab)
     if p.is_dir():
         return _open_directory(p, lab, shape)
     suffix = p.suffix.lower()

@@ -1,0 +1,87 @@
+"""``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store (see lmdbstore.export)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def export(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    out: Annotated[Path, typer.Argument(help="Output file: .npy (+ .labels.npy, .classes.json), .npz or .h5/.hdf5.")],
+    fmt: Annotated[str | None, typer.Option("--format", help="npy, npz or h5 (default: from OUT's suffix).")] = None,
+    classes: Annotated[str | None, typer.Option(help="Comma-separated classes to export (default: all).")] = None,
+    split: Annotated[
+        str | None, typer.Option(help="train or val: that part of the split `lmdbstore train` uses.")
+    ] = None,
+    val_fraction: Annotated[float, typer.Option(help="Validation share of every class, for --split.")] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of the split, for --split.")] = 0,
+    indices: Annotated[
+        Path | None, typer.Option(help="Export only these sample indices (.npy, or text with one per line).")
+    ] = None,
+    compress: Annotated[bool, typer.Option(help="Deflate .npz members / gzip HDF5 samples.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again."""
+    from cli.main import _errors
+
+    with _errors():
+        from lmdbstore.export import export_store, load_indices
+
+        idx = load_indices(indices) if indices is not None else None
+        names = [c.strip() for c in classes.split(",")] if classes else None
+        bar = None
+        if progress:
+            import sys
+
+            from tqdm import tqdm
+
+            bar = tqdm(desc="export", unit="samples", unit_scale=True, leave=False, file=sys.stderr)
+        try:
+            rep = export_store(
+                store,
+                out,
+                fmt=fmt,
+                classes=names,
+                split=split,
+                val_fraction=val_fraction,
+                seed=seed,
+                indices=idx,
+                compress=compress,
+                overwrite=force,
+                progress=bar.update if bar is not None else None,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
+        typer.echo(
+            f"exported {rep.samples:,} samples of {len(rep.classes)} classes ({', '.join(rep.classes)}) "
+            f"to {', '.join(rep.files)} ({rep.bytes:,} bytes, {rep.samples_per_s:,.0f} samples/s)"
+        )
+
+
+def copy(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    dest: Annotated[Path, typer.Argument(help="New directory for the copy.")],
+    compact: Annotated[bool, typer.Option("--compact", help="Leave out free pages (smaller; slower).")] = False,
+) -> None:
+    """Copy STORE to DEST with LMDB's consistent copy: safe while readers and a writer run."""
+    from cli.main import _errors
+
+    with _errors():
+        from lmdbstore.export import copy_store
+
+        rep = copy_store(store, dest, compact=compact)
+        typer.echo(
+            f"copied {rep.samples:,} samples to {rep.dest}{' (compacted)' if rep.compact else ''}: "
+            f"{rep.source_bytes:,} -> {rep.dest_bytes:,} bytes in {rep.seconds:.1f} s"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the ``lmdbstore`` app."""
+    app.command()(export)
+    app.command()(copy)

@@ -1,0 +1,62 @@
+"""``lmdbstore show`` and ``lmdbstore plot``: pictures of samples and of training runs (see lmdbstore.viz)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def show(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path("samples.png"),
+    per_class: Annotated[int, typer.Option(help="Samples drawn per class (seeded).")] = 8,
+    indices: Annotated[
+        str | None, typer.Option(help="Show these sample indices instead (comma-separated, or a .npy/.txt file).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the samples drawn.")] = 0,
+    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
+) -> None:
+    """Draw a grid of samples of STORE, one row per class, titled with class names and sample indices."""
+    from cli.main import _errors
+
+    with _errors():
+        from lmdbstore.viz import show_samples
+
+        idx = _parse_indices(indices) if indices is not None else None
+        pic = show_samples(store, out, per_class=per_class, indices=idx, seed=seed, dpi=dpi)
+        typer.echo(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
+
+
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (`train --out`) or metrics.jsonl files.")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path("run.png"),
+    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
+) -> None:
+    """Plot loss, validation accuracy and samples/s per epoch of one or more training runs (overlaid)."""
+    from cli.main import _errors
+
+    with _errors():
+        from lmdbstore.viz import plot_runs
+
+        pic = plot_runs(runs, out, dpi=dpi)
+        typer.echo(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
+
+
+def _parse_indices(text: str) -> list[int] | object:
+    """``--indices``: a comma-separated list, or a file (see lmdbstore.export.load_indices)."""
+    if Path(text).is_file():
+        from lmdbstore.export import load_indices
+
+        return load_indices(text)
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"indices: expected comma-separated integers or a file, got {text!r}") from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the ``lmdbstore`` app."""
+    app.command()(show)
+    app.command()(plot)
