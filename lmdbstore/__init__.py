@@ -6,11 +6,17 @@ Public API (everything else is internal)::
     write_parallel                 many producer processes, one writer, in task order (resumable)
     open_reader / StoreReader      random, batched and sequential reads; labels; class index
     StoreMeta                      the store's JSON metadata
+    ingest / open_sources          validate files (or other stores) and append them, resumable
+    verify_store                   check every value, label chunk, index entry and the metadata
+    export_store / copy_store      data back out to .npy/.npz/HDF5; a consistent (compacted) copy
+    show_samples / plot_runs / plot_stats   PNG pictures (matplotlib, the ``viz`` extra)
     WriterConfig, LoaderConfig, TrainConfig
     LmdbStoreError and subclasses  every deliberate error
+    LmdbBatchDataset, make_loader, EpochBatchSampler, WindowBatchSampler, evaluate   (torch;
+                                   the trainer is ``lmdbstore.train.train``, as the module has that name)
 
-The torch parts (``lmdbstore.dataset``, ``lmdbstore.samplers``, ``lmdbstore.model``,
-``lmdbstore.train``) are imported on first use so that writing a store does not import torch.
+The torch names are resolved on first use (module ``__getattr__``), so ``import lmdbstore`` and writing a
+store do not import torch.
 """
 
 __version__ = "0.1.0"
@@ -30,13 +36,58 @@ from .errors import (
     TaskError,
     ValidationError,
 )
+from .export import CopyReport, ExportReport, copy_store, export_store
 from .format import FORMAT_VERSION, StoreMeta
+from .ingest import IngestReport, ingest
 from .parallel import ParallelReport, write_parallel
 from .reader import StoreReader, open_reader
+from .sources import open_sources
+from .verify import VerifyReport, verify_store
+from .viz import plot_runs, plot_stats, show_samples
 from .writer import StoreWriter, open_writer
+
+# public names that need torch: name -> module, imported on first access
+_TORCH_NAMES = {
+    "LmdbBatchDataset": "dataset",
+    "make_loader": "dataset",
+    "EpochBatchSampler": "samplers",
+    "BalancedBatchSampler": "samplers",
+    "WindowBatchSampler": "window",
+    "evaluate": "train",
+    "TrainResult": "train",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import the torch parts of the public API on first use."""
+    if name in _TORCH_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_TORCH_NAMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FORMAT_VERSION",
+    "BalancedBatchSampler",
+    "CopyReport",
+    "EpochBatchSampler",
+    "ExportReport",
+    "IngestReport",
+    "LmdbBatchDataset",
+    "TrainResult",
+    "VerifyReport",
+    "WindowBatchSampler",
+    "copy_store",
+    "evaluate",
+    "export_store",
+    "ingest",
+    "make_loader",
+    "open_sources",
+    "plot_runs",
+    "plot_stats",
+    "show_samples",
+    "verify_store",
     "ChecksumError",
     "CorruptStoreError",
     "FormatVersionError",

@@ -2,24 +2,38 @@
 
 :class:`LmdbBatchDataset` is indexed by a whole batch of sample indices and returns
 ``(x, y)`` with ``x`` of shape ``(N, 1, *shape)`` (a channel axis is added for images) in the store's
-dtype and ``y`` int64 labels.  Inside a DataLoader worker the batch is read straight into a
-shared-memory tensor, so it crosses to the main process without another copy.
+dtype and ``y`` int64 labels.  Inside a DataLoader worker the batch is read straight into shared memory,
+so it crosses to the main process without another copy: by default into one of the worker's reusable
+buffers (:mod:`lmdbstore.buffers`), otherwise into a fresh shared-memory tensor.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .buffers import (
+    EXTRA_SLOTS,
+    BatchBuffers,
+    BufferSpec,
+    SlotBatch,
+    TaggedBatch,
+    TaggedSampler,
+    reuse_supported,
+    sample_rows,
+)
 from .config import LoaderConfig
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler
 
-__all__ = ["LmdbBatchDataset", "make_loader"]
+__all__ = ["BufferedLoader", "LmdbBatchDataset", "make_loader"]
 
 _TORCH_DTYPES = {
     "<f2": torch.float16,
@@ -45,6 +59,8 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         add_channel: insert a channel axis after the batch axis (default ``True``: (N, 1, H, W)).
     """
 
+    buffers: BatchBuffers | None = None  # set on a loader's own copy by make_loader
+
     def __init__(self, store: str | os.PathLike[str] | StoreReader, *, add_channel: bool = True):
         self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
         try:
@@ -65,16 +81,87 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor] | SlotBatch:  # type: ignore[override]
+        gen = 0
+        if isinstance(indices, TaggedBatch):
+            gen, indices = indices
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        shape = (len(idx), 1, *self.shape) if self.add_channel else (len(idx), *self.shape)
-        x = torch.empty(shape, dtype=self.torch_dtype)
-        if get_worker_info() is not None:
-            x.share_memory_()  # filled in place; pickling to the main process then copies nothing
-        self.reader.read_batch(idx, out=x.numpy().reshape(len(idx), *self.shape))
         # index_select, not ``labels[tensor]``: advanced indexing runs on torch's intra-op thread pool and
         # cost ~8 ms per 4096-sample batch in a 2-thread main process (index_select: ~0.01 ms).
-        return x, torch.index_select(self.labels, 0, torch.from_numpy(idx)).long()
+        y = torch.index_select(self.labels, 0, torch.from_numpy(idx)).long()
+        worker = get_worker_info()
+        if worker is not None and self.buffers is not None:
+            slot = self.buffers.acquire(worker.id, len(idx), gen)
+            if slot is not None:
+                try:
+                    self.reader.read_batch(idx, out=sample_rows(self.buffers, slot, len(idx), self.shape))
+                except BaseException:
+                    self.buffers.abandon(slot)
+                    raise
+                return SlotBatch(slot, len(idx), y)
+        shape = (len(idx), 1, *self.shape) if self.add_channel else (len(idx), *self.shape)
+        x = torch.empty(shape, dtype=self.torch_dtype)
+        if worker is not None:
+            x.share_memory_()  # filled in place; pickling to the main process then copies nothing
+        self.reader.read_batch(idx, out=x.numpy().reshape(len(idx), *self.shape))
+        return x, y
+
+    def batch_shape(self, rows: int) -> tuple[int, ...]:
+        """Shape of ``x`` for a batch of ``rows`` samples."""
+        return (rows, 1, *self.shape) if self.add_channel else (rows, *self.shape)
+
+
+class BufferedLoader(DataLoader[Any]):
+    """A DataLoader whose workers read into reusable shared-memory buffers (:mod:`lmdbstore.buffers`).
+
+    It yields ``(x, y)`` like any DataLoader over :class:`LmdbBatchDataset`.  A batch's memory is reused
+    only after nothing references it (the batch, a view of it or a numpy array of it), so keeping batches
+    is safe; the buffers' benefit needs the consumer to drop each batch before taking about
+    ``prefetch_factor + 2`` more, as a training loop does.  Built by :func:`make_loader`.
+    """
+
+    def __init__(self, dataset: LmdbBatchDataset, spec: BufferSpec, **kwargs: Any):
+        super().__init__(dataset, **kwargs)
+        self.buffer_spec = spec
+        self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds: LmdbBatchDataset = self.dataset  # type: ignore[assignment]
+        if self._iterator is None or not self.persistent_workers:  # before the workers start: they take these
+            ds.buffers = self._allocate()
+        buffers = ds.buffers
+        if buffers is None:  # no room for them: a fresh segment per batch
+            yield from super().__iter__()
+            return
+        buffers.new_generation()
+        batches = super().__iter__()
+        while True:
+            buffers.release_unreferenced()  # before waiting: the worker may need the slot for the next batch
+            try:
+                item = next(batches)
+            except StopIteration:
+                return
+            yield buffers.deliver(item, self._pin) if isinstance(item, SlotBatch) else item
+
+    def _allocate(self) -> BatchBuffers | None:
+        try:
+            return self.buffer_spec.allocate()
+        except (RuntimeError, OSError) as exc:  # e.g. a small /dev/shm in a container
+            spec = self.buffer_spec
+            size = spec.workers * spec.slots * int(np.prod(spec.batch_shape)) * spec.dtype.itemsize
+            warnings.warn(
+                f"lmdbstore: no room for {size / 2**20:.0f} MiB of reusable batch buffers in shared memory "
+                f"({exc}); each batch gets a fresh segment instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+
+    def reuse_counts(self) -> tuple[int, int]:
+        """Batches delivered through a reused buffer and through a fresh segment, over this loader's
+        current buffers (all epochs with persistent workers, the last one otherwise)."""
+        ds: LmdbBatchDataset = self.dataset  # type: ignore[assignment]
+        return ds.buffers.reuse_counts() if ds.buffers is not None else (0, 0)
 
 
 def make_loader(
@@ -87,7 +174,9 @@ def make_loader(
     """A DataLoader that asks each worker for whole batches chosen by ``sampler``.
 
     ``batch_size=None`` turns off PyTorch's per-sample batching and collate: every element the sampler
-    yields is one index array, and the dataset answers it with one ready tensor.
+    yields is one index array, and the dataset answers it with one ready tensor.  With workers and
+    ``config.reuse_buffers`` (the default) the result is a :class:`BufferedLoader` over a copy of
+    ``dataset`` (so that two loaders of one dataset never share buffers).
     """
     config = config or LoaderConfig()
     kwargs: dict[str, Any] = {}
@@ -98,11 +187,13 @@ def make_loader(
             multiprocessing_context=config.multiprocessing_context,
         )
     dataset.reader.close()
-    return DataLoader(
-        dataset,
-        sampler=sampler,
-        batch_size=None,
-        num_workers=config.workers,
-        pin_memory=pin_memory,
-        **kwargs,
-    )
+    kwargs.update(sampler=sampler, batch_size=None, num_workers=config.workers, pin_memory=pin_memory)
+    rows = getattr(sampler, "batch_size", None)
+    if config.workers > 0 and config.reuse_buffers and isinstance(rows, int) and reuse_supported():
+        slots = config.prefetch_factor + EXTRA_SLOTS
+        spec = BufferSpec(config.workers, slots, dataset.batch_shape(rows), dataset.torch_dtype)
+        own = copy.copy(dataset)
+        own.buffers = None
+        kwargs["sampler"] = TaggedSampler(sampler, own)
+        return BufferedLoader(own, spec, **kwargs)
+    return DataLoader(dataset, **kwargs)

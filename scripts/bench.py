@@ -529,6 +529,7 @@ class _Epochs:
 
     def __init__(self, sampler: Any, max_batches: int):
         self.sampler, self.max_batches = sampler, max_batches
+        self.batch_size = sampler.batch_size  # make_loader sizes its reusable buffers by it
 
     def __len__(self) -> int:
         return self.max_batches

@@ -364,8 +364,9 @@ class LoaderPlan:
     seed: int
 
 
-def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan) -> dict[str, Any]:
-    """Samples/s of the real loader for one shuffle mode and worker count.
+def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, reuse: bool = True) -> dict[str, Any]:
+    """Samples/s of the real loader for one shuffle mode and worker count (``reuse``: the workers' reusable
+    shared-memory batch buffers, ``LoaderConfig.reuse_buffers``).
 
     Epoch 0 is the warm-up (workers start, open the store, fault its pages in); epoch 1 is timed after
     its first ``workers * prefetch + 2`` batches (the prefetch pipeline filling), in windows of
@@ -394,6 +395,7 @@ def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan) -> dict
         workers=workers,
         prefetch_factor=plan.prefetch,
         persistent_workers=workers > 0,
+        reuse_buffers=reuse,
     )
     # More workers than cores is measured on purpose; PyTorch's warning about it would only add noise.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
@@ -413,7 +415,8 @@ def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan) -> dict
         it = iter(loader)
         for _ in range(skip):
             next(it)
-        clock = CpuClock([w.pid for w in getattr(it, "_workers", [])])
+        procs = getattr(it, "_workers", None) or getattr(getattr(loader, "_iterator", None), "_workers", [])
+        clock = CpuClock([w.pid for w in procs])
         cpu0 = clock.now()
         rates, samples_all, seconds_all = [], 0, 0.0
         done = 0
@@ -583,6 +586,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timed-batches", type=int, default=48, help="timed loader batches per configuration")
     p.add_argument("--window", type=int, default=8, help="loader batches per timing window")
     p.add_argument("--prefetch", type=int, default=2, help="DataLoader prefetch_factor (default 2)")
+    p.add_argument(
+        "--compare-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time each worker count with reuse_buffers=False (default: on)",
+    )
     p.add_argument("--train-workers", default="1,2", help="worker counts for the trainer run ('' to skip)")
     p.add_argument("--train-steps", type=int, default=8, help="training steps per epoch")
     p.add_argument("--train-epochs", type=int, default=2, help="training epochs (the first one warms up)")
@@ -658,6 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log(f"DataLoader, {mode}, {w} worker(s)")
                 res = bench_loader(store, mode, w, plan)
                 rows.append(Row("loader", "DataLoader (LmdbBatchDataset)", mode, w, 1, **res))
+                if w > 0 and args.compare_reuse:
+                    log(f"DataLoader, {mode}, {w} worker(s), a fresh shared-memory segment per batch")
+                    res = bench_loader(store, mode, w, plan, reuse=False)
+                    rows.append(Row("loader", "DataLoader, reuse_buffers=False", mode, w, 1, **res))
         train_rows: list[dict[str, Any]] = []
         for w in args.train_list:
             log(f"trainer, {w} worker(s), {args.train_epochs} epoch(s) of {args.train_steps} steps")

@@ -167,3 +167,20 @@ def store_factory(tmp_path: Path) -> Callable[..., StoreInfo]:
 def small_store(store_factory: Callable[..., StoreInfo]) -> StoreInfo:
     """2,000 25x25 float32 samples, classes "a".."e", default writer settings."""
     return store_factory(2000, seed=1234)
+
+
+def run_cli(*args: str | Path) -> Any:
+    """Invoke the ``lmdbstore`` CLI in this process (typer's CliRunner); returns its ``Result``."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result: Any) -> str:
+    """The CLI's error output: exactly one line, starting ``error: ``."""
+    text = result.stderr.strip()
+    assert text.count("\n") == 0, text
+    assert text.startswith("error: ")
+    return text

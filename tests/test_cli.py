@@ -11,44 +11,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, make_data, snapshot_store
-from typer.testing import CliRunner
+from conftest import CLASSES, make_data, one_error_line, run_cli, snapshot_store
 
-from cli.main import app
 from lmdbstore import open_reader
-
-runner = CliRunner()
-
-
-def run(*args: str | Path) -> object:
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _err_line(result: object) -> str:
-    text = result.stderr.strip()  # type: ignore[attr-defined]
-    assert text.count("\n") == 0, text
-    assert text.startswith("error: ")
-    return text
 
 
 def test_ingest_npy_npz_and_directory_then_stats_json(tmp_path: Path) -> None:
     store = tmp_path / "s"
     x1, y1 = make_data(300, 1)
     np.savez(tmp_path / "a.npz", x=x1, y=np.array(CLASSES)[y1])
-    r = run("ingest", store, tmp_path / "a.npz", "--classes", ",".join(CLASSES), "--no-progress")
+    r = run_cli("ingest", store, tmp_path / "a.npz", "--classes", ",".join(CLASSES), "--no-progress")
     assert r.exit_code == 0, r.output
     assert "created" in r.stdout and "+300 samples" in r.stdout
     x2, _ = make_data(40, 2)
     np.save(tmp_path / "b.npy", x2)
-    r = run("ingest", store, tmp_path / "b.npy", "--label", "d", "--no-progress")
+    r = run_cli("ingest", store, tmp_path / "b.npy", "--label", "d", "--no-progress")
     assert r.exit_code == 0 and "appended to" in r.stdout
     root = tmp_path / "root"
     for i, name in enumerate(("a", "e")):
         (root / name).mkdir(parents=True)
         np.save(root / name / "stack.npy", make_data(5, 10 + i)[0])
-    r = run("ingest", store, root, "--no-progress")
+    r = run_cli("ingest", store, root, "--no-progress")
     assert r.exit_code == 0, r.output
-    r = run("stats", store, "--json")
+    r = run_cli("stats", store, "--json")
     assert r.exit_code == 0
     s = json.loads(r.stdout)
     assert s["samples"] == 350
@@ -59,15 +44,15 @@ def test_ingest_npy_npz_and_directory_then_stats_json(tmp_path: Path) -> None:
     with open_reader(store) as rd:
         got = rd.read_range(0, 350)
     assert np.array_equal(got[:300], x1) and np.array_equal(got[300:340], x2)
-    table = run("stats", store)
+    table = run_cli("stats", store)
     assert "18 samples per value" in table.stdout and "exact" in table.stdout
 
 
 def test_rerunning_the_same_ingest_adds_nothing(tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", x=make_data(100, 1)[0], y=make_data(100, 1)[1])
     args = ("ingest", tmp_path / "s", tmp_path / "a.npz", "--no-progress")
-    assert run(*args).exit_code == 0
-    r = run(*args)
+    assert run_cli(*args).exit_code == 0
+    r = run_cli(*args)
     assert r.exit_code == 0 and "+0 samples" in r.stdout and "already in the store" in r.stdout
 
 
@@ -82,13 +67,13 @@ def test_rerunning_the_same_ingest_adds_nothing(tmp_path: Path) -> None:
 def test_bad_files_give_one_line_and_leave_the_store(tmp_path: Path, setup, words) -> None:  # type: ignore[no-untyped-def]
     store = tmp_path / "s"
     np.savez(tmp_path / "ok.npz", x=make_data(50, 1)[0], y=make_data(50, 1)[1])
-    assert run("ingest", store, tmp_path / "ok.npz", "--no-progress").exit_code == 0
+    assert run_cli("ingest", store, tmp_path / "ok.npz", "--no-progress").exit_code == 0
     before = snapshot_store(store)
     bad = tmp_path / "bad.npy"
     setup(bad)
-    r = run("ingest", store, bad, "--label", "a", "--no-progress")
+    r = run_cli("ingest", store, bad, "--label", "a", "--no-progress")
     assert r.exit_code == 1
-    line = _err_line(r)
+    line = one_error_line(r)
     assert "bad.npy" in line and words in line.lower()
     assert snapshot_store(store) == before
 
@@ -97,34 +82,34 @@ def test_nonfinite_is_refused_unless_allowed(tmp_path: Path) -> None:
     x, y = make_data(30, 3)
     x[7, 0, 1] = np.inf
     np.savez(tmp_path / "d.npz", x=x, y=y)
-    r = run("ingest", tmp_path / "s", tmp_path / "d.npz", "--no-progress")
-    assert r.exit_code == 1 and "non-finite" in _err_line(r)
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--no-progress")
+    assert r.exit_code == 1 and "non-finite" in one_error_line(r)
     assert not (tmp_path / "s").exists()
-    r = run("ingest", tmp_path / "s", tmp_path / "d.npz", "--allow-nonfinite", "--no-progress")
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--allow-nonfinite", "--no-progress")
     assert r.exit_code == 0
-    s = json.loads(run("stats", tmp_path / "s", "--json").stdout)
+    s = json.loads(run_cli("stats", tmp_path / "s", "--json").stdout)
     assert s["values"]["nonfinite"] == 1
 
 
 def test_missing_and_foreign_stores(tmp_path: Path) -> None:
     for cmd, code in (("stats", 1), ("verify", 2)):
-        r = run(cmd, tmp_path / "nope")
-        assert r.exit_code == code and "no such store" in _err_line(r)
+        r = run_cli(cmd, tmp_path / "nope")
+        assert r.exit_code == code and "no such store" in one_error_line(r)
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "x.txt").write_text("hello")
-    r = run("stats", tmp_path / "dir")
-    assert r.exit_code == 1 and "not a store" in _err_line(r)
-    r = run("train", tmp_path / "dir", "--no-progress")
-    assert r.exit_code == 1 and "not a store" in _err_line(r)
+    r = run_cli("stats", tmp_path / "dir")
+    assert r.exit_code == 1 and "not a store" in one_error_line(r)
+    r = run_cli("train", tmp_path / "dir", "--no-progress")
+    assert r.exit_code == 1 and "not a store" in one_error_line(r)
 
 
 def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
     npz, store, out = tmp_path / "d.npz", tmp_path / "s", tmp_path / "run"
-    assert run("synth", npz, "-n", "3000").exit_code == 0
-    assert run("ingest", store, npz, "--no-progress").exit_code == 0
-    r = run("verify", store)
+    assert run_cli("synth", npz, "-n", "3000").exit_code == 0
+    assert run_cli("ingest", store, npz, "--no-progress").exit_code == 0
+    r = run_cli("verify", store)
     assert r.exit_code == 0, r.output
-    r = run(
+    r = run_cli(
         "train", store, "--batch", "256", "--epochs", "2", "--workers", "1", "--out", out, "--no-progress", "--json"
     )
     assert r.exit_code == 0, r.output
@@ -132,7 +117,7 @@ def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
     assert "shuffle: random (store" in r.stdout  # the default (auto) says what it chose
     final = json.loads(r.stdout.strip().splitlines()[-1])
     assert final["final"]["val_accuracy"] > 0.5
-    r = run(
+    r = run_cli(
         "train",
         store,
         "--shuffle",
@@ -148,22 +133,22 @@ def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
         out,
     )
     assert r.exit_code == 0, r.output
-    r = run("train", store, "--batch", "100000", "--no-progress", "--out", tmp_path / "r2")
-    assert r.exit_code == 1 and "larger than the training split" in _err_line(r)
-    r = run("eval", store, out / "best.pt", "--json", "--predictions", tmp_path / "p.npy", "--workers", "0")
+    r = run_cli("train", store, "--batch", "100000", "--no-progress", "--out", tmp_path / "r2")
+    assert r.exit_code == 1 and "larger than the training split" in one_error_line(r)
+    r = run_cli("eval", store, out / "best.pt", "--json", "--predictions", tmp_path / "p.npy", "--workers", "0")
     assert r.exit_code == 0, r.output
     ev = json.loads(r.stdout)
     assert ev["samples"] == 3000 and np.load(tmp_path / "p.npy").shape == (3000,)
-    r = run("eval", store, tmp_path / "missing.pt")
-    assert r.exit_code == 1 and "no such checkpoint" in _err_line(r)
+    r = run_cli("eval", store, tmp_path / "missing.pt")
+    assert r.exit_code == 1 and "no such checkpoint" in one_error_line(r)
 
 
 def test_help_explains_commands() -> None:
-    r = run("--help")
+    r = run_cli("--help")
     assert r.exit_code == 0
     for cmd in ("ingest", "stats", "verify", "train", "eval", "synth", "demo"):
         assert cmd in r.stdout
-    r = run("ingest", "--help")
+    r = run_cli("ingest", "--help")
     assert "--allow-nonfinite" in r.stdout and "interrupted" in r.stdout
     assert "--no-allow-nonfinite" not in r.stdout
 

@@ -246,14 +246,20 @@ def test_killed_at_random_moments_then_rerun_gives_exact_content(tmp_path: Path)
     assert any(0 < d < len(tasks) for d in done), done  # some kill hit mid-run
 
 
+def _start_running(store: Path, n_tasks: int, pid_dir: Path) -> subprocess.Popen[str]:
+    """Start a 2-worker run of ``n_tasks`` and return once both workers run a task."""
+    proc = _start(store, n_tasks, 2, pid_dir)
+    deadline = time.monotonic() + 60
+    while len(_started(pid_dir)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_workers_cleanly_and_rerun_completes(tmp_path: Path) -> None:
     store, pid_dir = tmp_path / "s", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = _start(store, 200, 2, pid_dir)
-    deadline = time.monotonic() + 60
-    while len(_started(pid_dir)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = _start_running(store, 200, pid_dir)
     time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     out, err = proc.communicate(timeout=30)
@@ -274,10 +280,7 @@ def test_ctrl_c_stops_workers_cleanly_and_rerun_completes(tmp_path: Path) -> Non
 def test_workers_of_a_killed_parent_exit_by_themselves(tmp_path: Path) -> None:
     store, pid_dir = tmp_path / "s", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = _start(store, 200, 2, pid_dir)
-    deadline = time.monotonic() + 60
-    while len(_started(pid_dir)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    proc = _start_running(store, 200, pid_dir)
     os.kill(proc.pid, signal.SIGKILL)  # only the parent
     proc.wait(10)
     assert not _wait_gone(_started(pid_dir), 10.0)

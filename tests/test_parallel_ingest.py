@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -131,13 +130,24 @@ def test_cli_workers_as_a_subprocess_reports_a_bad_source_in_one_line(tmp_path: 
 
 
 INGEST_SCRIPT = """
-import sys
+import sys, time
 from lmdbstore import WriterConfig
 from lmdbstore.ingest import ingest
 from lmdbstore.sources import open_sources
+
+class Bar:  # says each committed chunk of the writing pass on stdout, and paces it so a kill lands mid-pass
+    def __init__(self, desc, total):
+        self.writing = desc.startswith("ingest")
+    def update(self, n):
+        if self.writing:
+            print("ROWS", n, flush=True)
+            time.sleep(0.02)
+    def close(self):
+        pass
+
 rep = ingest(sys.argv[1], open_sources(sys.argv[2:]), classes=list("abcde"), batch=200, workers=2,
-             config=WriterConfig(commit_bytes=1, sync=False))
-print("DONE", rep.total)
+             config=WriterConfig(commit_bytes=1, sync=False), progress=Bar)
+print("DONE", rep.total, flush=True)
 """
 
 
@@ -155,14 +165,18 @@ def test_killed_parallel_ingest_resumes_to_exactly_the_sources(tmp_path: Path) -
     rng = np.random.default_rng(5)
     counts = []
     for _ in range(3):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        data, deadline = store / "data.mdb", time.monotonic() + 60
-        size = data.stat().st_size if data.exists() else -1
-        while (data.stat().st_size if data.exists() else -1) == size and time.monotonic() < deadline:
-            time.sleep(0.01)  # until this run's writing pass commits
-        time.sleep(float(rng.uniform(0.0, 0.3)))
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+        assert proc.stdout is not None
+        wait_for = int(rng.integers(1, 15))  # chunks of 200 rows committed by this run before the kill
+        for line in proc.stdout:
+            wait_for -= line.startswith("ROWS")
+            if wait_for == 0 or line.startswith("DONE"):
+                break
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        proc.stdout.close()
         if store.exists():  # whole chunks in source order, as the per-source ledger says
             with open_writer(store) as w:
                 done = sum(e["done"] for e in w.progress_entries().values())
@@ -171,10 +185,12 @@ def test_killed_parallel_ingest_resumes_to_exactly_the_sources(tmp_path: Path) -
             assert len(x) == done
             np.testing.assert_array_equal(x, ref_x[:done])
             np.testing.assert_array_equal(y, ref_y[:done])
-    assert any(0 < c < len(ref_x) for c in counts), counts  # some kill hit the writing pass
+    assert len(counts) == 3 and all(0 < c < len(ref_x) for c in counts) and counts == sorted(counts), (
+        counts
+    )  # kills mid-pass
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["DONE", str(len(ref_x))]
+    assert out.stdout.splitlines()[-1].split() == ["DONE", str(len(ref_x))]
     x, y = _everything(store)
     np.testing.assert_array_equal(x, ref_x)
     np.testing.assert_array_equal(y, ref_y)
