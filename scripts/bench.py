@@ -203,8 +203,8 @@ def rss_status() -> dict[str, float]:
 
 
 # ============================================================================ machine description
-def machine_info(data_dir: Path) -> dict[str, Any]:
-    """CPU, memory, filesystem of the data directory and library versions."""
+def host_facts() -> dict[str, Any]:
+    """Platform, Python, CPU model, logical CPUs and RAM: what every benchmark reports of its machine."""
     info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
@@ -213,8 +213,14 @@ def machine_info(data_dir: Path) -> dict[str, Any]:
                 break
     info["cpu"] = info.get("cpu") or platform.processor() or "unknown"
     info["cores"] = os.cpu_count()
-    with contextlib.suppress(ValueError, AttributeError):
+    with contextlib.suppress(ValueError, AttributeError, OSError):
         info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return info
+
+
+def machine_info(data_dir: Path) -> dict[str, Any]:
+    """CPU, memory, filesystem of the data directory and library versions."""
+    info = host_facts()
     info["filesystem"] = _filesystem_of(data_dir)
     usage = shutil.disk_usage(data_dir)
     info["disk_free_gib"] = round(usage.free / 2**30, 1)

@@ -39,7 +39,6 @@ import csv
 import gc
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -57,6 +56,9 @@ try:
     import psutil
 except ImportError:  # pragma: no cover - psutil is in the bench extra
     psutil = None
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # shared helpers (imported after the path is set)
 
 import lmdbstore
 from lmdbstore import WriterConfig, open_writer
@@ -171,17 +173,9 @@ def machine_info() -> dict[str, Any]:
     """CPU model, cores, RAM, OS and library versions."""
     import torch
 
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    info["cpu"] = info.get("cpu") or platform.processor() or "unknown"
-    info["logical_cpus"] = os.cpu_count()
+    info = bench.host_facts()
+    info["logical_cpus"] = info.pop("cores")
     info["usable_cores"] = usable_cores()
-    with contextlib.suppress(ValueError, AttributeError, OSError):
-        info["ram_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):

@@ -184,3 +184,17 @@ def one_error_line(result: Any) -> str:
     assert text.count("\n") == 0, text
     assert text.startswith("error: ")
     return text
+
+
+def load_script(name: str) -> Any:
+    """Import ``scripts/<name>.py`` as module ``lmdbstore_<name>`` (the scripts are not a package)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"lmdbstore_{name}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod

@@ -68,6 +68,25 @@ def produce_slow(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return task_data(task)
 
 
+GATE_AT = 20  # produce_gated: tasks from this index on wait for the test's go-ahead
+
+
+def produce_gated(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce_slow`, but tasks from ``GATE_AT`` on touch ``waiting`` and then wait (up to 60 s)
+    for a file ``go`` in ``$LMDBSTORE_TEST_PID_DIR``: a run cannot finish before the test has acted, however
+    slowly the machine starts the workers."""
+    pid_dir = Path(os.environ[PID_DIR_ENV])
+    (pid_dir / str(os.getpid())).touch()
+    if task[0] >= GATE_AT:
+        (pid_dir / "waiting").touch()
+        deadline = time.monotonic() + 60
+        while not (pid_dir / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    else:
+        time.sleep(0.01)
+    return task_data(task)
+
+
 def produce_fails_at_5(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     if task[0] == 5:
         raise RuntimeError("boom in task five")

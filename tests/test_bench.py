@@ -6,29 +6,17 @@ Speed is never asserted here (the machine is shared); only that the numbers exis
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from conftest import load_script
 
-BENCH_PATH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 N = 2000
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lmdbstore_bench", BENCH_PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load_bench()
+bench = load_script("bench")
 
 
 @pytest.fixture(scope="module")

@@ -7,29 +7,14 @@ are positive and finite, and the trainer's metrics are in range.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from conftest import build_store, make_data
+from conftest import build_store, load_script, make_data
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_loader.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lmdbstore_bench_loader", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load()
+bench = load_script("bench_loader")
 
 
 def _positive(v: object) -> bool:

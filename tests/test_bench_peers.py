@@ -7,26 +7,13 @@ missing.  Speed is never asserted (the machine is shared); only that the numbers
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
+from conftest import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lmdbstore_bench_peers", SCRIPTS / "bench_peers.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bp = _load()
+bp = load_script("bench_peers")
 N = 4096 + 904  # one full batch and a partial one
 
 

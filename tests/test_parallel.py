@@ -198,10 +198,12 @@ def _wait_gone(pids: set[int], seconds: float = 10.0) -> set[int]:
     return {p for p in pids if _alive(p)}
 
 
-def _start(store: Path, n_tasks: int, workers: int, pid_dir: Path) -> subprocess.Popen[str]:
+def _start(
+    store: Path, n_tasks: int, workers: int, pid_dir: Path, producer: str = "produce_slow"
+) -> subprocess.Popen[str]:
     env = {**os.environ, pt.PID_DIR_ENV: str(pid_dir)}
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(store), str(n_tasks), str(workers), "produce_slow"],
+        [sys.executable, str(SCRIPT), str(store), str(n_tasks), str(workers), producer],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -246,12 +248,14 @@ def test_killed_at_random_moments_then_rerun_gives_exact_content(tmp_path: Path)
     assert any(0 < d < len(tasks) for d in done), done  # some kill hit mid-run
 
 
-def _start_running(store: Path, n_tasks: int, pid_dir: Path) -> subprocess.Popen[str]:
-    """Start a 2-worker run of ``n_tasks`` and return once both workers run a task."""
-    proc = _start(store, n_tasks, 2, pid_dir)
+def _start_gated(store: Path, n_tasks: int, pid_dir: Path) -> subprocess.Popen[str]:
+    """Start a 2-worker run of :func:`parallel_tasks.produce_gated` and return once both workers run a task
+    and one waits at the gate (the tasks before it are produced; the run cannot end until ``go`` exists)."""
+    proc = _start(store, n_tasks, 2, pid_dir, "produce_gated")
     deadline = time.monotonic() + 60
-    while len(_started(pid_dir)) < 2 and time.monotonic() < deadline:
+    while (len(_started(pid_dir)) < 2 or not (pid_dir / "waiting").exists()) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
     return proc
 
 
@@ -259,8 +263,8 @@ def _start_running(store: Path, n_tasks: int, pid_dir: Path) -> subprocess.Popen
 def test_ctrl_c_stops_workers_cleanly_and_rerun_completes(tmp_path: Path) -> None:
     store, pid_dir = tmp_path / "s", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = _start_running(store, 200, pid_dir)
-    time.sleep(0.3)
+    proc = _start_gated(store, 200, pid_dir)
+    time.sleep(1.0)  # the parent commits the tasks before the gate
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, (out, err)
@@ -270,7 +274,8 @@ def test_ctrl_c_stops_workers_cleanly_and_rerun_completes(tmp_path: Path) -> Non
     assert not _wait_gone(workers, 1.0)  # stopped by the parent, not left running
     with open_reader(store) as r:
         assert 0 < len(r) < len(pt.expected(_tasks(200))[1])
-    proc = _start(store, 200, 2, pid_dir)
+    (pid_dir / "go").touch()
+    proc = _start(store, 200, 2, pid_dir, "produce_gated")
     proc.communicate(timeout=120)
     assert proc.returncode == 0
     _assert_holds(store, _tasks(200))
@@ -280,10 +285,13 @@ def test_ctrl_c_stops_workers_cleanly_and_rerun_completes(tmp_path: Path) -> Non
 def test_workers_of_a_killed_parent_exit_by_themselves(tmp_path: Path) -> None:
     store, pid_dir = tmp_path / "s", tmp_path / "pids"
     pid_dir.mkdir()
-    proc = _start_running(store, 200, pid_dir)
+    proc = _start_gated(store, 200, pid_dir)
     os.kill(proc.pid, signal.SIGKILL)  # only the parent
     proc.wait(10)
-    assert not _wait_gone(_started(pid_dir), 10.0)
+    workers = _started(pid_dir)
+    assert len(workers) == 2 and any(_alive(p) for p in workers)  # one still inside a task, at the gate
+    (pid_dir / "go").touch()  # they finish it, find no parent and exit
+    assert not _wait_gone(workers, 10.0)
 
 
 def test_value_statistics_from_the_workers_match_the_writers_own(tmp_path: Path) -> None:
