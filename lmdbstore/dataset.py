@@ -1,10 +1,11 @@
 """PyTorch integration: a batch-level Dataset over a store and a DataLoader factory.
 
 :class:`LmdbBatchDataset` is indexed by a whole batch of sample indices and returns
-``(x, y)`` with ``x`` of shape ``(N, 1, *shape)`` (a channel axis is added for images) in the store's
-dtype and ``y`` int64 labels.  Inside a DataLoader worker the batch is read straight into shared memory,
-so it crosses to the main process without another copy: by default into one of the worker's reusable
-buffers (:mod:`lmdbstore.buffers`), otherwise into a fresh shared-memory tensor.
+``(x, y)`` with ``x`` in the store's dtype and ``y`` int64 labels: ``x`` is ``(N, 1, H, W)`` for 2-D samples
+(a channel axis is added), ``(N, C, H, W)`` for 3-D samples (C, H, W), which have one already.  Inside a
+DataLoader worker the batch is read straight into shared memory, so it crosses to the main process without
+another copy: by default into one of the worker's reusable buffers (:mod:`lmdbstore.buffers`), otherwise
+into a fresh shared-memory tensor.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     Args:
         store: a path or a :class:`StoreReader` (it is closed here, so that no open environment
             crosses into the workers; each process re-opens it lazily).
-        add_channel: insert a channel axis after the batch axis (default ``True``: (N, 1, H, W)).
+        add_channel: insert a channel axis after the batch axis for samples of fewer than 3 dimensions
+            (default ``True``: (N, 1, H, W) for (H, W), (N, 1, L) for (L,)); samples of 3 or more dimensions
+            are taken to have one first, (C, H, W), and come as (N, C, H, W).  ``False``: always (N, *shape).
     """
 
     buffers: BatchBuffers | None = None  # set on a loader's own copy by make_loader
@@ -99,8 +102,7 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
                     self.buffers.abandon(slot)
                     raise
                 return SlotBatch(slot, len(idx), y)
-        shape = (len(idx), 1, *self.shape) if self.add_channel else (len(idx), *self.shape)
-        x = torch.empty(shape, dtype=self.torch_dtype)
+        x = torch.empty(self.batch_shape(len(idx)), dtype=self.torch_dtype)
         if worker is not None:
             x.share_memory_()  # filled in place; pickling to the main process then copies nothing
         self.reader.read_batch(idx, out=x.numpy().reshape(len(idx), *self.shape))
@@ -108,7 +110,9 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def batch_shape(self, rows: int) -> tuple[int, ...]:
         """Shape of ``x`` for a batch of ``rows`` samples."""
-        return (rows, 1, *self.shape) if self.add_channel else (rows, *self.shape)
+        if self.add_channel and len(self.shape) < 3:
+            return (rows, 1, *self.shape)
+        return (rows, *self.shape)
 
 
 class BufferedLoader(DataLoader[Any]):

@@ -10,8 +10,10 @@ Architecture (``width`` = w, default 16)::
 
 About 24 k parameters and 2.8 MFLOPs (forward) per 25x25 sample at w=16: a training step of 4096
 samples takes well under a second on two CPU cores, and a GPU is never starved by it.  Use a larger
-``width`` on a GPU.  Global pooling makes it accept any
-spatial size of at least 4x4.  1-D samples (L,) are treated as (1, 1, L) images.
+``width`` on a GPU.  Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools
+need it).  2-D samples (H, W) are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples
+(L,) are refused: as (1, 1, L) images their height of 1 would not survive the first pool.  Samples of any
+real dtype are cast to the weights' dtype (float32) in ``forward``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["SmallCNN", "build_model"]
+__all__ = ["MIN_SPATIAL", "SmallCNN", "build_model", "input_channels"]
+
+#: Smallest height and width the two 2x max-pools can take.
+MIN_SPATIAL = 4
 
 
 def _block(cin: int, cout: int) -> list[nn.Module]:
@@ -27,7 +32,7 @@ def _block(cin: int, cout: int) -> list[nn.Module]:
 
 
 class SmallCNN(nn.Module):
-    """See the module docstring.  ``forward`` accepts any real dtype and casts to float32."""
+    """See the module docstring.  ``forward`` accepts any real dtype and casts to the weights' dtype."""
 
     def __init__(self, in_channels: int, n_classes: int, width: int = 16, dropout: float = 0.1):
         super().__init__()
@@ -46,25 +51,41 @@ class SmallCNN(nn.Module):
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(4 * w, n_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_floating_point():
-            x = x.float()
+        dtype = next(self.parameters()).dtype
+        if x.dtype != dtype:
+            x = x.to(dtype)
         return self.head(self.features(x))
 
 
-def build_model(sample_shape: tuple[int, ...], n_classes: int, width: int = 16) -> SmallCNN:
-    """The model for samples of ``sample_shape`` as fed by ``LmdbBatchDataset`` (a channel axis added).
-
-    2-D samples (H, W) give 1 input channel; 3-D samples (C, H, W) give C channels.
+def input_channels(sample_shape: tuple[int, ...]) -> int:
+    """The CNN's input channels for samples of ``sample_shape``: 1 for (H, W), C for (C, H, W).
 
     Raises:
-        ValueError: sample shapes the CNN cannot take (1-D or more than 3-D, or smaller than 4x4).
+        ValueError: shapes the CNN cannot take (not 2-D or 3-D, or smaller than 4x4), in one line.
     """
-    if len(sample_shape) == 2:
-        channels, (h, w) = 1, sample_shape
-    elif len(sample_shape) == 3:
-        channels, h, w = sample_shape
+    shape = tuple(int(s) for s in sample_shape)
+    if len(shape) == 2:
+        channels, h, w = 1, *shape
+    elif len(shape) == 3:
+        channels, h, w = shape
     else:
-        raise ValueError(f"the CNN takes 2-D (H, W) or 3-D (C, H, W) samples, got shape {sample_shape}")
-    if h < 4 or w < 4:
-        raise ValueError(f"samples must be at least 4x4 for two 2x pools, got {sample_shape}")
-    return SmallCNN(channels, n_classes, width)
+        raise ValueError(
+            f"the CNN takes 2-D (H, W) or 3-D (C, H, W) samples, got {len(shape)}-D samples of shape {shape}"
+        )
+    if h < MIN_SPATIAL or w < MIN_SPATIAL:
+        raise ValueError(
+            f"the CNN needs samples of at least {MIN_SPATIAL}x{MIN_SPATIAL} (two 2x pools), got shape {shape}"
+        )
+    return channels
+
+
+def build_model(sample_shape: tuple[int, ...], n_classes: int, width: int = 16) -> SmallCNN:
+    """The model for samples of ``sample_shape`` as fed by ``LmdbBatchDataset``.
+
+    2-D samples (H, W) give 1 input channel (the dataset adds the channel axis); 3-D samples (C, H, W)
+    give C channels.
+
+    Raises:
+        ValueError: sample shapes the CNN cannot take (see :func:`input_channels`).
+    """
+    return SmallCNN(input_channels(sample_shape), n_classes, width)

@@ -9,6 +9,10 @@ Distributed: when started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment
 process group (NCCL on CUDA, gloo on CPU), wraps the model in DistributedDataParallel, reads its own
 disjoint share of each epoch's order (same seed on every rank), all-reduces the metrics, and only
 rank 0 prints and writes files.
+
+Samples of every dtype a store may hold train: a batch crosses to the device in the store's dtype and is
+converted to the model's float32 there.  2-D samples (H, W) are one-channel images, 3-D samples (C, H, W)
+have C channels (kept in the checkpoint); other shapes, and images under 4x4, are refused before training.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ._env import DATA_FILE
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
 from .errors import LmdbStoreError, ValidationError
-from .model import build_model
+from .model import build_model, input_channels
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from .window import WindowBatchSampler, choose_shuffle
@@ -44,6 +48,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 BEST_NAME = "best.pt"
 METRICS_NAME = "metrics.jsonl"
 CHECKPOINT_FORMAT = 1
+_CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "width"}
 
 Log = Callable[[str], None]
 
@@ -172,14 +177,53 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged or hostile file
         raise LmdbStoreError(f"cannot load checkpoint ({type(exc).__name__}: {exc})".splitlines()[0], path=p) from exc
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or "model" not in ckpt:
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or not ckpt.keys() >= _CHECKPOINT_KEYS:
         raise LmdbStoreError("not an lmdbstore checkpoint", path=p)
     return ckpt
 
 
-def _model_from_checkpoint(ckpt: dict[str, Any]) -> nn.Module:
+def _model_channels(shape: tuple[int, ...], path: Path) -> int:
+    """The CNN's input channels for the store's samples, or a one-line error for shapes it cannot take."""
+    try:
+        return input_channels(shape)
+    except ValueError as exc:
+        raise ValidationError(
+            str(exc), path=path, hint="the CNN trains on (H, W) or (C, H, W) samples of at least 4x4"
+        ) from exc
+
+
+def _check_checkpoint(ckpt: dict[str, Any], classes: list[str], shape: tuple[int, ...], ckpt_path: Path) -> None:
+    """Refuse a checkpoint trained on other classes, another channel count or another sample shape."""
+    trained = tuple(int(s) for s in ckpt["sample_shape"])
+    # checkpoints from before in_channels was stored: the channels follow from the shape
+    trained_c = int(ckpt["in_channels"]) if "in_channels" in ckpt else input_channels(trained)
+    channels = input_channels(shape)
+    if trained_c != channels:
+        raise LmdbStoreError(
+            f"checkpoint was trained on {trained_c}-channel samples of shape {trained}, "
+            f"the store has {channels}-channel samples of shape {shape}",
+            path=ckpt_path,
+            hint="use a checkpoint trained on a store with the same sample shape",
+        )
+    if ckpt["classes"] != classes or trained != shape:
+        raise LmdbStoreError(
+            f"checkpoint was trained on classes {ckpt['classes']} and shape {trained}, "
+            f"the store has {classes} and {shape}",
+            path=ckpt_path,
+        )
+
+
+def _load_weights(model: nn.Module, ckpt: dict[str, Any], ckpt_path: Path) -> None:
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, KeyError, TypeError) as exc:  # a checkpoint whose weights do not fit this model
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LmdbStoreError(f"checkpoint weights do not fit the model ({first})", path=ckpt_path) from exc
+
+
+def _model_from_checkpoint(ckpt: dict[str, Any], ckpt_path: Path) -> nn.Module:
     model = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), int(ckpt["width"]))
-    model.load_state_dict(ckpt["model"])
+    _load_weights(model, ckpt, ckpt_path)
     return model
 
 
@@ -217,11 +261,18 @@ def _autocast(device: torch.device, amp: bool) -> AbstractContextManager[Any]:
     return nullcontext()
 
 
-def _to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_device(
+    x: torch.Tensor, y: torch.Tensor, device: torch.device, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move a batch to ``device``, then convert ``x`` to the model's ``dtype`` there (channels-last for
+    images): the copy moves the store's own bytes, and a float32 batch is not converted at all."""
     nb = device.type == "cuda"
     x = x.to(device, non_blocking=nb)
     y = y.to(device, non_blocking=nb)
-    if x.dim() == 4:
+    fmt = torch.channels_last if x.dim() == 4 else torch.preserve_format
+    if x.dtype != dtype:
+        x = x.to(dtype, memory_format=fmt)  # one conversion, straight into the layout the model wants
+    elif x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     return x, y
 
@@ -294,13 +345,14 @@ def train(
             ``metrics.jsonl`` (one JSON object per epoch) and ``summary.json`` go; ``None`` writes nothing.
         config: model/optimiser/epochs (:class:`TrainConfig`).
         loader: batch size, workers, shuffle mode, balanced sampling (:class:`LoaderConfig`).
-        resume: continue from ``out_dir/checkpoint.pt`` (same store classes and shape required).
+        resume: continue from ``out_dir/checkpoint.pt`` (same store classes, channels and shape required).
         log: where rank 0 sends its lines (``None``: silent).
         progress: show a tqdm bar per epoch on rank 0.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
-        ValidationError: empty store or split, batch larger than the split, ``balanced`` with an empty class.
+        ValidationError: empty store or split, batch larger than the split, ``balanced`` with an empty class,
+            samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4), all before any step.
         LmdbStoreError: ``resume`` without a usable checkpoint.
     """
     cfg = config or TrainConfig()
@@ -310,6 +362,7 @@ def train(
         meta = reader.meta
         labels = reader.labels()
     classes = list(meta.classes)
+    channels = _model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
     device_kind = (
         "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") else "cpu"
     )
@@ -368,9 +421,12 @@ def train(
         if out is None:
             raise ValueError("resume needs out_dir")
         ckpt = load_checkpoint(out / CHECKPOINT_NAME, map_location=device)
-        if ckpt["classes"] != classes or tuple(ckpt["sample_shape"]) != meta.shape or ckpt["width"] != cfg.width:
-            raise LmdbStoreError("checkpoint was trained on other classes, shape or width", path=out / CHECKPOINT_NAME)
-        model.load_state_dict(ckpt["model"])
+        _check_checkpoint(ckpt, classes, meta.shape, out / CHECKPOINT_NAME)
+        if ckpt["width"] != cfg.width:
+            raise LmdbStoreError(
+                f"checkpoint was trained with width {ckpt['width']}, not {cfg.width}", path=out / CHECKPOINT_NAME
+            )
+        _load_weights(model, ckpt, out / CHECKPOINT_NAME)
         optimizer.load_state_dict(ckpt["optimizer"])
         start_epoch = int(ckpt["epoch"]) + 1
         best_acc = float(ckpt.get("best_accuracy", -1.0))
@@ -420,6 +476,7 @@ def train(
                 "epoch": epoch,
                 "classes": classes,
                 "sample_shape": list(meta.shape),
+                "in_channels": channels,
                 "width": cfg.width,
                 "history": json.dumps([asdict(h) for h in history]),
                 "best_accuracy": max(best_acc, m.val_accuracy or -1.0),
@@ -532,20 +589,18 @@ def evaluate(
     are saved there as ``.npy``.
 
     Raises:
-        LmdbStoreError: unreadable checkpoint, or one trained on other classes or another sample shape.
+        ValidationError: the store's samples have a shape the CNN cannot take.
+        LmdbStoreError: unreadable checkpoint, or one trained on other classes, another number of
+            channels or another sample shape.
     """
     path = Path(store)
     with StoreReader(path) as reader:
         meta = reader.meta
+    _model_channels(meta.shape, path)
     dev = resolve_device(device, DistInfo())
     ckpt = load_checkpoint(checkpoint, map_location=dev)
-    if ckpt["classes"] != list(meta.classes) or tuple(ckpt["sample_shape"]) != meta.shape:
-        raise LmdbStoreError(
-            f"checkpoint was trained on classes {ckpt['classes']} and shape {tuple(ckpt['sample_shape'])}, "
-            f"the store has {meta.classes} and {meta.shape}",
-            path=Path(checkpoint),
-        )
-    model = _model_from_checkpoint(ckpt).to(dev).eval()
+    _check_checkpoint(ckpt, list(meta.classes), meta.shape, Path(checkpoint))
+    model = _model_from_checkpoint(ckpt, Path(checkpoint)).to(dev).eval()
     if dev.type == "cpu":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))

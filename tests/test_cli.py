@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, make_data, one_error_line, run_cli, snapshot_store
+from conftest import CLASSES, build_store, make_data, one_error_line, run_cli, snapshot_store
 
 from lmdbstore import open_reader
 
@@ -168,3 +168,33 @@ def test_console_script_as_subprocess(tmp_path: Path) -> None:
     assert p.stderr.strip().startswith("error: ") and p.stderr.strip().count("\n") == 0
     p = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("lmdbstore ")
+
+
+def _cli_subprocess(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("lmdbstore", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
+    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_train_and_eval_other_dtypes_and_shapes_as_subprocess(tmp_path: Path) -> None:
+    """float64 and (C, H, W) stores train and score; a shape the CNN cannot take is one line, no traceback."""
+    small = ("--batch", "64", "--epochs", "1", "--max-steps", "2", "--workers", "0", "--no-progress")
+    for name, shape, dtype in (("f64", (25, 25), np.float64), ("rgb", (3, 16, 16), np.float32)):
+        store = build_store(tmp_path / name, *make_data(256, 3, shape=shape, dtype=dtype))
+        p = _cli_subprocess("train", store, *small, "--out", tmp_path / f"run_{name}")
+        assert p.returncode == 0, p.stderr
+        assert "epoch 1:" in p.stdout and "Traceback" not in p.stderr
+        p = _cli_subprocess("eval", store, tmp_path / f"run_{name}" / "checkpoint.pt", "--workers", "0", "--json")
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["samples"] == 256
+    # a 1-channel checkpoint against the 3-channel store
+    p = _cli_subprocess("eval", tmp_path / "rgb", tmp_path / "run_f64" / "checkpoint.pt", "--workers", "0")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "1-channel" in p.stderr and "3-channel" in p.stderr
+    for name, shape in (("tiny", (2, 2)), ("flat", (64,))):
+        store = build_store(tmp_path / name, *make_data(256, 4, shape=shape))
+        p = _cli_subprocess("train", store, *small, "--out", tmp_path / f"run_{name}")
+        assert p.returncode == 1 and "Traceback" not in p.stderr
+        line = p.stderr.strip()
+        assert line.startswith("error: ") and line.count("\n") == 0, p.stderr
+        assert str(shape) in line and not (tmp_path / f"run_{name}").exists()

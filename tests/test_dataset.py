@@ -16,7 +16,7 @@ import torch
 from conftest import StoreInfo
 
 from lmdbstore import LoaderConfig, StoreReader, open_reader
-from lmdbstore.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.dataset import BufferedLoader, LmdbBatchDataset, make_loader
 from lmdbstore.samplers import BalancedBatchSampler, EpochBatchSampler
 
 
@@ -91,9 +91,10 @@ def test_dataset_other_shapes_and_dtypes(
     ds = LmdbBatchDataset(info.path)
     idx = np.array([99, 3, 50])
     x, _ = ds[idx]
-    assert x.shape == (3, 1, *shape)
+    # a channel axis is added to 1-D and 2-D samples; 3-D samples (C, H, W) have one
+    assert x.shape == ((3, 1, *shape) if len(shape) < 3 else (3, *shape)) == ds.batch_shape(3)
     assert x.numpy().dtype == np.dtype(dtype)
-    np.testing.assert_array_equal(x[:, 0].numpy(), info.x[idx])
+    np.testing.assert_array_equal(x.numpy().reshape(3, *shape), info.x[idx])
 
 
 def test_dataset_closes_a_given_reader(small_store: StoreInfo) -> None:
@@ -195,3 +196,25 @@ def test_label_table_stays_compact(small_store: StoreInfo) -> None:
     _, y = ds[np.array([5, 3, 1999])]
     assert y.dtype == torch.int64
     assert y.tolist() == small_store.y[[5, 3, 1999]].tolist()
+
+
+def test_channel_first_samples_through_reused_buffers(store_factory: Callable[..., StoreInfo]) -> None:
+    """(3, 16, 16) samples come as (N, 3, 16, 16) batches, with no extra channel axis, through the workers'
+    reusable shared-memory buffers (shaped by ``batch_shape``)."""
+    info = store_factory(640, seed=5, shape=(3, 16, 16))
+    ds = LmdbBatchDataset(info.path)
+    assert ds.batch_shape(64) == (64, 3, 16, 16)
+    cfg = LoaderConfig(batch_size=64, workers=2, persistent_workers=False)
+    loader = make_loader(ds, epoch_sampler(ds, cfg), cfg)
+    assert isinstance(loader, BufferedLoader)
+    assert loader.buffer_spec.batch_shape == (64, 3, 16, 16)
+    seen = []
+    for x, y in loader:
+        assert x.shape == (len(y), 3, 16, 16) and x.dtype == torch.float32
+        idx = x[:, 0, 0, 0].numpy().astype(np.int64)
+        np.testing.assert_array_equal(x.numpy(), info.x[idx])
+        np.testing.assert_array_equal(y.numpy(), info.y[idx])
+        seen.append(idx)
+        del x, y  # as a training loop does: the slot can be reused
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(640))
+    assert loader.reuse_counts() == (len(seen), 0)  # every batch through a reused buffer

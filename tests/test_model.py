@@ -42,3 +42,11 @@ def test_a_few_steps_reduce_the_loss() -> None:
 def test_unsupported_shapes(shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError):
         build_model(shape, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_other_float_inputs_are_cast(dtype: torch.dtype) -> None:
+    m = build_model((3, 8, 8), 3).eval()
+    x = torch.randn(4, 3, 8, 8).to(dtype)
+    assert m(x).dtype == torch.float32
+    assert torch.allclose(m(x), m(x.float()))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import StoreInfo
 
 from lmdbstore import LmdbStoreError, NotAStoreError, StoreNotFoundError, ValidationError
 from lmdbstore.config import LoaderConfig, TrainConfig
@@ -15,7 +18,15 @@ from lmdbstore.ingest import ingest_synthetic
 from lmdbstore.model import build_model
 from lmdbstore.reader import StoreReader
 from lmdbstore.samplers import stratified_split
-from lmdbstore.train import BEST_NAME, CHECKPOINT_NAME, METRICS_NAME, evaluate, load_checkpoint, train
+from lmdbstore.train import (
+    BEST_NAME,
+    CHECKPOINT_NAME,
+    METRICS_NAME,
+    _to_device,
+    evaluate,
+    load_checkpoint,
+    train,
+)
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +156,88 @@ def test_hostile_checkpoint_is_refused(synth_store: Path, tmp_path: Path) -> Non
     bad.write_bytes(pickle.dumps({"format": 1, "model": Evil()}))
     with pytest.raises(LmdbStoreError, match="cannot load checkpoint"):
         evaluate(synth_store, bad)
+
+
+# ---------------------------------------------------------------------- every shape and dtype ingest accepts
+def _one_epoch(store: Path, out: Path | None, workers: int = 0, resume: bool = False) -> object:
+    cfg = TrainConfig(epochs=1, lr=5e-3, max_steps_per_epoch=3)
+    lcfg = LoaderConfig(batch_size=64, workers=workers, persistent_workers=False)
+    return train(store, out, cfg, lcfg, resume=resume, log=None, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "workers"),
+    [
+        ((25, 25), np.float16, 0),
+        ((25, 25), np.float64, 0),
+        ((25, 25), np.int16, 0),
+        ((25, 25), np.uint16, 0),
+        ((3, 16, 16), np.float32, 2),
+    ],
+)
+def test_train_and_evaluate_other_dtypes_and_channels(
+    store_factory: Callable[..., StoreInfo], tmp_path: Path, shape: tuple[int, ...], dtype: type, workers: int
+) -> None:
+    info = store_factory(320, seed=7, shape=shape, dtype=dtype)
+    out = tmp_path / "run"
+    result = _one_epoch(info.path, out, workers=workers)
+    final = result.final  # type: ignore[attr-defined]
+    assert final.train_samples == 3 * 64
+    assert math.isfinite(final.train_loss) and final.val_loss is not None and math.isfinite(final.val_loss)
+    ckpt = load_checkpoint(out / CHECKPOINT_NAME)
+    assert ckpt["in_channels"] == (shape[0] if len(shape) == 3 else 1)
+    r = evaluate(info.path, out / CHECKPOINT_NAME, batch_size=64, workers=workers)
+    assert r["samples"] == 320 and math.isfinite(r["loss"]) and 0.0 <= r["accuracy"] <= 1.0
+
+
+def test_batches_move_in_the_store_dtype_and_convert_on_the_device() -> None:
+    """float32 images pass without a copy on the CPU; other dtypes become float32 channels-last there."""
+    x = torch.randn(8, 1, 25, 25)
+    xd, _ = _to_device(x, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
+    assert xd.data_ptr() == x.data_ptr()
+    for dt in (torch.float16, torch.float64, torch.int16, torch.uint8):
+        x3 = torch.ones(8, 3, 16, 16, dtype=dt)
+        xd, _ = _to_device(x3, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
+        assert xd.dtype == torch.float32 and xd.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(xd, x3.float())
+
+
+def test_checkpoint_of_other_channels_is_refused(store_factory: Callable[..., StoreInfo], tmp_path: Path) -> None:
+    gray = store_factory(256, seed=8, name="gray", shape=(16, 16))
+    rgb = store_factory(256, seed=9, name="rgb", shape=(3, 16, 16))
+    out = tmp_path / "run"
+    _one_epoch(gray.path, out)
+    with pytest.raises(LmdbStoreError, match=r"1-channel samples of shape \(16, 16\).*3-channel") as err:
+        evaluate(rgb.path, out / CHECKPOINT_NAME, workers=0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(LmdbStoreError, match=r"1-channel.*3-channel") as err:
+        _one_epoch(rgb.path, out, resume=True)
+    assert "\n" not in str(err.value)
+
+
+def test_checkpoint_whose_weights_do_not_fit_is_refused(small_store: StoreInfo, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _one_epoch(small_store.path, out)
+    ckpt = load_checkpoint(out / CHECKPOINT_NAME)
+    ckpt["width"] = 8  # the weights are of width 16
+    torch.save(ckpt, tmp_path / "bad.pt")
+    with pytest.raises(LmdbStoreError, match="weights do not fit") as err:
+        evaluate(small_store.path, tmp_path / "bad.pt", workers=0)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [((2, 2), "at least 4x4"), ((3, 3, 2), "at least 4x4"), ((64,), "1-D samples"), ((2, 2, 4, 4), "4-D samples")],
+)
+def test_shapes_the_cnn_cannot_take_are_refused_up_front(
+    store_factory: Callable[..., StoreInfo], tmp_path: Path, shape: tuple[int, ...], words: str
+) -> None:
+    info = store_factory(256, seed=10, shape=shape)
+    out = tmp_path / "run"
+    with pytest.raises(ValidationError, match=words) as err:
+        _one_epoch(info.path, out)
+    assert "\n" not in str(err.value) and str(shape) in str(err.value)
+    assert not out.exists()  # refused before anything was set up or written
+    with pytest.raises(ValidationError, match=words):
+        evaluate(info.path, tmp_path / "any.pt", workers=0)
