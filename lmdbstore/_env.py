@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +17,70 @@ import lmdb
 
 from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, translate_lmdb_errors
 from .format import DB_META, MAX_DBS, META_KEY, StoreMeta
+from .pages import UnsupportedLayout, read_meta_page
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 WRITER_LOCK_FILE = "writer.lock"
 #: Every LMDB data file starts with two meta pages (at least 4 KiB each).
 MIN_DATA_FILE_BYTES = 2 * 4096
+#: All that creating a store leaves in its directory before the first commit (see :func:`unborn_reason`).
+CREATION_FILES = frozenset({WRITER_LOCK_FILE, DATA_FILE, LOCK_FILE})
+
+
+def unborn_reason(path: Path) -> str | None:
+    """Why ``path`` is a store whose creation was interrupted before its first commit; ``None`` if it is not.
+
+    Creating a store takes the writer lock (``writer.lock``), lets LMDB create ``lock.mdb`` and
+    ``data.mdb`` (empty, then its two meta pages), and commits one transaction with the sub-databases and
+    the metadata.  A directory killed before that commit holds regular files among those three only, and
+    ``data.mdb`` is missing, empty, or an LMDB file whose two meta pages both record an empty main
+    database (no sub-database, no key: nothing was ever committed).  Such a directory holds no data, so a
+    writer may create the store in it.  Anything else (another file, a data file with any committed
+    entry, one LMDB's layout we do not recognise or one shorter than its two meta pages) is not unborn.
+    Reads only the directory listing and the two meta pages; writes nothing.
+    """
+    try:
+        entries = {e.name: e for e in os.scandir(path)}
+        if not entries or not set(entries) <= CREATION_FILES:
+            return None
+        if not all(stat.S_ISREG(e.stat(follow_symlinks=False).st_mode) for e in entries.values()):
+            return None
+        if DATA_FILE not in entries:
+            return f"no {DATA_FILE} yet"
+        fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return f"{DATA_FILE} is empty; a truncated data file looks the same"
+            metas = [read_meta_page(fd, size, which, path) for which in (0, 1)]
+        finally:
+            os.close(fd)
+    except (OSError, UnsupportedLayout, CorruptStoreError):
+        return None
+    if size < 2 * metas[0].psize or any(m.main.entries for m in metas):
+        return None
+    return f"{DATA_FILE} holds no committed transaction"
+
+
+def raise_if_unborn(path: Path) -> None:
+    """Raise :class:`NotAStoreError` (one line, with a hint) if ``path`` is a store whose creation was
+    interrupted (see :func:`unborn_reason`)."""
+    why = unborn_reason(path)
+    if why is not None:
+        raise NotAStoreError(
+            f"the store's creation was interrupted before its first commit ({why})",
+            path=path,
+            hint="rerun the ingest that creates it, or open a writer with shape, dtype and classes, to complete it",
+        )
+
+
+def to_be_created(path: Path) -> bool:
+    """Whether a writer given shape, dtype and classes creates the store at ``path``: nothing is there, an
+    empty directory, or a store whose creation was interrupted (:func:`unborn_reason`)."""
+    if not path.exists():
+        return True
+    return path.is_dir() and (not any(path.iterdir()) or unborn_reason(path) is not None)
 
 
 def check_store_dir(path: Path) -> None:
@@ -29,12 +88,14 @@ def check_store_dir(path: Path) -> None:
 
     Raises:
         StoreNotFoundError: nothing at ``path``.
-        NotAStoreError: ``path`` is a file, or a directory without ``data.mdb``.
+        NotAStoreError: ``path`` is a file, a directory without ``data.mdb``, or a store whose creation was
+            interrupted before its first commit (see :func:`unborn_reason`).
     """
     if not path.exists():
         raise StoreNotFoundError("no such store", path=path, hint="create it with `lmdbstore ingest`")
     if not path.is_dir():
         raise NotAStoreError("not a store (a store is a directory)", path=path)
+    raise_if_unborn(path)
     if not (path / DATA_FILE).is_file():
         raise NotAStoreError(f"not a store (no {DATA_FILE} inside)", path=path)
     size = os.path.getsize(path / DATA_FILE)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._env import to_be_created
 from .config import WriterConfig
 from .errors import ValidationError
 from .format import DB_PROGRESS
@@ -70,8 +71,9 @@ def _bar(factory: ProgressFactory | None, desc: str, total: int) -> Any:
 
 
 def store_layout(path: Path) -> tuple[tuple[int, ...], str, list[str]] | None:
-    """(shape, dtype, classes) of an existing store, or None when it does not exist yet."""
-    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+    """(shape, dtype, classes) of an existing store, or None when it does not exist yet (or its creation
+    was interrupted before the first commit: the writer creates it afresh)."""
+    if to_be_created(path):
         return None
     with StoreReader(path) as r:  # closed again before the writer opens the same path
         m = r.meta

@@ -23,7 +23,16 @@ import lmdb
 import numpy as np
 
 from . import __version__
-from ._env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, open_env, read_meta
+from ._env import (
+    DATA_FILE,
+    ENVS,
+    WRITER_LOCK_FILE,
+    check_store_dir,
+    open_env,
+    raise_if_unborn,
+    read_meta,
+    to_be_created,
+)
 from .config import WriterConfig
 from .errors import (
     CorruptStoreError,
@@ -555,7 +564,8 @@ def open_writer(
     """Open a store for appending, creating it if it does not exist.
 
     Creating needs ``shape``, ``dtype`` and ``classes``; for an existing store they may be omitted,
-    and when given they must match (appending continues the indices).
+    and when given they must match (appending continues the indices).  A store whose creation was
+    interrupted before its first commit (killed process; nothing stored) is created afresh.
 
     Example::
 
@@ -567,45 +577,30 @@ def open_writer(
     Raises:
         ValueError: missing or bad ``shape``/``dtype``/``classes`` when creating.
         StoreExistsError: the store exists with a different shape, dtype or classes.
-        NotAStoreError: ``path`` holds something that is not a store.
-        StoreLockedError: another writer has the store open.
+        NotAStoreError: ``path`` holds something that is not a store, or a store whose creation was
+            interrupted and no ``shape``/``dtype``/``classes`` to complete it.
+        StoreLockedError: another writer has the store open (or is still creating it).
     """
     config = config or WriterConfig()
     p = Path(path)
-    creating = not p.exists() or (p.is_dir() and not any(p.iterdir()))
-    if creating:
+    if to_be_created(p):
         if shape is None or dtype is None or classes is None:
+            raise_if_unborn(p)  # an interrupted creation says so, and how to complete it
             raise ValueError("shape, dtype and classes are required to create a store")
         probe = _new_meta(shape, dtype, classes, config, 4096)  # validate before touching the disk
         del probe
         p.mkdir(parents=True, exist_ok=True)
-        lock_fd = _acquire_lock(p)
+        lock_fd = _acquire_lock(p)  # a creation still running elsewhere holds it: StoreLockedError
         try:
-            ENVS.prepare(p, writable=True)
-            with translate_lmdb_errors(p, "create"):
-                env = lmdb.open(
-                    str(p),
-                    subdir=True,
-                    map_size=config.initial_map_size,
-                    max_dbs=MAX_DBS,
-                    sync=config.sync,
-                    metasync=config.sync,
-                    readahead=False,
-                    meminit=False,
-                )
-            ENVS.adopt(p, env, writable=True)
-            meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])
-            with translate_lmdb_errors(p, "create"), env.begin(write=True) as txn:
-                for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS):
-                    env.open_db(name, txn=txn)
-                txn.put(META_KEY, meta.to_json(), db=env.open_db(DB_META, txn=txn))
+            if to_be_created(p):  # still, now that no other writer can change it
+                return _create(p, lock_fd, shape, dtype, classes, config)
+            check_store_dir(p)  # another writer created the store meanwhile: open it like any existing store
         except BaseException:
             os.close(lock_fd)
             raise
-        return StoreWriter(p, meta, env, lock_fd, config)
-
-    check_store_dir(p)
-    lock_fd = _acquire_lock(p)
+    else:
+        check_store_dir(p)
+        lock_fd = _acquire_lock(p)
     try:
         size = os.path.getsize(p / DATA_FILE)
         map_size = max(config.initial_map_size, 2 * size)
@@ -632,3 +627,37 @@ def open_writer(
     except BaseException:
         os.close(lock_fd)
         raise
+
+
+def _create(
+    p: Path, lock_fd: int, shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig
+) -> StoreWriter:
+    """Create the store in ``p`` (absent, empty or an interrupted creation), holding the writer lock.
+
+    An interrupted creation's ``data.mdb`` has nothing committed (see :func:`unborn_reason`): LMDB
+    initialises an empty one and keeps one with empty meta pages, and this first transaction makes it a
+    store either way.  Until it commits, the directory stays one that a rerun creates afresh.
+    """
+    ENVS.prepare(p, writable=True)
+    with translate_lmdb_errors(p, "create"):
+        env = lmdb.open(
+            str(p),
+            subdir=True,
+            map_size=config.initial_map_size,
+            max_dbs=MAX_DBS,
+            sync=config.sync,
+            metasync=config.sync,
+            readahead=False,
+            meminit=False,
+        )
+    ENVS.adopt(p, env, writable=True)
+    try:
+        meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])
+        with translate_lmdb_errors(p, "create"), env.begin(write=True) as txn:
+            for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS):
+                env.open_db(name, txn=txn)
+            txn.put(META_KEY, meta.to_json(), db=env.open_db(DB_META, txn=txn))
+    except BaseException:
+        ENVS.release_env(env)
+        raise
+    return StoreWriter(p, meta, env, lock_fd, config)

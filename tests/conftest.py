@@ -24,6 +24,13 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
     Context manager yielding a raw, writable ``lmdb.Environment`` on the store (closed on exit), for
     tests that damage a store on purpose.  No :class:`StoreReader` of that store may be open in the
     process meanwhile (py-lmdb refuses to open one environment twice in a process).
+``HALF_CREATED`` and ``half_created(path, state)``
+    Build, for real, what a store creation killed before its first commit leaves at ``path`` (a new
+    directory) and return ``path``: ``"lock_only"`` (just ``writer.lock``), ``"empty_env"`` (plus an LMDB
+    environment opened and closed without any write transaction: ``data.mdb`` with two empty meta pages,
+    ``lock.mdb``) or ``"empty_data"`` (``data.mdb`` of 0 bytes, ``lock.mdb``, ``writer.lock``).
+``dir_bytes(path)``
+    ``{name: bytes}`` of every file in the directory ``path``: compare two to prove it was left untouched.
 
 Fixtures:
 
@@ -41,6 +48,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,6 +141,26 @@ def snapshot_store(path: Path) -> dict[bytes, dict[bytes, bytes]]:
             db = env.open_db(name, txn=txn, create=False)
             out[name] = {bytes(k): bytes(v) for k, v in txn.cursor(db=db)}
     return out
+
+
+HALF_CREATED = ("lock_only", "empty_env", "empty_data")
+
+
+def half_created(path: Path, state: str) -> Path:
+    """What a store creation killed before its first commit leaves (see the module docstring)."""
+    assert state in HALF_CREATED, state
+    path.mkdir(parents=True)
+    (path / "writer.lock").touch()
+    if state != "lock_only":
+        lmdb.open(str(path), max_dbs=MAX_DBS).close()  # LMDB creates data.mdb and lock.mdb; nothing committed
+    if state == "empty_data":
+        os.truncate(path / "data.mdb", 0)  # killed between LMDB creating data.mdb and writing its meta pages
+    return path
+
+
+def dir_bytes(path: Path) -> dict[str, bytes]:
+    """Every file of the directory ``path``, by name."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
 @pytest.fixture(name="make_data")

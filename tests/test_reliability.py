@@ -23,6 +23,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+from conftest import half_created
 
 from lmdbstore import (
     CorruptStoreError,
@@ -45,7 +46,7 @@ SEED = 1234
 
 # The helper run in child processes.  ``source(n)`` must equal the test's ``_source(n)``.
 HELPER = r'''
-import json, os, signal, sys, time
+import json, os, signal, sys, threading, time
 import numpy as np
 from lmdbstore import LmdbStoreError, StoreReader, WriterConfig, open_writer
 from lmdbstore.verify import verify_store
@@ -212,6 +213,32 @@ def forker(path, total, lock):
     print("OK", killed, flush=True)
 
 
+def create_killed(base, n):
+    """Create stores base/0 .. base/n-1 with open_writer, each in a forked child that SIGKILLs itself
+    after a delay spread over the time one creation takes (measured first); one JSON line per child."""
+    kw = dict(shape=SHAPE, dtype="float32", classes=CLASSES)
+    took = []
+    for i in range(3):
+        t0 = time.perf_counter()
+        open_writer(os.path.join(base, f"warm{i}"), **kw).close()
+        took.append(time.perf_counter() - t0)
+    creation = sorted(took)[1]
+    for i in range(n):
+        path = os.path.join(base, str(i))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sys.setswitchinterval(1e-5)  # let the timer thread run the moment it is due
+                threading.Timer(creation * i / n, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                open_writer(path, **kw)
+                time.sleep(60)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        print(json.dumps({"path": path, "killed": killed}), flush=True)
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "ingest":
@@ -226,6 +253,8 @@ if __name__ == "__main__":
         fill(args[0])
     elif cmd == "forker":
         forker(args[0], int(args[1]), args[2] == "1")
+    elif cmd == "create_killed":
+        create_killed(args[0], int(args[1]))
 '''
 
 
@@ -523,9 +552,6 @@ def test_things_that_are_not_stores(tmp_path: Path, helper: Path) -> None:
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("hello")
     (tmp_path / "file").write_bytes(b"data")
-    empty_data = tmp_path / "empty_data"
-    empty_data.mkdir()
-    (empty_data / "data.mdb").write_bytes(b"")
     cases: dict[Path, type[LmdbStoreError]] = {
         tmp_path / "missing": StoreNotFoundError,
         tmp_path / "plain": NotAStoreError,
@@ -533,7 +559,6 @@ def test_things_that_are_not_stores(tmp_path: Path, helper: Path) -> None:
         _foreign_env(tmp_path / "foreign_plain", {}, {b"hello": b"world"}): NotAStoreError,
         _foreign_env(tmp_path / "foreign_meta_key", {}, {b"meta": b"{}"}): NotAStoreError,
         _foreign_env(tmp_path / "foreign_db", {b"things": {b"a": b"b"}}, {}): NotAStoreError,
-        empty_data: CorruptStoreError,
     }
     with StoreReader(_small_store(tmp_path / "good")) as r:
         good = r.meta.to_json()
@@ -682,3 +707,70 @@ def test_sigkill_cli_ingest_then_rerun_the_same_command(tmp_path: Path, source: 
         assert len(r) == len(x)
         np.testing.assert_array_equal(r.read_range(0, len(x)), x)
         np.testing.assert_array_equal(r.class_indices(1), np.arange(len(x)))
+
+
+# ------------------------------------------------------------------------- a creation interrupted before its first commit
+
+
+def _creation_state(path: Path) -> str:
+    """What a killed creation left: "absent", "empty", "interrupted" (not yet a store) or "store"."""
+    if not path.exists():
+        return "absent"
+    if not any(path.iterdir()):
+        return "empty"
+    try:
+        StoreReader(path).open().close()
+    except NotAStoreError as exc:
+        text = str(exc)
+        assert "creation was interrupted" in text and "rerun the ingest" in text and "\n" not in text, text
+        return "interrupted"
+    return "store"
+
+
+def test_sigkill_during_store_creation_always_leaves_a_resumable_directory(tmp_path: Path, helper: Path) -> None:
+    """Kill real ``open_writer`` creations at moments spread over the creation window; whatever each
+    kill leaves, rerunning ``open_writer`` with the same arguments creates the store, and it verifies."""
+    x, y = _source(50)
+    seen: dict[str, int] = {}
+    for attempt in range(6):
+        base = tmp_path / f"round{attempt}"
+        base.mkdir()
+        res = _run(helper, "create_killed", base, 24, timeout=120)
+        assert res.returncode == 0, res.stderr
+        lines = [json.loads(line) for line in res.stdout.splitlines()]
+        assert len(lines) == 24
+        for line in lines:
+            assert line["killed"], line
+            path = Path(line["path"])
+            state = _creation_state(path)
+            seen[state] = seen.get(state, 0) + 1
+            with open_writer(path, shape=SHAPE, dtype="float32", classes=CLASSES) as w:
+                assert w.count == 0
+                w.append(x, y, progress=("src", 50))
+            assert _check_store(path, x, y) == 50
+        if seen.get("interrupted", 0) >= 3:
+            break
+    assert seen.get("interrupted", 0) >= 1, f"no kill landed inside the creation window: {seen}"
+
+
+def test_cli_ingest_completes_an_interrupted_creation(tmp_path: Path) -> None:
+    pytest.importorskip("cli.main")
+    store = half_created(tmp_path / "store", "empty_env")
+    x, y = _source(300)
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x=x, y=np.array(CLASSES)[y])
+    cli = [sys.executable, "-m", "cli.main"]
+    p = subprocess.run([*cli, "stats", str(store)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert p.stderr.startswith("error: ") and p.stderr.strip().count("\n") == 0, p.stderr
+    assert "creation was interrupted" in p.stderr and "Traceback" not in p.stderr
+    ingest = [*cli, "ingest", str(store), str(npz), "--classes", ",".join(CLASSES), "--no-progress"]
+    p = subprocess.run(ingest, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "created" in p.stdout and "+300 samples" in p.stdout
+    p = subprocess.run([*cli, "stats", str(store), "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and json.loads(p.stdout)["samples"] == 300
+    assert verify_store(store).ok
+    with StoreReader(store) as r:
+        np.testing.assert_array_equal(r.read_range(0, 300), x)
+        np.testing.assert_array_equal(r.labels(), y)

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, StoreInfo, build_store, make_data, raw_env, snapshot_store
+from conftest import (
+    CLASSES,
+    HALF_CREATED,
+    StoreInfo,
+    build_store,
+    dir_bytes,
+    half_created,
+    make_data,
+    raw_env,
+    snapshot_store,
+)
 
 from lmdbstore import (
+    CorruptStoreError,
     LmdbStoreError,
     NotAStoreError,
     StoreExistsError,
@@ -24,6 +37,7 @@ from lmdbstore import (
     open_writer,
 )
 from lmdbstore.format import DB_META, DB_SAMPLES, META_KEY, choose_samples_per_value, decode_key
+from lmdbstore.verify import verify_store
 
 FAST = WriterConfig(sync=False)
 
@@ -562,3 +576,99 @@ def test_append_copies_a_buffer_the_caller_reuses(tmp_path: Path) -> None:
     with StoreReader(tmp_path / "s") as r:
         got = r.read_range(0, 15)
     assert [float(got[5 * i].flat[0]) for i in range(3)] == [0.0, 1.0, 2.0]
+
+
+# ------------------------------------------------------------------------- a creation interrupted before its first commit
+
+NEW = {"shape": (25, 25), "dtype": "float32", "classes": CLASSES}
+
+
+def _interrupted_error(exc: pytest.ExceptionInfo[NotAStoreError], path: Path) -> None:
+    text = str(exc.value)
+    assert "\n" not in text and str(path) in text
+    assert "creation was interrupted" in text and "rerun the ingest" in text and "shape, dtype and classes" in text
+
+
+@pytest.mark.parametrize("state", HALF_CREATED)
+def test_interrupted_creation_is_created_afresh(tmp_path: Path, state: str) -> None:
+    path = half_created(tmp_path / "store", state)
+    before = dir_bytes(path)
+    with pytest.raises(NotAStoreError) as exc:
+        StoreReader(path).open()
+    _interrupted_error(exc, path)
+    with pytest.raises(NotAStoreError) as exc:  # a writer without the parameters cannot complete it
+        open_writer(path)
+    _interrupted_error(exc, path)
+    assert dir_bytes(path) == before
+    x, y = make_data(300, 7)
+    with open_writer(path, **NEW, config=FAST) as w:
+        assert w.count == 0
+        w.append(x, y)
+    report = verify_store(path)
+    assert report.ok, [str(p) for p in report.problems]
+    got_x, got_y, meta = read_everything(path)
+    assert np.array_equal(got_x, x) and np.array_equal(got_y, y) and meta.count == 300
+    with open_writer(path, **NEW) as w:  # and it is an ordinary store from now on
+        assert w.count == 300
+
+
+def test_interrupted_creation_still_running_elsewhere_is_locked_not_destroyed(tmp_path: Path) -> None:
+    path = half_created(tmp_path / "store", "empty_env")
+    before = dir_bytes(path)
+    fd = os.open(path / "writer.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what the creating writer holds until it returns
+        with pytest.raises(StoreLockedError):
+            open_writer(path, **NEW)
+        assert dir_bytes(path) == before
+    finally:
+        os.close(fd)
+    open_writer(path, **NEW).close()
+    assert verify_store(path).ok
+
+
+def _with_extra_file(path: Path) -> None:
+    half_created(path, "empty_env")
+    (path / "notes.txt").write_text("mine")
+
+
+def _with_main_key(path: Path) -> None:
+    half_created(path, "lock_only")
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        txn.put(b"k", b"v")
+
+
+def _with_empty_subdb(path: Path) -> None:
+    half_created(path, "lock_only")
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        env.open_db(b"things", txn=txn)
+
+
+def _with_short_data(path: Path) -> None:
+    half_created(path, "lock_only")
+    (path / "data.mdb").write_bytes(b"\0" * 100)
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (_with_extra_file, NotAStoreError),
+        (_with_main_key, NotAStoreError),
+        (_with_empty_subdb, NotAStoreError),
+        (_with_short_data, CorruptStoreError),
+    ],
+)
+def test_what_an_interrupted_creation_cannot_leave_is_refused_and_untouched(
+    tmp_path: Path, make: Callable[[Path], None], error: type[LmdbStoreError]
+) -> None:
+    path = tmp_path / "store"
+    make(path)
+    before = dir_bytes(path)
+    before.pop("lock.mdb", None)  # LMDB's reader table: opening a foreign environment (as before) rewrites it
+    for fn in (lambda: open_writer(path, **NEW), lambda: open_writer(path), lambda: StoreReader(path).open()):
+        with pytest.raises(error) as exc:
+            fn()
+        assert "creation was interrupted" not in str(exc.value)
+        after = dir_bytes(path)
+        after.pop("lock.mdb", None)
+        assert after == before
