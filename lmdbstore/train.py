@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._env import DATA_FILE
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
-from .errors import LmdbStoreError, ValidationError
+from .errors import LmdbStoreError, ValidationError, preview
 from .model import build_model
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
@@ -541,8 +541,8 @@ def evaluate(
     ckpt = load_checkpoint(checkpoint, map_location=dev)
     if ckpt["classes"] != list(meta.classes) or tuple(ckpt["sample_shape"]) != meta.shape:
         raise LmdbStoreError(
-            f"checkpoint was trained on classes {ckpt['classes']} and shape {tuple(ckpt['sample_shape'])}, "
-            f"the store has {meta.classes} and {meta.shape}",
+            f"checkpoint was trained on classes [{preview(ckpt['classes'])}] and shape {tuple(ckpt['sample_shape'])}, "
+            f"the store has [{preview(meta.classes)}] and {meta.shape}",
             path=Path(checkpoint),
         )
     model = _model_from_checkpoint(ckpt).to(dev).eval()

@@ -168,3 +168,23 @@ def test_console_script_as_subprocess(tmp_path: Path) -> None:
     assert p.stderr.strip().startswith("error: ") and p.stderr.strip().count("\n") == 0
     p = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("lmdbstore ")
+
+
+@pytest.mark.parametrize(("classes", "words"), [("a,,b", "blank"), ("a, ,b", "blank"), ("a,b,a", "repeated: 'a'")])
+def test_bad_classes_option_gives_one_line(tmp_path: Path, classes: str, words: str) -> None:
+    x, y = make_data(30)
+    np.savez(tmp_path / "d.npz", x=x, y=y % 3)
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--classes", classes, "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "classes" in line and words in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def test_huge_label_gives_a_short_line(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", x=make_data(3)[0], y=np.array([0, 1, 10**7]))
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "10000000" in line and "d.npz" in line and len(line) < 500
+    assert not (tmp_path / "s").exists()
