@@ -20,6 +20,7 @@ import typer
 
 from lmdbstore import LmdbStoreError, __version__
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+from lmdbstore.errors import clip
 
 app = typer.Typer(
     name="lmdbstore",
@@ -34,9 +35,12 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+#: Longest error line the CLI prints (messages are short by construction; this is a backstop).
+MAX_ERROR_CHARS = 1000
+
 
 def _fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
+    typer.echo(f"error: {clip(msg, MAX_ERROR_CHARS)}", err=True)
     raise typer.Exit(code)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 
 import lmdb
@@ -29,8 +30,48 @@ __all__ = [
     "StoreNotFoundError",
     "TaskError",
     "ValidationError",
+    "clip",
+    "preview",
     "translate_lmdb_errors",
 ]
+
+#: Items of a list (class names, files, labels, members) an error message shows before "... (N more)".
+PREVIEW_ITEMS = 5
+#: Characters of one item shown in a message (a longer name is cut with "...").
+PREVIEW_ITEM_CHARS = 40
+#: Characters an error's message keeps at most (a backstop: messages should be short by construction).
+MAX_MESSAGE_CHARS = 400
+
+
+def clip(text: object, limit: int = PREVIEW_ITEM_CHARS) -> str:
+    """``str(text)`` on one line, cut to at most ``limit`` characters (ending ``...`` when cut)."""
+    s = str(text)
+    if len(s) > 4 * limit:  # do not split a huge text only to throw most of it away
+        s = s[: 4 * limit]
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: max(limit - 3, 0)] + "..."
+
+
+def preview(
+    items: Iterable[object],
+    *,
+    total: int | None = None,
+    limit: int = PREVIEW_ITEMS,
+    quote: bool = False,
+    sep: str = ", ",
+) -> str:
+    """The first ``limit`` of ``items`` for an error message, then ``... (N more)``; never unbounded.
+
+    Each item is clipped to :data:`PREVIEW_ITEM_CHARS` (``quote``: shown as ``repr``).  ``total`` is the
+    number of items when ``items`` is a lazy iterable (taken from ``len(items)`` otherwise).
+    """
+    if total is None and isinstance(items, Sized):
+        total = len(items)
+    shown = [repr(clip(x)) if quote else clip(x) for x in islice(items, limit)]
+    text = sep.join(shown)
+    if total is not None and total > len(shown):
+        text += f"{sep if shown else ''}... ({total - len(shown)} more)"
+    return text
 
 
 class LmdbStoreError(Exception):
@@ -51,7 +92,7 @@ class LmdbStoreError(Exception):
         key: object = None,
         hint: str | None = None,
     ) -> None:
-        self.message = " ".join(str(message).split())
+        self.message = clip(message, MAX_MESSAGE_CHARS)
         self.path = str(path) if path is not None else None
         self.key = key
         self.hint = hint

@@ -42,7 +42,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from ._env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
-from .errors import LmdbStoreError, StoreExistsError, translate_lmdb_errors
+from .errors import LmdbStoreError, StoreExistsError, clip, preview, translate_lmdb_errors
 from .reader import StoreReader
 from .samplers import stratified_split
 
@@ -94,7 +94,7 @@ def _class_ids(classes: Sequence[str | int], names: Sequence[str]) -> list[int]:
         elif isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c < len(names):
             ids.append(int(c))
         else:
-            raise ValueError(f"classes: unknown class {c!r}; the store has {', '.join(names)}")
+            raise ValueError(f"classes: unknown class {clip(c)!r}; the store has {preview(names)}")
     if len(set(ids)) != len(ids):
         raise ValueError("classes: a class is given twice")
     return sorted(ids)

@@ -10,14 +10,15 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .config import DEFAULT_LABEL_CHUNK, DEFAULT_MAX_VALUE_BYTES, DEFAULT_PAGE_SIZE
-from .errors import CorruptStoreError, FormatVersionError, LmdbStoreError
+from .errors import CorruptStoreError, FormatVersionError, LmdbStoreError, preview
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -30,8 +31,10 @@ __all__ = [
     "FORMAT_VERSION",
     "META_KEY",
     "MAX_CLASSES",
+    "MAX_CLASS_NAME_CHARS",
     "StoreMeta",
     "ValueStats",
+    "check_classes",
     "checksum_size",
     "choose_samples_per_value",
     "classidx_key",
@@ -53,6 +56,8 @@ META_KEY = b"meta"
 MAX_DBS = 8
 
 MAX_CLASSES = 65535
+#: Longest class name a file's ``class_names`` member may hold (checked from its header before reading it).
+MAX_CLASS_NAME_CHARS = 256
 MAX_NDIM = 4
 MAX_DIM = 1 << 16
 MAX_SAMPLE_BYTES = 64 * 1024 * 1024
@@ -87,6 +92,27 @@ def classidx_key(class_id: int, position: int) -> bytes:
 def label_dtype_for(n_classes: int) -> np.dtype[Any]:
     """uint8 labels for up to 256 classes (50 MB for 50M samples), uint16 above."""
     return np.dtype("|u1") if n_classes <= 256 else np.dtype("<u2")
+
+
+def check_classes(classes: Sequence[object]) -> list[str]:
+    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank.
+
+    Raises:
+        ValueError: naming ``classes``, with at most a few of the offending names.
+    """
+    if isinstance(classes, (str, bytes)) or not 1 <= len(classes) <= MAX_CLASSES:
+        got = repr(classes[:20]) if isinstance(classes, (str, bytes)) else f"{len(classes)} names"
+        raise ValueError(f"classes must be a list of 1..{MAX_CLASSES} class names, got {got}")
+    names = [str(c) for c in classes]
+    blank = [i for i, c in enumerate(names) if not c.strip()]
+    if blank:
+        raise ValueError(
+            f"classes must not hold empty or blank names; blank at position {preview(blank, total=len(blank))}"
+        )
+    repeated = [c for c, k in Counter(names).items() if k > 1]
+    if repeated:
+        raise ValueError(f"classes must be distinct names; repeated: {preview(repeated, quote=True)}")
+    return names
 
 
 def checksum_size(kind: str) -> int:

@@ -20,8 +20,8 @@ import numpy as np
 
 from ._env import to_be_created
 from .config import WriterConfig
-from .errors import ValidationError
-from .format import DB_PROGRESS
+from .errors import ValidationError, preview
+from .format import DB_PROGRESS, check_classes
 from .reader import StoreReader
 from .sources import Source, infer_classes, scan_source
 from .store_source import restrict_store_sources
@@ -133,21 +133,21 @@ def ingest(
         raise ValueError("sources must not be empty")
     config = config or WriterConfig()
     path = Path(store)
+    if classes is not None:
+        classes = check_classes(classes)  # before any source is read: a bad list fails at once
     sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
     layout = store_layout(path)
     first = sources[0]
     if layout is None:
         shape = tuple(first.shape)
         dtype = normalize_dtype(dtype if dtype is not None else first.dtype)
-        names = list(classes) if classes is not None else _classes_from(sources)
+        names = list(classes) if classes is not None else check_classes(_classes_from(sources))
     else:
         if dtype is not None and normalize_dtype(dtype) != layout[1]:
             raise ValidationError(f"store holds dtype {layout[1]}, --dtype gave {np.dtype(dtype)}", path=path)
         shape, dtype, names = layout
         if classes is not None and list(classes) != names:
-            raise ValidationError(
-                f"store has classes {', '.join(names)}, --classes gave {', '.join(classes)}", path=path
-            )
+            raise ValidationError(f"store has classes {preview(names)}, --classes gave {preview(classes)}", path=path)
     t0 = time.perf_counter()
     ledger = _ledger(path) if layout is not None else {}
     if workers:  # the same two passes, in worker processes

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._env import DATA_FILE
-from .errors import LmdbStoreError, SourceError
+from .errors import LmdbStoreError, SourceError, clip, preview
 from .reader import StoreReader
 from .sources import Label, Source, _check_range
 
@@ -66,7 +66,7 @@ class StoreSource(Source):
                     missing = [c for c in classes if c not in m.classes]
                     if missing:
                         raise SourceError(
-                            f"the store has no class {missing[0]!r} (it has {', '.join(m.classes)})", path=self.path
+                            f"the store has no class {clip(missing[0])!r} (it has {preview(m.classes)})", path=self.path
                         )
                     self._classes = [c for c in m.classes if c in set(classes)]
                     self._n = sum(m.class_counts[m.classes.index(c)] for c in self._classes)

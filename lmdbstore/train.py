@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._env import DATA_FILE
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
-from .errors import LmdbStoreError, ValidationError
+from .errors import LmdbStoreError, ValidationError, preview
 from .model import build_model, input_channels
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
@@ -207,8 +207,8 @@ def _check_checkpoint(ckpt: dict[str, Any], classes: list[str], shape: tuple[int
         )
     if ckpt["classes"] != classes or trained != shape:
         raise LmdbStoreError(
-            f"checkpoint was trained on classes {ckpt['classes']} and shape {trained}, "
-            f"the store has {classes} and {shape}",
+            f"checkpoint was trained on classes [{preview(ckpt['classes'])}] and shape {trained}, "
+            f"the store has [{preview(classes)}] and {shape}",
             path=ckpt_path,
         )
 

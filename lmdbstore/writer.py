@@ -41,6 +41,8 @@ from .errors import (
     StoreFullError,
     StoreLockedError,
     ValidationError,
+    clip,
+    preview,
     translate_lmdb_errors,
 )
 from .format import (
@@ -51,11 +53,11 @@ from .format import (
     DB_PROGRESS,
     DB_SAMPLES,
     INDEX_DTYPE,
-    MAX_CLASSES,
     MAX_DBS,
     META_KEY,
     StoreMeta,
     ValueStats,
+    check_classes,
     checksum_size,
     choose_samples_per_value,
     classidx_key,
@@ -427,14 +429,14 @@ def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None
         unknown = [u for u in uniq.tolist() if u not in names]
         if unknown:
             raise ValidationError(
-                f"unknown class label {unknown[0]!r}; the classes are {', '.join(classes)}", path=path
+                f"unknown class label {clip(unknown[0])!r}; the classes are {preview(classes)}", path=path
             )
         ids = np.array([names[u] for u in uniq.tolist()], np.int64)[inverse.reshape(-1)]
     elif arr.dtype.kind in "iu":
-        ids = arr.astype(np.int64)
-        if n and (ids.min() < 0 or ids.max() >= n_classes):
-            bad = int(ids[(ids < 0) | (ids >= n_classes)][0])
+        if n and (arr.min() < 0 or arr.max() >= n_classes):  # on the labels as given: uint64 ids stay exact
+            bad = int(arr[(arr < 0) | (arr >= n_classes)][0])
             raise ValidationError(f"label {bad} out of range 0..{n_classes - 1}", path=path)
+        ids = arr.astype(np.int64)
     elif n == 0:
         ids = np.zeros(0, np.int64)
     else:
@@ -523,9 +525,7 @@ def _check_same(meta: StoreMeta, path: Path, shape: Any, dtype: Any, classes: Se
     if dtype is not None and normalize_dtype(dtype) != meta.dtype:
         raise StoreExistsError(f"store holds dtype {meta.dtype}, asked for {np.dtype(dtype)}", path=path)
     if classes is not None and list(classes) != meta.classes:
-        raise StoreExistsError(
-            f"store has classes {', '.join(meta.classes)}, asked for {', '.join(classes)}", path=path
-        )
+        raise StoreExistsError(f"store has classes {preview(meta.classes)}, asked for {preview(classes)}", path=path)
 
 
 def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig, page_size: int) -> StoreMeta:
@@ -534,9 +534,7 @@ def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: Wri
     shape_t = tuple(int(s) for s in shape)
     if not 1 <= len(shape_t) <= 4 or any(s < 1 for s in shape_t):
         raise ValueError(f"shape must have 1..4 positive dimensions, got {tuple(shape)}")
-    classes_l = [str(c) for c in classes]
-    if not 1 <= len(classes_l) <= MAX_CLASSES or len(set(classes_l)) != len(classes_l):
-        raise ValueError(f"classes must be 1..{MAX_CLASSES} distinct names, got {classes_l!r}")
+    classes_l = check_classes(classes)
     dt = normalize_dtype(dtype)
     sample_bytes = math.prod(shape_t) * np.dtype(dt).itemsize
     spv = config.samples_per_value or choose_samples_per_value(sample_bytes, checksum_size(config.checksum), page_size)

@@ -20,6 +20,9 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
 ``snapshot_store(path)``
     Every key and value of every sub-database, read through raw py-lmdb, as a dict: compare two
     snapshots to prove an operation left a store byte-for-byte unchanged.
+``run_cli_measured(tmp_path, *args, limit_mib=4096)``
+    Run the CLI as a child process (address space capped at ``limit_mib``) and return a :class:`CliRun`
+    with its exit status, stdout, stderr and peak resident memory in MiB (``peak_mib``).
 ``raw_env(path)``
     Context manager yielding a raw, writable ``lmdb.Environment`` on the store (closed on exit), for
     tests that damage a store on purpose.  No :class:`StoreReader` of that store may be open in the
@@ -226,3 +229,73 @@ def load_script(name: str) -> Any:
     sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """A CLI run in a subprocess: exit status, outputs and the child's peak resident memory."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_mib: float
+
+
+#: Runs the CLI in a child and, at its exit, writes the child's own peak RSS (``VmHWM``, KiB) to a file.
+#: Not ``ru_maxrss`` from ``wait4``: a forked child starts with its parent's high-water mark (pytest's).
+_MEASURED_CLI = """
+import atexit, os, sys
+
+def _peak():
+    with open("/proc/self/status") as f:
+        kib = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["LMDBSTORE_TEST_PEAK"], "w") as out:
+        out.write(kib)
+
+atexit.register(_peak)
+sys.argv[0] = "lmdbstore"
+from cli.main import main
+main()
+"""
+
+
+def run_cli_measured(tmp_path: Path, *args: str | Path, limit_mib: int = 4096, timeout: float = 300) -> CliRun:
+    """Run the CLI (``cli.main``) with ``args`` as a child process and measure its own peak RSS (``VmHWM``).
+
+    The child's address space is capped at ``limit_mib`` (``RLIMIT_AS``), so a run that would allocate without
+    bound fails fast instead of exhausting the machine.  Outputs go to files in ``tmp_path``: a runaway error
+    message cannot fill a pipe and hang the test.
+    """
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc to measure peak memory")
+    repo = Path(__file__).resolve().parents[1]
+    peak_file = tmp_path / "cli.peak"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", LMDBSTORE_TEST_PEAK=str(peak_file))
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_mib << 20, limit_mib << 20))
+
+    out_path, err_path = tmp_path / "cli.stdout", tmp_path / "cli.stderr"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        p = subprocess.run(
+            [sys.executable, "-c", _MEASURED_CLI, *map(str, args)],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=repo,
+            preexec_fn=limit,
+            timeout=timeout,
+            check=False,
+        )
+
+    def read(f: Path) -> str:
+        return f.read_bytes()[:100_000].decode(errors="replace")
+
+    peak = int(peak_file.read_text()) / 1024 if peak_file.exists() else float("inf")
+    return CliRun(p.returncode, read(out_path), read(err_path), peak)

@@ -198,3 +198,23 @@ def test_train_and_eval_other_dtypes_and_shapes_as_subprocess(tmp_path: Path) ->
         line = p.stderr.strip()
         assert line.startswith("error: ") and line.count("\n") == 0, p.stderr
         assert str(shape) in line and not (tmp_path / f"run_{name}").exists()
+
+
+@pytest.mark.parametrize(("classes", "words"), [("a,,b", "blank"), ("a, ,b", "blank"), ("a,b,a", "repeated: 'a'")])
+def test_bad_classes_option_gives_one_line(tmp_path: Path, classes: str, words: str) -> None:
+    x, y = make_data(30)
+    np.savez(tmp_path / "d.npz", x=x, y=y % 3)
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--classes", classes, "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "classes" in line and words in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def test_huge_label_gives_a_short_line(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", x=make_data(3)[0], y=np.array([0, 1, 10**7]))
+    r = run_cli("ingest", tmp_path / "s", tmp_path / "d.npz", "--no-progress")
+    assert r.exit_code == 1
+    line = one_error_line(r)
+    assert "10000000" in line and "d.npz" in line and len(line) < 500
+    assert not (tmp_path / "s").exists()

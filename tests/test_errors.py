@@ -13,6 +13,8 @@ from lmdbstore.errors import (
     FormatVersionError,
     LmdbStoreError,
     StoreFullError,
+    clip,
+    preview,
     translate_lmdb_errors,
 )
 
@@ -40,3 +42,14 @@ def test_lmdb_errors_are_translated(tmp_path: Path) -> None:
                 t.put(i.to_bytes(8, "big"), b"x" * 4000)
     finally:
         env.close()
+
+
+def test_preview_and_clip_bound_what_a_message_shows() -> None:
+    assert preview(range(100)) == "0, 1, 2, 3, 4, ... (95 more)"
+    assert preview(["a", "b"], quote=True) == "'a', 'b'"
+    assert preview(iter(range(10)), total=10, limit=2) == "0, 1, ... (8 more)"
+    assert preview([]) == ""
+    assert len(preview(["x" * 10_000] * 1000)) < 300
+    assert clip("a\n  b") == "a b" and clip("y" * 100, 10) == "yyyyyyy..."
+    err = LmdbStoreError("z" * 1_000_000, path="/p", hint="h")
+    assert len(str(err)) < 500 and str(err).startswith("/p: zzz") and str(err).endswith("-- hint: h")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, build_store, make_data, snapshot_store
+from conftest import CLASSES, build_store, make_data, run_cli_measured, snapshot_store
 
 from lmdbstore import SourceError, StoreExistsError, ValidationError, WriterConfig, open_reader, open_writer
 from lmdbstore.ingest import ingest, ingest_synthetic
@@ -137,3 +137,104 @@ def test_npz_class_names_keep_their_order_and_ids(tmp_path: Path) -> None:
     with open_reader(tmp_path / "s") as r:
         assert r.classes == ["zeta", "alpha", "mid"]
         assert np.array_equal(r.labels(), y)
+
+
+# ---------------------------------------------------------------------------------------------- hostile labels
+def _three(tmp_path: Path, y: np.ndarray, name: str = "h.npz") -> Path:
+    return _npz(tmp_path / name, make_data(len(y))[0], y)
+
+
+@pytest.mark.parametrize("big", [10**7, 2**40], ids=["1e7", "2**40"])
+def test_a_huge_integer_label_is_refused_before_anything_is_sized_by_it(tmp_path: Path, big: int) -> None:
+    src = _three(tmp_path, np.array([0, 1, big]))
+    with pytest.raises(ValidationError) as err:
+        ingest(tmp_path / "new", open_sources([src]))  # classes inferred from the labels
+    msg = str(err.value)
+    assert str(big) in msg and "h.npz" in msg and "(at 2)" in msg and "65534" in msg
+    assert len(msg) < 500 and "\n" not in msg
+    assert not (tmp_path / "new").exists()
+    store = build_store(tmp_path / "old", *make_data(50))
+    before = snapshot_store(store)
+    with pytest.raises(ValidationError) as err:
+        ingest(store, open_sources([src]))
+    assert str(big) in str(err.value) and len(str(err.value)) < 500
+    assert snapshot_store(store) == before
+    r = run_cli_measured(tmp_path, "ingest", tmp_path / "cli", src, "--no-progress")
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0, r.stderr[:2000]
+    assert str(big) in r.stderr and len(r.stderr) < 500
+    assert r.peak_mib < 300, r.peak_mib
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_huge_label_option_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", make_data(3)[0])
+    with pytest.raises(ValidationError, match="label 1099511627776 is beyond"):
+        ingest(tmp_path / "s", open_sources([tmp_path / "a.npy"], label=2**40))
+    assert not (tmp_path / "s").exists()
+
+
+def test_uint64_label_beyond_int64_is_reported_exactly(tmp_path: Path) -> None:
+    y = np.array([0, 2**63 + 5, 1], np.uint64)
+    src = _three(tmp_path, y)
+    for classes in (CLASSES, None):
+        with pytest.raises(ValidationError) as err:
+            ingest(tmp_path / "s", open_sources([src]), classes=classes)
+        assert "9223372036854775813" in str(err.value) and "(at 1)" in str(err.value), str(err.value)
+    assert not (tmp_path / "s").exists()
+    x = make_data(3)[0]
+    with open_writer(tmp_path / "w", shape=(25, 25), dtype="float32", classes=CLASSES) as w:
+        with pytest.raises(ValidationError, match=r"label 9223372036854775813 out of range 0\.\.4"):
+            w.append(x, y)
+        w.append(x, y.astype(np.int64) % 5)  # in range: accepted
+
+
+@pytest.mark.parametrize(
+    "classes",
+    [["a", "", "b"], ["a", "  ", "b"], ["a", "b", "a"], ["\t"]],
+    ids=["empty", "blank", "duplicate", "only-blank"],
+)
+def test_empty_blank_and_repeated_class_names_are_refused(tmp_path: Path, classes: list[str]) -> None:
+    src = _three(tmp_path, np.array([0, 1, 0]))
+    with pytest.raises(ValueError, match=r"^classes must") as err:
+        ingest(tmp_path / "s", open_sources([src]), classes=classes)
+    assert len(str(err.value)) < 500
+    with pytest.raises(ValueError, match=r"^classes must"):
+        open_writer(tmp_path / "w", shape=(25, 25), dtype="float32", classes=classes)
+    assert not (tmp_path / "s").exists() and not (tmp_path / "w").exists()
+
+
+def test_long_class_lists_are_shown_capped_in_errors(tmp_path: Path) -> None:
+    store = build_store(tmp_path / "s", *make_data(20))
+    before = snapshot_store(store)
+    src = _three(tmp_path, np.array([0, 1, 0]))
+    many = [f"class-{i}-{'x' * 50}" for i in range(5000)]
+    with pytest.raises(ValidationError) as err:
+        ingest(store, open_sources([src]), classes=many)
+    assert "(4995 more)" in str(err.value) and len(str(err.value)) < 500
+    with pytest.raises(StoreExistsError) as err2:
+        open_writer(store, classes=many)
+    assert "(4995 more)" in str(err2.value) and len(str(err2.value)) < 500
+    with pytest.raises(ValueError, match="got 70000 names") as err3:
+        ingest(tmp_path / "new", open_sources([src]), classes=[str(i) for i in range(70000)])
+    assert len(str(err3.value)) < 500
+    names = np.array([f"n{i}" for i in range(3000)])
+    bad = _npz(tmp_path / "names.npz", make_data(3)[0], names[:3])
+    with pytest.raises(ValidationError) as err4:
+        ingest(store, open_sources([bad]))  # unknown names: the store's classes are listed capped
+    assert len(str(err4.value)) < 500
+    assert snapshot_store(store) == before
+
+
+def test_fortran_order_npz_round_trips_bit_for_bit(tmp_path: Path) -> None:
+    x, y = make_data(700, 9)
+    xf = np.asfortranarray(x)
+    for save, name in ((np.savez, "f.npz"), (np.savez_compressed, "fz.npz")):
+        save(tmp_path / name, x=xf, y=np.asfortranarray(y))
+    np.save(tmp_path / "f.npy", xf)
+    rep = ingest(tmp_path / "s", open_sources([tmp_path / "f.npz", tmp_path / "fz.npz"]), classes=CLASSES, batch=64)
+    assert rep.added == 1400
+    ingest(tmp_path / "s", open_sources([tmp_path / "f.npy"], label="b"), batch=100)
+    with open_reader(tmp_path / "s") as r:
+        got = r.read_range(0, 2100)
+        assert got.tobytes() == np.concatenate([x, x, x]).tobytes()
+        assert np.array_equal(r.labels(), np.concatenate([y, y, np.full(700, 1)]))

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_cli_measured
 
 from lmdbstore import open_reader, open_writer
 from lmdbstore.errors import LmdbStoreError, SourceError, ValidationError
@@ -335,10 +336,6 @@ def _npy_bytes(a: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _npz_member_order_f(path: Path) -> None:
-    np.savez(path, x=np.asfortranarray(make_x(10, (5, 7))), y=np.zeros(10, int))
-
-
 Case = tuple[str, dict[str, Any], Callable[[Path], None], str]
 
 BAD_INPUTS: list[Case] = [
@@ -378,7 +375,6 @@ BAD_INPUTS: list[Case] = [
     ),
     ("float_y.npz", {}, lambda p: np.savez(p, x=make_x(), y=np.zeros(N)), "class ids or class names"),
     ("zero.npz", {}, lambda p: np.savez(p, x=np.zeros((0, 4, 3), "f4"), y=np.zeros(0, int)), "no samples"),
-    ("fortran.npz", {}, _npz_member_order_f, "Fortran order"),
     ("obj.npz", {"label": "a"}, lambda p: np.savez(p, x=np.array([[1, None]], object)), "pickled Python objects"),
     (
         "nox.h5",
@@ -415,6 +411,103 @@ def test_bad_file_inputs(
     with pytest.raises(SourceError) as err:
         open_source(path, **kwargs)
     one_line(err, path, expect)
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
+@pytest.mark.parametrize("shape", [(5, 7), (2, 3, 4), (6,)], ids=["2d", "3d", "1d"])
+def test_npz_fortran_members_read_as_numpy_reads_them(
+    tmp_path: Path, save: Callable[..., None], shape: tuple[int, ...]
+) -> None:
+    """Fortran-order members are accepted like Fortran-order .npy files, streamed and transposed as numpy does."""
+    x = np.asfortranarray(make_x(N, shape))
+    y = np.arange(N) % 5
+    path = tmp_path / "f.npz"
+    save(path, x=x, y=y)
+    with zipfile.ZipFile(path) as zf, zf.open("x.npy") as f:
+        np.lib.format.read_magic(f)
+        assert np.lib.format.read_array_header_1_0(f)[1]  # really stored fortran_order=True
+    (src,) = open_source(path)
+    assert src.shape == shape and src.dtype == x.dtype
+    assert_roundtrip(src, np.load(path)["x"], y)
+    assert same_bits(collect(src, 64)[0], np.ascontiguousarray(x))
+
+
+def _bomb_class_names(path: Path, n: int = 4_000_000, descr: str = "<U100") -> None:
+    """A valid npz whose deflated ``class_names`` member really holds n x U100 zeros (1.6 GB), a few MB on disk."""
+    np.savez(path, x=make_x(), y=np.zeros(N, int))
+    with (
+        zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf,
+        zf.open("class_names.npy", "w", force_zip64=True) as f,
+    ):
+        np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": (n,)})
+        left = n * np.dtype(descr).itemsize
+        chunk = bytes(16 << 20)
+        while left:
+            f.write(chunk[: min(left, len(chunk))])
+            left -= min(left, len(chunk))
+    assert path.stat().st_size < 16 << 20
+
+
+def test_class_names_member_claiming_millions_of_names_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.npz"
+    _bomb_class_names(path)
+    with pytest.raises(SourceError) as err:
+        open_source(path)
+    text = one_line(err, path, "'class_names'", "4000000", "65535")
+    assert len(text) < 500
+    r = run_cli_measured(tmp_path, "ingest", tmp_path / "s", path, "--no-progress")
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.strip().count("\n") == 0, r.stderr[:2000]
+    assert "'class_names'" in r.stderr and len(r.stderr) < 500
+    assert r.peak_mib < 300, r.peak_mib
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(
+    ("names", "expect"),
+    [
+        (np.zeros(70_000, "<U1"), "70000 class names"),
+        (np.array(["a", "b" * 1000]), "1000 characters"),
+        (np.array([["a", "b"]]), "1-D array of strings"),
+        (np.array([1, 2]), "1-D array of strings"),
+    ],
+    ids=["count", "width", "2d", "ints"],
+)
+def test_npz_class_names_header_is_bounded(tmp_path: Path, names: np.ndarray, expect: str) -> None:
+    path = tmp_path / "n.npz"
+    np.savez(path, x=make_x(), y=np.zeros(N, int), class_names=names)
+    with pytest.raises(SourceError) as err:
+        open_source(path)
+    assert len(one_line(err, path, "'class_names'", expect)) < 500
+
+
+@needs_h5py
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (lambda f: f.create_dataset("class_names", shape=(70_000,), dtype="S2"), "70000 class names"),
+        (lambda f: f.create_dataset("class_names", shape=(3,), dtype="S1000"), "1000 characters"),
+        (lambda f: f.create_dataset("class_names", data=np.arange(3.0)), "1-D array of strings"),
+    ],
+    ids=["count", "width", "floats"],
+)
+def test_h5_class_names_dataset_is_bounded_before_reading(
+    tmp_path: Path, make: Callable[[Any], None], expect: str
+) -> None:
+    path = tmp_path / "n.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = make_x(), np.zeros(N, int)
+        make(f)
+    with pytest.raises(SourceError) as err:
+        open_source(path)
+    assert len(one_line(err, path, "'class_names'", expect)) < 500
+
+
+def test_member_lists_in_messages_are_capped(tmp_path: Path) -> None:
+    path = tmp_path / "many.npz"
+    np.savez(path, **{f"m{i:03d}": np.zeros(1) for i in range(200)})
+    with pytest.raises(SourceError) as err:
+        open_source(path)
+    assert len(one_line(err, path, "m000, m001", "(195 more)")) < 500
 
 
 @pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import SourceError, ValidationError
+from ..format import MAX_CLASS_NAME_CHARS, MAX_CLASSES
 
 Label = str | int
 
@@ -88,34 +89,74 @@ def _labels_dtype_ok(dtype: np.dtype[Any]) -> bool:
     return dtype.kind in "iuUS" and dtype.fields is None
 
 
+def _check_names_layout(shape: tuple[int, ...], dtype: np.dtype[Any], chars: int | None, path: Path, what: str) -> None:
+    """What a ``class_names`` member's header claims must be small before it is read whole.
+
+    At most ``MAX_CLASSES`` names of at most ``MAX_CLASS_NAME_CHARS`` characters each (``chars``: the
+    fixed string width the header declares, ``None`` for variable-length strings).
+    """
+    if len(shape) != 1 or shape[0] == 0:
+        raise SourceError(f"{what} must be a non-empty 1-D array of strings, got {dtype} {shape}", path=path)
+    if shape[0] > MAX_CLASSES:
+        raise SourceError(f"{what} claims {shape[0]} class names; a store has at most {MAX_CLASSES} classes", path=path)
+    if chars is not None and chars > MAX_CLASS_NAME_CHARS:
+        raise SourceError(
+            f"{what} claims names of {chars} characters; class names may have at most {MAX_CLASS_NAME_CHARS}",
+            path=path,
+        )
+
+
+def _string_chars(dtype: np.dtype[Any]) -> int:
+    """Characters per element of a fixed-width string dtype (``U``: 4 bytes each, ``S``: 1)."""
+    return dtype.itemsize // 4 if dtype.kind == "U" else dtype.itemsize
+
+
 def _names_to_list(arr: np.ndarray, path: Path, what: str) -> list[str]:
-    """A file's ``class_names`` array as a list of distinct non-empty names."""
+    """A file's ``class_names`` array as a list of distinct non-empty names of bounded length."""
     if arr.ndim != 1 or arr.dtype.kind not in "US" or len(arr) == 0:
         raise SourceError(f"{what} must be a non-empty 1-D array of strings, got {arr.dtype} {arr.shape}", path=path)
+    _check_names_layout(arr.shape, arr.dtype, _string_chars(arr.dtype), path, what)
     names = [str(s) for s in arr.astype(str).tolist()]
-    if len(set(names)) != len(names) or any(not s for s in names):
+    if len(set(names)) != len(names) or any(not s.strip() for s in names):
         raise SourceError(f"{what} must hold distinct non-empty names", path=path)
     return names
 
 
+def _first_out_of_range(y: np.ndarray, n: int) -> int | None:
+    """Index of the first integer label outside ``0..n-1`` (compared as stored: uint64 ids stay exact)."""
+    bad = (y < 0) | (y >= n)
+    return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+
 def _ids_to_names(y: np.ndarray, names: list[str], path: Path, first: int) -> np.ndarray:
     """Map integer ids through the file's own ``class_names``; an id outside it is a ValidationError."""
-    ids = y.astype(np.int64, copy=False)
-    bad = (ids < 0) | (ids >= len(names))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
+    i = _first_out_of_range(y, len(names))
+    if i is not None:
         raise ValidationError(
-            f"label {int(ids[i])} is outside the file's {CLASS_NAMES_KEY} (0..{len(names) - 1})",
+            f"label {int(y[i])} is outside the file's {CLASS_NAMES_KEY} (0..{len(names) - 1})",
             path=path,
             key=first + i,
         )
-    return np.asarray(names)[ids]
+    return np.asarray(names)[y.astype(np.int64, copy=False)]
 
 
-def _as_label_array(y: np.ndarray) -> np.ndarray:
-    """Labels as int64 ids or a str (``U``) array."""
+def _as_label_array(y: np.ndarray, path: Path, first: int) -> np.ndarray:
+    """Labels as int64 ids or a str (``U``) array.
+
+    Raises:
+        ValidationError: an unsigned id beyond the int64 range (named exactly, not wrapped negative):
+            no store has that many classes.
+    """
     if y.dtype.kind in "US":
         return y.astype(str)
+    if y.dtype.kind == "u" and y.dtype.itemsize >= 8:
+        i = _first_out_of_range(y, MAX_CLASSES)
+        if i is not None and int(y[i]) > np.iinfo(np.int64).max:
+            raise ValidationError(
+                f"label {int(y[i])} is beyond the largest class id a store can have ({MAX_CLASSES - 1})",
+                path=path,
+                key=first + i,
+            )
     return y.astype(np.int64, copy=False)
 
 
@@ -227,6 +268,15 @@ class _FileSource(Source):
                 f"{word} {x_key!r} has {self._n} samples but label {word} {y_key!r} has {shape[0]}", path=self.path
             )
 
+    def _check_names_header(self, shape: tuple[int, ...], dtype: Any, *, is_str: bool = False) -> None:
+        """Before the file's ``class_names`` member is read whole: from its header alone, it must be 1-D strings
+        (a string dtype, or ``is_str`` for variable-length ones) of bounded count and width."""
+        what = f"{self._member_word} {CLASS_NAMES_KEY!r}"
+        dt = np.dtype(dtype)
+        if dt.kind not in "US" and not is_str:
+            raise SourceError(f"{what} must be a 1-D array of strings, got {dt} {shape}", path=self.path)
+        _check_names_layout(shape, dt, _string_chars(dt) if dt.kind in "US" else None, self.path, what)
+
     def _set_names(self, arr: np.ndarray) -> None:
         """Keep the file's ``class_names`` member ``arr``, checked to be distinct non-empty strings."""
         self._names = _names_to_list(arr, self.path, f"{self._member_word} {CLASS_NAMES_KEY!r}")
@@ -238,4 +288,4 @@ class _FileSource(Source):
         """
         if self._names is not None and y.dtype.kind in "iu":
             return _ids_to_names(y, self._names, self.path, first)
-        return _as_label_array(y)
+        return _as_label_array(y, self.path, first)

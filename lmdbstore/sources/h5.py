@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import PREVIEW_ITEMS, SourceError, preview
 from .base import _READ_ERRORS, CLASS_NAMES_KEY, Label, _check_range, _const_labels, _FileSource, _one_line, _stat_file
 from .npyio import _check_stack, _Header
 
@@ -28,16 +28,20 @@ def _import_h5py(path: Path) -> Any:
     return h5py
 
 
-def _h5_dataset_names(f: Any, limit: int = 20) -> str:
-    """The first ``limit`` dataset names in the file, for a "no such dataset" message."""
+def _h5_dataset_names(f: Any) -> str:
+    """A few of the file's dataset names (and how many more there are), for a "no such dataset" message."""
     names: list[str] = []
+    total = 0
 
     def visit(name: str, obj: Any) -> None:
-        if hasattr(obj, "shape") and len(names) < limit:
-            names.append(name)
+        nonlocal total
+        if hasattr(obj, "shape"):
+            total += 1
+            if len(names) < PREVIEW_ITEMS:
+                names.append(name)
 
     f.visititems(visit)
-    return ", ".join(names) or "none"
+    return preview(names, total=total) or "none"
 
 
 class H5Source(_FileSource):
@@ -63,6 +67,8 @@ class H5Source(_FileSource):
                 self._check_label_array(y.shape, y.dtype, h5_x, h5_y, is_str=self._y_is_str)
             names = f.get(CLASS_NAMES_KEY)
             if names is not None and hasattr(names, "shape") and CLASS_NAMES_KEY not in (h5_x, h5_y):
+                is_str = self._h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
+                self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str)
                 try:
                     arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
                 except (*_READ_ERRORS, TypeError) as exc:

@@ -6,14 +6,16 @@ member's ``.npy`` header and reads rows from the (stored or deflated) zip stream
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
-from ..errors import SourceError
+from ..errors import SourceError, preview
 from .base import _READ_ERRORS, CLASS_NAMES_KEY, Label, _check_range, _const_labels, _FileSource, _one_line, _stat_file
 from .npyio import _check_size, _check_stack, _read_header, _read_into
 
@@ -33,8 +35,6 @@ class _ZipMember:
             raise SourceError(f"cannot read {what} ({_one_line(exc)})", path=path) from exc
         if self.header.dtype.hasobject:
             raise SourceError(f"{what} holds pickled Python objects; save a numeric or string array", path=path)
-        if self.header.fortran:
-            raise SourceError(f"{what} is stored in Fortran order; save it C-ordered", path=path)
         _check_size(self.header, info.file_size, path, what)
 
     def read_all(self, zf: zipfile.ZipFile, path: Path) -> np.ndarray:
@@ -58,12 +58,43 @@ class _ZipMember:
                 fp.seek(h.offset + start * row)
             except _READ_ERRORS as exc:
                 raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=start) from exc
+            if self._strided:
+                yield from self._fortran_rows(fp, path, batch, start, n)
+                return
             for a in range(start, n, batch):
                 out = np.empty((min(batch, n - a), *h.shape[1:]), h.dtype)
                 _read_into(fp, out, path, a)
                 yield out
         finally:
             fp.close()
+
+    @property
+    def _strided(self) -> bool:
+        """Whether rows are strided in the member (Fortran order with more than one element per row)."""
+        h = self.header
+        return h.fortran and len(h.shape) > 1 and math.prod(h.shape[1:]) > 1
+
+    def _fortran_rows(self, fp: Any, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
+        """Rows of a Fortran-order member, as numpy reads it (``shape[::-1]`` in C order, transposed).
+
+        Element ``(i, *rest)`` is stored at ``i + N * column(rest)``: a batch of rows ``a..b`` is one run of
+        ``b - a`` values per column, read in increasing offset order (forward seeks only).  Memory stays one
+        batch; the price is one pass over the member per batch (a rare layout).
+        """
+        h = self.header
+        total, size = h.shape[0], h.dtype.itemsize
+        columns = math.prod(h.shape[1:])
+        for a in range(start, n, batch):
+            k = min(batch, n - a)
+            buf = np.empty((columns, k), h.dtype)
+            try:
+                for c in range(columns):
+                    fp.seek(h.offset + (c * total + a) * size)
+                    _read_into(fp, buf[c], path, a)
+            except _READ_ERRORS as exc:
+                raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=a) from exc
+            # buf holds the C-order array of shape (*reversed(shape[1:]), k); transposing gives (k, *shape[1:])
+            yield np.ascontiguousarray(buf.reshape(*h.shape[:0:-1], k).transpose())
 
 
 class NpzSource(_FileSource):
@@ -78,7 +109,7 @@ class NpzSource(_FileSource):
         self.name = f"{path}[{x_key}]"
         with self._open_zip() as zf:
             members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
-            present = ", ".join(sorted(members)) or "none"
+            present = preview(sorted(members)) or "none"
             if x_key not in members:
                 raise SourceError(
                     f"no array {x_key!r} in the archive; it holds: {present}", path=path, hint="choose one with --x-key"
@@ -100,6 +131,7 @@ class NpzSource(_FileSource):
             self._names: list[str] | None = None
             if CLASS_NAMES_KEY in members and CLASS_NAMES_KEY not in (x_key, y_key):
                 m = _ZipMember(zf, members[CLASS_NAMES_KEY], path, f"array {CLASS_NAMES_KEY!r}")
+                self._check_names_header(m.header.shape, m.header.dtype)  # before reading it whole
                 self._set_names(m.read_all(zf, path))
 
     def _open_zip(self) -> zipfile.ZipFile:

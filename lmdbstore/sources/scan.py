@@ -8,11 +8,13 @@ front with the file and the sample index named; :func:`infer_classes` derives th
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ValidationError
+from ..errors import ValidationError, preview
+from ..format import MAX_CLASSES
 from ..writer import check_samples, label_ids
 from .base import Source
 
@@ -102,36 +104,61 @@ def infer_classes(sources: Sequence[Source], *, batch: int = 1 << 20) -> list[st
     if not sources:
         raise ValueError("sources must not be empty")
     names: set[str] = set()
-    max_id, max_src = -1, None
+    max_id = -1  # the largest integer label, and where it is
+    max_at: tuple[Path, int | None] = (sources[0].path, None)
+
+    def too_many(src: Source, pos: int) -> ValidationError:
+        return ValidationError(
+            f"the sources name more than the {MAX_CLASSES} classes a store can have", path=src.locate(pos)[0]
+        )
+
     for src in sources:
         implied = src.class_names()
         if implied is not None:
             names.update(implied)
+            if len(names) > MAX_CLASSES:
+                raise too_many(src, 0)
             continue
         if isinstance(src.label, int):
             if src.label > max_id:
-                max_id, max_src = src.label, src
+                max_id, max_at = src.label, (src.path, None)
+                _check_id_bound(max_id, *max_at)
             continue
         pos = 0
         for y in src.iter_labels(batch):
             if y.dtype.kind in "US":
                 names.update(np.unique(y.astype(str)).tolist())
+                if len(names) > MAX_CLASSES:
+                    raise too_many(src, pos)
             elif len(y):
                 lo = int(y.min())
                 if lo < 0:
                     file, idx = src.locate(pos + int(np.argmin(y)))
                     raise ValidationError(f"label {lo} is negative", path=file, key=idx)
-                if int(y.max()) > max_id:
-                    max_id, max_src = int(y.max()), src
+                hi = int(y.max())
+                if hi > max_id:  # checked at once: nothing below is ever sized by a label's value
+                    max_id, max_at = hi, src.locate(pos + int(np.argmax(y)))
+                    _check_id_bound(max_id, *max_at)
             pos += len(y)
     if not names:
         return [str(i) for i in range(max_id + 1)]
     result = sorted(names)
     if max_id >= len(result):
-        assert max_src is not None
         raise ValidationError(
-            f"integer label {max_id} is beyond the {len(result)} class names inferred ({', '.join(result[:10])})",
-            path=max_src.path,
+            f"integer label {max_id} is beyond the {len(result)} class names inferred ({preview(result)})",
+            path=max_at[0],
+            key=max_at[1],
             hint="give the classes explicitly with --classes",
         )
     return result
+
+
+def _check_id_bound(label: int, path: Path, key: int | None) -> None:
+    """Refuse an integer label no store can hold (ids index at most ``MAX_CLASSES`` classes)."""
+    if label >= MAX_CLASSES:
+        raise ValidationError(
+            f"label {label} is beyond the largest class id a store can have ({MAX_CLASSES - 1})",
+            path=path,
+            key=key,
+            hint="class ids must be 0..number of classes - 1",
+        )
