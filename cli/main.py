@@ -70,6 +70,14 @@ def _progress(enabled: bool) -> Callable[[str, int], Any] | None:
     return make
 
 
+def _shape_option(text: str) -> tuple[int, ...]:
+    """``--sample-shape 25,25`` as a tuple."""
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--sample-shape must be comma-separated sizes such as 25,25, got {text!r}") from None
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"lmdbstore {__version__}")
@@ -100,6 +108,13 @@ def ingest(
     ] = None,
     x_key: Annotated[str, typer.Option(help="Sample array name in .npz / dataset name in HDF5.")] = "x",
     y_key: Annotated[str, typer.Option(help="Label array name in .npz / dataset name in HDF5.")] = "y",
+    sample_shape: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-sample shape of directory sources, e.g. 25,25: whether their files are samples or stacks "
+            "(default: the store's, else the shape most files share)."
+        ),
+    ] = None,
     dtype: Annotated[str | None, typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
@@ -155,7 +170,7 @@ def ingest(
                 y_key=y_key,
                 h5_x=x_key,
                 h5_y=y_key,
-                sample_shape=layout[0] if layout else None,
+                sample_shape=_shape_option(sample_shape) if sample_shape else layout[0] if layout else None,
             )
             names = [c.strip() for c in classes.split(",")] if classes else None
             report = run_ingest(

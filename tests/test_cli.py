@@ -91,6 +91,51 @@ def test_nonfinite_is_refused_unless_allowed(tmp_path: Path) -> None:
     assert s["values"]["nonfinite"] == 1
 
 
+def _class_dir(root: Path, odd: int) -> Path:
+    """``root/{a,b}/*.npy``: 12 (25, 25) samples and ``odd`` (24, 25) files (in ``b``); the first odd one."""
+    x, _ = make_data(12 + odd, 7)
+    for i in range(12 + odd):
+        (root / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        np.save(root / "ab"[i % 2] / f"{i:03d}.npy", x[i] if i < 12 else x[i, 1:])
+    return root / "ab"[12 % 2] / "012.npy"
+
+
+def test_a_malformed_directory_file_is_named_not_read_as_stacks(tmp_path: Path) -> None:
+    root, store = tmp_path / "root", tmp_path / "s"
+    odd = _class_dir(root, 1)
+    r = run_cli("ingest", store, root, "--no-progress")
+    assert r.exit_code == 1 and not store.exists()
+    line = one_error_line(r)
+    assert str(odd) in line and "(24, 25)" in line and "--sample-shape" in line
+    r = run_cli("ingest", store, root, "--sample-shape", "25,25", "--no-progress")
+    assert r.exit_code == 1 and str(odd) in one_error_line(r) and not store.exists()
+    r = run_cli("ingest", store, root, "--sample-shape", "25x25", "--no-progress")
+    assert r.exit_code == 1 and "--sample-shape" in one_error_line(r)
+    # appending to a store of (25, 25) samples: its shape decides, the store is left as it was
+    build_store(store, *make_data(20, 1))
+    before = snapshot_store(store)
+    r = run_cli("ingest", store, root, "--no-progress")
+    assert r.exit_code == 1 and str(odd) in one_error_line(r)
+    assert snapshot_store(store) == before
+    odd.unlink()
+    r = run_cli("ingest", store, root, "--no-progress")
+    assert r.exit_code == 0 and "+12 samples" in r.stdout, r.output
+
+
+def test_a_malformed_directory_as_subprocess(tmp_path: Path) -> None:
+    root, store = tmp_path / "root", tmp_path / "s"
+    _class_dir(root, 1)
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "ingest", str(store), str(root), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 1 and "Traceback" not in p.stderr and not store.exists()
+    line = p.stderr.strip()
+    assert line.startswith("error: ") and line.count("\n") == 0 and "012.npy" in line, p.stderr
+
+
 def test_missing_and_foreign_stores(tmp_path: Path) -> None:
     for cmd, code in (("stats", 1), ("verify", 2)):
         r = run_cli(cmd, tmp_path / "nope")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 import zipfile
@@ -584,6 +585,68 @@ def test_directory_refuses_label(tmp_path: Path) -> None:
     with pytest.raises(SourceError) as err:
         open_source(tmp_path / "root", label="a")
     one_line(err, tmp_path / "root", "label")
+
+
+def _shaped_dir(root: Path, *groups: tuple[int, tuple[int, ...]]) -> list[Path]:
+    """``root/<class>/NNN.npy``: ``count`` files of each ``shape``, alternating between two classes; their paths."""
+    paths = []
+    for count, shape in groups:
+        for _ in range(count):
+            p = root / ("cat", "dog")[len(paths) % 2] / f"{len(paths):03d}.npy"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            np.save(p, make_x(1, shape, seed=len(paths))[0])
+            paths.append(p)
+    return paths
+
+
+@pytest.mark.parametrize("odd_shape", [(24, 25), (25,)])
+def test_directory_one_odd_file_is_named_not_read_as_stacks(tmp_path: Path, odd_shape: tuple[int, ...]) -> None:
+    """One malformed file must not turn (25, 25) samples into stacks of 25-vectors (or the reverse)."""
+    root = tmp_path / "root"
+    *_, odd = _shaped_dir(root, (12, (25, 25)), (1, odd_shape))
+    with pytest.raises(SourceError) as err:
+        open_source(root)
+    text = one_line(err, odd, f"shape {odd_shape}", "12 of 13 files have (25, 25)", "--sample-shape")
+    assert str(root / "cat") not in text.replace(str(odd), "")  # only the odd file is named
+    # the files really are stacks of 25-vectors: say so explicitly
+    (cat, dog) = open_source(root, sample_shape=(25,))
+    assert cat.shape == (25,) and len(cat) + len(dog) == 12 * 25 + math.prod(odd_shape) // 25
+
+
+def test_directory_single_samples_and_stacks_keep_their_shape(tmp_path: Path) -> None:
+    _shaped_dir(tmp_path / "a", (6, (25, 25)))
+    (cat, dog) = open_source(tmp_path / "a")
+    assert cat.shape == (25, 25) and len(cat) + len(dog) == 6
+    # single samples mixed with stacks of them, of any lengths, or as many of one length
+    _shaped_dir(tmp_path / "b", (4, (25, 25)), (1, (3, 25, 25)), (1, (7, 25, 25)), (1, (1, 25, 25)))
+    _shaped_dir(tmp_path / "c", (3, (25, 25)), (3, (10, 25, 25)))
+    for root, n in ((tmp_path / "b", 15), (tmp_path / "c", 33)):
+        (cat, dog) = open_source(root)
+        assert cat.shape == dog.shape == (25, 25) and len(cat) + len(dog) == n
+
+
+def test_directory_many_odd_files_are_counted(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    paths = _shaped_dir(root, (100, (25, 25)), (30, (24, 25)))
+    with pytest.raises(SourceError) as err:
+        open_source(root)
+    text = one_line(err, root, "30 of 130 files", "100 of 130 files have (25, 25)", "(27 more)")
+    assert sum(f"{p.parent.name}/{p.name}" in text for p in paths) == 3  # the first three odd files
+    assert "cat/100.npy (24, 25)" in text and len(text) < 500
+
+
+def test_directory_without_a_majority_shape_needs_it_given(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _shaped_dir(root, (10, (25, 25)), (10, (24, 25)))
+    with pytest.raises(SourceError) as err:
+        open_source(root)
+    text = one_line(err, root, "cannot tell the sample shape", "(25, 25) in 10", "(24, 25) in 10", "--sample-shape")
+    assert ".npy" not in text
+    with pytest.raises(SourceError) as err:
+        open_source(root, sample_shape=(25, 25))
+    one_line(err, root, "10 of 20 files", "given sample shape is (25, 25)", "cat/010.npy (24, 25)", "(7 more)")
+    (cat, dog) = open_source(root, sample_shape=(25,))
+    assert cat.shape == (25,) and len(cat) + len(dog) == 10 * 25 + 10 * 24
 
 
 # ---------------------------------------------------------------------------------------------- scan_source

@@ -12,6 +12,7 @@ import io
 import math
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,30 +102,80 @@ def _rel(path: str) -> str:
     return "/".join(path.split(os.sep)[-2:])
 
 
-def _decide_sample_shape(files: list[_DirFile], sample_shape: tuple[int, ...] | None) -> tuple[int, ...]:
-    """Per-sample shape of a directory: given, or the shape of the lowest-ndim files.
+#: Odd files named in one error message before the rest are only counted.
+_NAMED_FILES = 3
+_SHAPE_HINT = "pass the sample shape explicitly (ingest --sample-shape H,W,...; sample_shape= in Python)"
 
-    With every file of the same ndim: equal shapes mean one sample per file, shapes that differ only
-    in the first axis mean stacks.  Otherwise files of the lowest ndim are single samples and files
-    one dimension higher are stacks of them.  Pass ``sample_shape`` to settle the ambiguous case of
-    equally sized stacks.
+
+def _fits(s: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a file of shape ``s`` is one sample of ``shape`` or a stack ``(N, *shape)``."""
+    return s == shape or (len(s) == len(shape) + 1 and s[1:] == shape)
+
+
+def _refuse_odd_files(root: Path, files: list[_DirFile], shape: tuple[int, ...], why: str, remedy: str) -> None:
+    """Raise naming the files that do not fit ``shape`` (at most a few, then a count); return if none.
+
+    ``why`` says where ``shape`` comes from, ``remedy`` what to do besides removing the files.
+    """
+    odd = [f for f in files if not _fits(f.header.shape, shape)]
+    if not odd:
+        return
+    expected = f"expected one sample {shape} or a stack (N, *{shape})"
+    hint = f"remove the file{'s' if len(odd) > 1 else ''}, or {remedy}"
+    if len(odd) == 1:
+        raise SourceError(f"file has shape {odd[0].header.shape}, but {why}; {expected}", path=odd[0].path, hint=hint)
+    named = ", ".join(f"{_rel(f.path)} {f.header.shape}" for f in odd[:_NAMED_FILES])
+    more = f" ... ({len(odd) - _NAMED_FILES:,} more)" if len(odd) > _NAMED_FILES else ""
+    raise SourceError(
+        f"{len(odd):,} of {len(files):,} files do not fit: {named}{more}; {why}; {expected}", path=root, hint=hint
+    )
+
+
+def _decide_sample_shape(root: Path, files: list[_DirFile], sample_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Per-sample shape of a directory (given, or inferred from the majority of files); refuse odd files.
+
+    Each file is one sample of shape ``S`` or a stack ``(N, *S)``.  Without ``sample_shape``:
+
+    * all files of one shape are single samples of it;
+    * a shape held by more than half of the files is the sample shape (stacks of it fit too), so one
+      malformed file cannot turn a directory of samples into stacks of their rows;
+    * two shapes held by half of the files each: the one the other half are stacks of;
+    * otherwise the one shape that more than half of the files fit, as samples or stacks (e.g. stacks
+      of varying lengths).
+
+    Anything else is ambiguous and refused: pass ``sample_shape``.  Files that do not fit the
+    decided shape are refused, the first few named.
     """
     if sample_shape is not None:
+        remedy = "pass a sample shape that they all fit"
+        _refuse_odd_files(root, files, sample_shape, f"the given sample shape is {sample_shape}", remedy)
         return sample_shape
-    shapes = [f.header.shape for f in files]
-    first = shapes[0]
-    dmin, dmax = min(map(len, shapes)), max(map(len, shapes))
-    if dmin == dmax:
-        if all(s == first for s in shapes):
-            return first
-        if dmin >= 2 and all(s[1:] == first[1:] for s in shapes):
-            return first[1:]
-        bad = next(f for f in files if f.header.shape != first)
-        raise SourceError(
-            f"file has shape {bad.header.shape} but {_rel(files[0].path)} has {first}; the samples must agree",
-            path=bad.path,
-        )
-    return next(s for s in shapes if len(s) == dmin)
+    counts = Counter(f.header.shape for f in files)
+    if len(counts) == 1:
+        return files[0].header.shape
+    n = len(files)
+    (top, c), *_ = ranked = counts.most_common()
+    if 2 * c > n:
+        # reading every file as a stack of rows, when that fits them all, is offered in the hint
+        remedy = _SHAPE_HINT
+        if len(top) > 1 and all(_fits(s, top[1:]) for s in counts):
+            remedy += f"; --sample-shape {','.join(map(str, top[1:]))} reads every file as a stack of {top[1:]} samples"
+        _refuse_odd_files(root, files, top, f"{c:,} of {n:,} files have {top}", remedy)
+        return top
+    if 2 * c == n and c > 1:  # two equal halves: settled only when one half are samples the others stack
+        whole = [s for s, k in ranked if k == c and all(_fits(t, s) for t in counts)]
+        if whole:
+            return whole[0]
+    else:  # no shape shared by half of the files: the one shape that fits most of them (e.g. stacks)
+        candidates = set(counts) | {s[1:] for s in counts if len(s) > 1}
+        explained = sorted(((sum(k for t, k in counts.items() if _fits(t, s)), s) for s in candidates), reverse=True)
+        (best, shape), (second, _) = explained[:2]
+        if 2 * best > n and best > second:
+            _refuse_odd_files(root, files, shape, f"{best:,} of {n:,} files fit {shape}", _SHAPE_HINT)
+            return shape
+    listed = ", ".join(f"{s} in {k:,}" for s, k in ranked[:_NAMED_FILES])
+    more = f" ... ({len(ranked) - _NAMED_FILES:,} more shapes)" if len(ranked) > _NAMED_FILES else ""
+    raise SourceError(f"cannot tell the sample shape: the files disagree ({listed}{more})", path=root, hint=_SHAPE_HINT)
 
 
 def _open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...] | None) -> list[Source]:
@@ -166,12 +217,9 @@ def _open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ..
             "no .npy files in the class subdirectories", path=root, hint="expected ROOT/<class_name>/*.npy"
         )
     all_files = [f for _, fs in per_class for f in fs]
-    shape = _decide_sample_shape(all_files, sample_shape)
+    shape = _decide_sample_shape(root, all_files, sample_shape)
     dtype = all_files[0].header.dtype
     for f in all_files:
-        s = f.header.shape
-        if s != shape and (len(s) != len(shape) + 1 or s[1:] != shape):
-            raise SourceError(f"file has shape {s}; expected one sample {shape} or a stack (N, *{shape})", path=f.path)
         if f.header.dtype != dtype:
             raise SourceError(
                 f"file has dtype {f.header.dtype} but {_rel(all_files[0].path)} has {dtype}; the samples must agree",

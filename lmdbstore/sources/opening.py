@@ -58,8 +58,9 @@ def open_source(
             refused for directories).
         x_key, y_key: array names inside an ``.npz``.
         h5_x, h5_y: dataset names inside an HDF5 file (default ``"x"``, ``"y"``).
-        sample_shape: per-sample shape for a directory, settling whether equally shaped files are
-            single samples or stacks (pass the store's shape when appending); ignored for files.
+        sample_shape: per-sample shape for a directory, settling whether its files are single samples
+            or stacks (pass the store's shape when appending; default: the shape most files share,
+            refusing directories where that is ambiguous); ignored for files.
 
     Returns:
         One source for a file, one per non-empty class subdirectory for a directory.
