@@ -57,6 +57,13 @@ def _errors(code: int = 1) -> Iterator[None]:
         _fail("interrupted; committed batches are kept (rerun the same command to resume)", 130)
 
 
+def _json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as valid JSON: non-finite floats (a NaN loss, say) become ``null``."""
+    from lmdbstore.format import json_safe
+
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
 def _progress(enabled: bool) -> Callable[[str, int], Any] | None:
     if not enabled:
         return None
@@ -199,8 +206,11 @@ def stats(
     with _errors():
         from lmdbstore.stats import format_stats, store_stats
 
-        s = store_stats(store, sample=sample)
-        typer.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
+        try:
+            s = store_stats(store, sample=sample)
+        except ValueError as exc:  # the only parameter store_stats checks is sample
+            raise ValueError(f"--sample: {exc}") from None
+        typer.echo(_json(s) if as_json else format_stats(s))
         if plot is not None:
             from lmdbstore.viz import plot_stats
 
@@ -248,7 +258,7 @@ def verify(
             for bar in bars:
                 bar.close()
         if as_json:
-            typer.echo(json.dumps(report.to_dict(), indent=2))
+            typer.echo(_json(report.to_dict()))
         else:
             for p in report.problems:
                 where = f" at {p.index}" if p.index is not None else ""
@@ -356,7 +366,7 @@ def train(
             typer.echo(f"wrote {plot_runs([result.out_dir], result.out_dir / 'run.png').path}", err=as_json)
         if as_json and result.epochs:
             typer.echo(
-                json.dumps({"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes})
+                _json({"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes}, None)
             )
 
 
@@ -377,7 +387,7 @@ def eval_cmd(
 
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
         if as_json:
-            typer.echo(json.dumps(r, indent=2))
+            typer.echo(_json(r))
             return
         typer.echo(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
         for name, acc in r["per_class_accuracy"].items():
@@ -388,31 +398,33 @@ def eval_cmd(
 # ---------------------------------------------------------------------------- demo
 @app.command()
 def demo(
-    workdir: Annotated[Path, typer.Option("--dir", help="Where the data, store and run go.")] = Path("demo_out"),
+    workdir: Annotated[Path, typer.Option("--dir", help="Where the store and the run go.")] = Path("demo_out"),
     n: Annotated[int, typer.Option("-n", "--samples", help="Synthetic samples.")] = 100_000,
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = 3,
     batch: Annotated[int, typer.Option(help="Batch size.")] = 4096,
     workers: Annotated[int, typer.Option(help="DataLoader workers.")] = 2,
 ) -> None:
-    """The main job end to end on built-in data: synth -> ingest -> stats -> train -> eval."""
+    """The main job end to end on built-in data: synthesize+ingest -> stats -> train -> eval.
+
+    Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
+    """
     with _errors():
-        from lmdbstore.ingest import ingest as run_ingest
-        from lmdbstore.sources import open_sources
+        from lmdbstore.ingest import ingest_synthetic
         from lmdbstore.stats import format_stats, store_stats
-        from lmdbstore.synth import write_synth_npz
         from lmdbstore.train import evaluate
         from lmdbstore.train import train as run_train
 
         workdir.mkdir(parents=True, exist_ok=True)
-        npz, store = workdir / "synthetic.npz", workdir / "store"
-        typer.echo(f"[1/5] synthesizing {n:,} samples of 5 classes -> {npz}")
-        write_synth_npz(npz, n)
-        typer.echo(f"[2/5] ingesting -> {store}")
-        rep = run_ingest(store, open_sources([npz]), progress=_progress(True))
-        typer.echo(f"      +{rep.added:,} samples ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store")
-        typer.echo("[3/5] stats")
+        store = workdir / "store"
+        typer.echo(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
+        rep = ingest_synthetic(store, n, progress=_progress(True), exclusive=True)
+        note = " (already in the store)" if rep.sources[0].skipped == n else ""
+        typer.echo(
+            f"      +{rep.added:,} samples{note} ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store"
+        )
+        typer.echo("[2/4] stats")
         typer.echo(format_stats(store_stats(store)))
-        typer.echo(f"[4/5] training {epochs} epochs, batch {batch}")
+        typer.echo(f"[3/4] training {epochs} epochs, batch {batch}")
         res = run_train(
             store,
             workdir / "run",
@@ -421,7 +433,7 @@ def demo(
             log=typer.echo,
         )
         best = workdir / "run" / "best.pt"
-        typer.echo(f"[5/5] scoring the whole store with {best}")
+        typer.echo(f"[4/4] scoring the whole store with {best}")
         r = evaluate(store, best, batch_size=batch, workers=workers)
         typer.echo(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")
         typer.echo(

@@ -138,6 +138,10 @@ class LoaderConfig:
             )
 
 
+#: Largest CNN ``width`` (first-block channels): about 1.2 G parameters, far beyond what the CNN needs.
+MAX_WIDTH = 4096
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What :func:`lmdbstore.train.train` does.
@@ -173,8 +177,8 @@ class TrainConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.width < 1:
-            raise ValueError(f"width must be positive, got {self.width}")
+        if not 1 <= self.width <= MAX_WIDTH:
+            raise ValueError(f"width must be in 1..{MAX_WIDTH}, got {self.width}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
             raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
         if self.log_every < 1:

@@ -41,6 +41,7 @@ __all__ = [
     "compute_checksum",
     "decode_key",
     "encode_key",
+    "json_safe",
     "label_dtype_for",
 ]
 
@@ -185,9 +186,21 @@ def choose_samples_per_value(
     return best
 
 
+#: Largest magnitude a value may have after scaling by ``2**-scale``: its square (about 2**900) summed
+#: over far more values than any store holds stays below float64's largest finite number (2**1024).
+_STATS_MAX_SCALED_EXP = 450
+#: ``scale`` a store's metadata may claim (finite float64 values lie below 2**1024).
+MAX_STATS_SCALE = 1100
+
+
 @dataclass
 class ValueStats:
-    """Exact running statistics of every value ingested (float64 accumulators)."""
+    """Exact running statistics of every value ingested (float64 accumulators).
+
+    ``sum`` and ``sumsq`` are kept for the values divided by ``2**scale`` (``scale`` 0 unless values beyond
+    about 1e135 arrived), so the sum of squares of values up to float64's largest stays finite; powers of
+    two rescale exactly.  ``mean``/``std`` undo the scaling.
+    """
 
     n: int = 0
     sum: float = 0.0
@@ -195,6 +208,7 @@ class ValueStats:
     min: float | None = None
     max: float | None = None
     nonfinite: int = 0
+    scale: int = 0
 
     #: Elements folded in per step: float64 temporaries of 2 MiB stay in cache instead of a fresh
     #: allocation the size of a whole commit (page faults cost more than the arithmetic).
@@ -206,6 +220,13 @@ class ValueStats:
         for lo in range(0, flat.size, self.CHUNK):
             self._update_chunk(flat[lo : lo + self.CHUNK])
 
+    def _rescale(self, scale: int) -> None:
+        """Switch to a larger ``scale`` (exact: powers of two)."""
+        if scale > self.scale:
+            shift = scale - self.scale
+            self.sum, self.sumsq = math.ldexp(self.sum, -shift), math.ldexp(self.sumsq, -2 * shift)
+            self.scale = scale
+
     def _update_chunk(self, flat: np.ndarray) -> None:
         if flat.dtype.kind == "f":
             finite_mask = np.isfinite(flat)
@@ -216,30 +237,93 @@ class ValueStats:
             if flat.size == 0:
                 return
         f64 = flat.astype(np.float64)
+        lo, hi = float(f64.min()), float(f64.max())
+        peak = max(abs(lo), abs(hi))
+        if peak > 0:
+            self._rescale(math.frexp(peak)[1] - _STATS_MAX_SCALED_EXP)
+        if self.scale:
+            f64 = np.ldexp(f64, -self.scale)
         self.n += int(f64.size)
         self.sum += float(f64.sum())
         self.sumsq += float(np.einsum("i,i->", f64, f64))  # not np.dot: BLAS threads stall on a busy machine
-        lo, hi = float(flat.min()), float(flat.max())
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
 
     def merge(self, other: ValueStats) -> None:
         """Fold in statistics computed elsewhere (e.g. in a worker process) over other values."""
+        other = replace(other)
+        self._rescale(other.scale)
+        other._rescale(self.scale)
         self.n, self.sum, self.sumsq = self.n + other.n, self.sum + other.sum, self.sumsq + other.sumsq
         self.nonfinite += other.nonfinite
         self.min = other.min if self.min is None else self.min if other.min is None else min(self.min, other.min)
         self.max = other.max if self.max is None else self.max if other.max is None else max(self.max, other.max)
 
+    def _unscaled(self, v: float) -> float | None:
+        try:
+            return math.ldexp(v, self.scale)
+        except OverflowError:  # only tampered metadata gets here: the writer keeps it in range
+            return None
+
     @property
     def mean(self) -> float | None:
-        return self.sum / self.n if self.n else None
+        return self._unscaled(self.sum / self.n) if self.n else None
 
     @property
     def std(self) -> float | None:
         if not self.n:
             return None
         mean = self.sum / self.n
-        return math.sqrt(max(self.sumsq / self.n - mean * mean, 0.0))
+        return self._unscaled(math.sqrt(max(self.sumsq / self.n - mean * mean, 0.0)))
+
+    def validated(self) -> ValueStats:
+        """These statistics with finite float moments, or ``ValueError`` saying which field is bad."""
+        ints = {"n": self.n, "nonfinite": self.nonfinite, "scale": self.scale}
+        for name, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"value_stats {name} must be an integer")
+        if not (0 <= self.n <= 1 << 63 and 0 <= self.nonfinite <= 1 << 63):
+            raise ValueError("value_stats counts must be non-negative integers below 2**63")
+        if not 0 <= self.scale <= MAX_STATS_SCALE:
+            raise ValueError(f"value_stats scale must be in 0..{MAX_STATS_SCALE}")
+        floats: dict[str, float | None] = {}
+        for name in ("sum", "sumsq", "min", "max"):
+            v = getattr(self, name)
+            if v is None and name in ("min", "max"):
+                floats[name] = None
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise ValueError(f"value_stats {name} must be a number{' or null' if name in ('min', 'max') else ''}")
+            try:
+                f = float(v)
+            except OverflowError:
+                raise ValueError(f"value_stats {name} is out of float64 range") from None
+            if not math.isfinite(f):
+                raise ValueError(f"value_stats {name} must be finite")
+            floats[name] = f
+        if (floats["sumsq"] or 0.0) < 0:
+            raise ValueError("value_stats sumsq must not be negative")
+        out = ValueStats(self.n, floats["sum"] or 0.0, floats["sumsq"] or 0.0, floats["min"], floats["max"])
+        out.nonfinite, out.scale = self.nonfinite, self.scale
+        if out.n and (out.mean is None or out.std is None):
+            raise ValueError("value_stats sum/sumsq/scale give a mean or std beyond float64 range")
+        return out
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, inf) replaced by ``None``, so it dumps as valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _refuse_constant(name: str) -> Any:
+    """``json.loads`` hook: ``NaN``/``Infinity`` are not JSON, and metadata never holds them."""
+    raise ValueError(f"non-finite number {name} is not allowed")
 
 
 @dataclass
@@ -322,8 +406,8 @@ class StoreMeta:
             CorruptStoreError: malformed JSON, missing fields, or out-of-range values.
         """
         try:
-            d = json.loads(bytes(raw).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            d = json.loads(bytes(raw).decode("utf-8"), parse_constant=_refuse_constant)
+        except ValueError as exc:  # also UnicodeDecodeError, JSONDecodeError
             raise CorruptStoreError(f"metadata is not valid JSON ({exc})", path=path) from exc
         if not isinstance(d, dict):
             raise CorruptStoreError("metadata is not a JSON object", path=path)
@@ -390,17 +474,11 @@ class StoreMeta:
         vs = d.get("value_stats") or {}
         if not isinstance(vs, dict):
             raise bad("value_stats must be an object")
-        stats = ValueStats(**{k: vs[k] for k in ("n", "sum", "sumsq", "min", "max", "nonfinite") if k in vs})
-        if not (is_int(stats.n) and stats.n >= 0 and is_int(stats.nonfinite) and stats.nonfinite >= 0):
-            raise bad("value_stats counts must be non-negative integers")
-
-        def is_num(v: object) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        if not (
-            is_num(stats.sum) and is_num(stats.sumsq) and all(v is None or is_num(v) for v in (stats.min, stats.max))
-        ):
-            raise bad("value_stats sum/sumsq must be numbers and min/max numbers or null")
+        fields = ("n", "sum", "sumsq", "min", "max", "nonfinite", "scale")
+        try:
+            stats = ValueStats(**{k: vs[k] for k in fields if k in vs}).validated()
+        except ValueError as exc:
+            raise bad(str(exc)) from None
         return cls(
             shape=tuple(shape),
             dtype=dtype,

@@ -224,15 +224,33 @@ def ingest_synthetic(
     config: WriterConfig | None = None,
     batch: int = DEFAULT_READ_BATCH,
     progress: ProgressFactory | None = None,
+    exclusive: bool = False,
 ) -> IngestReport:
     """Generate ``n`` samples of the built-in 5-class dataset straight into ``store`` (resumable).
 
-    This is also the pattern for a user's own generator: append batches with a progress marker.
+    The resume ledger key depends only on ``n`` and ``seed``, so running the same call again adds
+    nothing.  With ``exclusive`` a store holding anything else (other synthetic sets, ingested files)
+    is refused before anything is written.  This is also the pattern for a user's own generator:
+    append batches with a progress marker.
+
+    Raises:
+        ValidationError: ``exclusive`` and the store holds other data.
     """
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
     path = Path(store)
     key = f"synthetic:n={n}:seed={seed}"
+    if exclusive and store_layout(path) is not None:
+        other = sorted(k for k in _ledger(path) if k != key)
+        with StoreReader(path) as r:
+            count = r.meta.count
+        if other or count > n:
+            raise ValidationError(
+                f"the store holds other data than the {n} synthetic samples of seed {seed} "
+                f"({count} samples{', from ' + other[0] if other else ''})",
+                path=path,
+                hint="use another store directory, or delete this one",
+            )
     t0 = time.perf_counter()
     with open_writer(path, shape=SYNTH_SHAPE, dtype="float32", classes=SYNTH_CLASSES, config=config) as w:
         start_count, done = w.committed, w.progress(key)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["MIN_SPATIAL", "SmallCNN", "build_model", "input_channels"]
+from .config import MAX_WIDTH
+
+__all__ = ["MAX_WIDTH", "MIN_SPATIAL", "SmallCNN", "build_model", "input_channels", "state_shapes"]
 
 #: Smallest height and width the two 2x max-pools can take.
 MIN_SPATIAL = 4
@@ -38,6 +40,8 @@ class SmallCNN(nn.Module):
         super().__init__()
         if in_channels < 1 or n_classes < 1 or width < 1:
             raise ValueError("in_channels, n_classes and width must be positive")
+        if width > MAX_WIDTH:
+            raise ValueError(f"width must be at most {MAX_WIDTH}, got {width}")
         w = width
         self.features = nn.Sequential(
             *_block(in_channels, w),
@@ -89,3 +93,15 @@ def build_model(sample_shape: tuple[int, ...], n_classes: int, width: int = 16) 
         ValueError: sample shapes the CNN cannot take (see :func:`input_channels`).
     """
     return SmallCNN(input_channels(sample_shape), n_classes, width)
+
+
+def state_shapes(sample_shape: tuple[int, ...], n_classes: int, width: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every entry of :func:`build_model`'s ``state_dict``, without allocating any of it
+    (the model is built on PyTorch's ``meta`` device): what a checkpoint's weights must look like.
+
+    Raises:
+        ValueError: as :func:`build_model`.
+    """
+    with torch.device("meta"):
+        model = build_model(sample_shape, n_classes, width)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}

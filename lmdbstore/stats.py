@@ -48,8 +48,11 @@ def store_stats(path: str | os.PathLike[str], *, sample: int | None = None, seed
     random samples read back from the store (a check of what is actually on disk).
 
     Raises:
+        ValueError: ``sample`` below 1.
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
     """
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+        raise ValueError(f"sample must be a positive number of samples, got {sample!r}")
     p = Path(path)
     with StoreReader(p) as reader:
         m = reader.meta

@@ -37,7 +37,8 @@ from ._env import DATA_FILE
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
 from .errors import LmdbStoreError, ValidationError, preview
-from .model import build_model, input_channels
+from .format import MAX_CLASSES, MAX_DIM, json_safe
+from .model import MAX_WIDTH, build_model, input_channels, state_shapes
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from .window import WindowBatchSampler, choose_shuffle
@@ -49,6 +50,7 @@ BEST_NAME = "best.pt"
 METRICS_NAME = "metrics.jsonl"
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "width"}
+_RESUME_KEYS = {"optimizer", "epoch", "history"}
 
 Log = Callable[[str], None]
 
@@ -177,9 +179,62 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged or hostile file
         raise LmdbStoreError(f"cannot load checkpoint ({type(exc).__name__}: {exc})".splitlines()[0], path=p) from exc
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or not ckpt.keys() >= _CHECKPOINT_KEYS:
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise LmdbStoreError("not an lmdbstore checkpoint", path=p)
+    missing = sorted(_CHECKPOINT_KEYS - ckpt.keys())
+    if missing:
+        raise LmdbStoreError(f"not an lmdbstore checkpoint (no {', '.join(missing)})", path=p)
+    _check_claims(ckpt, p)
     return ckpt
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
+    """Bound the model a checkpoint describes, and check that its weights are that model's, before anything
+    is built from it: a checkpoint claiming a huge ``width`` would otherwise allocate gigabytes."""
+
+    def bad(msg: str) -> LmdbStoreError:
+        return LmdbStoreError(f"malformed checkpoint: {msg}", path=p)
+
+    classes, shape, width = ckpt["classes"], ckpt["sample_shape"], ckpt["width"]
+    if (
+        not isinstance(classes, list)
+        or not 1 <= len(classes) <= MAX_CLASSES
+        or not all(isinstance(c, str) for c in classes)
+    ):
+        raise bad(f"classes must be a list of 1..{MAX_CLASSES} names")
+    if not isinstance(shape, (list, tuple)) or not all(_is_int(d) and 1 <= d <= MAX_DIM for d in shape):
+        raise bad(f"sample_shape must be a list of dimensions in 1..{MAX_DIM}")
+    if not _is_int(width) or not 1 <= width <= MAX_WIDTH:
+        raise bad(f"width {width!r} is not in 1..{MAX_WIDTH}")
+    channels = ckpt.get("in_channels", 1)
+    if not _is_int(channels) or not 1 <= channels <= MAX_DIM:
+        raise bad(f"in_channels {channels!r} is not in 1..{MAX_DIM}")
+    try:
+        want = state_shapes(tuple(shape), len(classes), width)
+    except ValueError as exc:  # a sample shape the CNN cannot take
+        raise bad(str(exc)) from None
+    weights = ckpt["model"]
+    if not isinstance(weights, dict):
+        raise bad("model must be a state dict")
+    for name, shp in want.items():
+        got = weights.get(name)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shp:
+            have = (
+                "missing"
+                if got is None
+                else f"of shape {tuple(got.shape)}"
+                if isinstance(got, torch.Tensor)
+                else "not a tensor"
+            )
+            raise LmdbStoreError(
+                f"checkpoint weights do not fit the model it describes: {name} is {have}, "
+                f"width {width} and {len(classes)} classes need {shp}",
+                path=p,
+            )
 
 
 def _model_channels(shape: tuple[int, ...], path: Path) -> int:
@@ -416,7 +471,9 @@ def train(
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     out = Path(out_dir) if out_dir is not None else None
-    start_epoch, history, best_acc = 0, [], -1.0
+    start_epoch, best_acc = 0, -1.0
+    history: list[EpochMetrics] = []
+    conf_before: torch.Tensor | None = None
     if resume:
         if out is None:
             raise ValueError("resume needs out_dir")
@@ -427,10 +484,9 @@ def train(
                 f"checkpoint was trained with width {ckpt['width']}, not {cfg.width}", path=out / CHECKPOINT_NAME
             )
         _load_weights(model, ckpt, out / CHECKPOINT_NAME)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        start_epoch = int(ckpt["epoch"]) + 1
-        best_acc = float(ckpt.get("best_accuracy", -1.0))
-        history = [EpochMetrics(**m) for m in json.loads(ckpt["history"])]
+        start_epoch, best_acc, history, conf_before = _resume_state(
+            ckpt, optimizer, len(classes), out / CHECKPOINT_NAME
+        )
         say(f"resuming after epoch {start_epoch} from {out / CHECKPOINT_NAME}")
         if start_epoch >= cfg.epochs:
             say(f"checkpoint already has {start_epoch} epochs; nothing to do (raise --epochs to train more)")
@@ -445,6 +501,8 @@ def train(
     )
     if out is not None and info.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        if not resume:  # a fresh run: metrics of an older run in the same directory are not this run's
+            (out / METRICS_NAME).unlink(missing_ok=True)
 
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
     dataset = LmdbBatchDataset(reader)
@@ -455,7 +513,7 @@ def train(
         f"batch {lcfg.batch_size}, {steps} steps/epoch, {lcfg.workers} workers, shuffle "
         f"{'balanced' if lcfg.balanced else lcfg.shuffle}"
     )
-    conf = torch.zeros(len(classes), len(classes), dtype=torch.int64)
+    conf = conf_before if conf_before is not None else torch.zeros(len(classes), len(classes), dtype=torch.int64)
     for epoch in range(start_epoch, cfg.epochs):
         sampler.set_epoch(epoch)
         m = _train_epoch(ddp_model, train_loader, optimizer, scheduler, device, cfg, steps, epoch, info, progress, say)
@@ -467,7 +525,7 @@ def train(
         say(_epoch_line(m))
         if out is not None and info.is_main:
             with open(out / METRICS_NAME, "a") as fh:
-                fh.write(json.dumps(asdict(m)) + "\n")
+                fh.write(json.dumps(json_safe(asdict(m)), allow_nan=False) + "\n")
             state = {
                 "format": CHECKPOINT_FORMAT,
                 "model": model.state_dict(),
@@ -480,6 +538,7 @@ def train(
                 "width": cfg.width,
                 "history": json.dumps([asdict(h) for h in history]),
                 "best_accuracy": max(best_acc, m.val_accuracy or -1.0),
+                "confusion": conf.tolist(),
                 "train_config": json.dumps(asdict(cfg)),
                 "loader_config": json.dumps(asdict(lcfg)),
             }
@@ -491,12 +550,36 @@ def train(
     if history and val_loader is not None and start_epoch < cfg.epochs:
         say("confusion matrix on the validation split (rows: true, columns: predicted):")
         say(format_confusion(conf.tolist(), classes))
-    if out is not None and info.is_main and history:
+    if out is not None and info.is_main and history and start_epoch < cfg.epochs:  # not for a finished run resumed
         summary = {"classes": classes, "confusion": conf.tolist(), "final": asdict(history[-1]), "store": str(path)}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
     if info.active:
         dist.barrier()
     return TrainResult(history, conf.tolist(), classes, out, (out / CHECKPOINT_NAME) if out else None)
+
+
+def _resume_state(
+    ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, n_classes: int, ckpt_path: Path
+) -> tuple[int, float, list[EpochMetrics], torch.Tensor | None]:
+    """Restore the optimizer from a checkpoint; return (first epoch to run, best accuracy, history, the last
+    validation confusion matrix or ``None`` for checkpoints from before it was kept)."""
+    missing = sorted(_RESUME_KEYS - ckpt.keys())
+    if missing:
+        raise LmdbStoreError(f"checkpoint cannot be resumed (no {', '.join(missing)})", path=ckpt_path)
+    try:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        epoch = ckpt["epoch"]
+        if not _is_int(epoch) or epoch < 0:
+            raise ValueError(f"epoch {epoch!r} is not a non-negative integer")
+        best_acc = float(ckpt.get("best_accuracy", -1.0))
+        history = [EpochMetrics(**m) for m in json.loads(ckpt["history"])]
+        conf = torch.tensor(ckpt["confusion"], dtype=torch.int64) if "confusion" in ckpt else None
+        if conf is not None and tuple(conf.shape) != (n_classes, n_classes):
+            raise ValueError(f"confusion matrix of shape {tuple(conf.shape)}, expected {n_classes}x{n_classes}")
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LmdbStoreError(f"checkpoint cannot be resumed ({first})", path=ckpt_path) from exc
+    return epoch + 1, best_acc, history, conf
 
 
 def _epoch_line(m: EpochMetrics) -> str:

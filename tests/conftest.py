@@ -51,6 +51,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -299,3 +300,20 @@ def run_cli_measured(tmp_path: Path, *args: str | Path, limit_mib: int = 4096, t
 
     peak = int(peak_file.read_text()) / 1024 if peak_file.exists() else float("inf")
     return CliRun(p.returncode, read(out_path), read(err_path), peak)
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``/``Infinity`` (not JSON, though Python's json writes them)."""
+
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"invalid JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def edit_meta_text(path: Path, edit: Callable[[str], str]) -> None:
+    """Rewrite the raw JSON text of the store's metadata record with ``edit`` (to tamper with it)."""
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        db = env.open_db(DB_META, txn=txn, create=False)
+        raw = bytes(txn.get(b"meta", db=db)).decode()
+        txn.put(b"meta", edit(raw).encode(), db=db)

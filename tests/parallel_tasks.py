@@ -156,3 +156,9 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def produce_huge(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce`, as float64 values near 1e300 (their squares overflow float64)."""
+    x, y = task_data(task)
+    return x.astype(np.float64) * 1e300, y

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, build_store, make_data, one_error_line, run_cli, snapshot_store
+from conftest import CLASSES, build_store, make_data, one_error_line, run_cli, snapshot_store, strict_json
 
-from lmdbstore import open_reader
+from lmdbstore import WriterConfig, open_reader
 
 
 def test_ingest_npy_npz_and_directory_then_stats_json(tmp_path: Path) -> None:
@@ -263,3 +263,47 @@ def test_huge_label_gives_a_short_line(tmp_path: Path) -> None:
     line = one_error_line(r)
     assert "10000000" in line and "d.npz" in line and len(line) < 500
     assert not (tmp_path / "s").exists()
+
+
+def test_running_the_demo_twice_gives_the_same_store(tmp_path: Path) -> None:
+    # the demo used to rewrite synthetic.npz, whose new mtime made the second ingest append a copy
+    work = tmp_path / "demo"
+    args = ("demo", "--dir", work, "-n", "600", "--epochs", "1", "--batch", "64", "--workers", "0")
+    first = run_cli(*args)
+    assert first.exit_code == 0, first.output
+    before = snapshot_store(work / "store")
+    second = run_cli(*args)
+    assert second.exit_code == 0, second.output
+    assert "+0 samples (already in the store)" in second.stdout
+    assert snapshot_store(work / "store") == before
+    with open_reader(work / "store") as r:
+        assert len(r) == 600
+    assert len((work / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # a fresh run, not appended
+    # a demo directory whose store holds other data is refused, untouched
+    third = run_cli("demo", "--dir", work, "-n", "500", "--epochs", "1", "--batch", "64", "--workers", "0")
+    assert third.exit_code == 1 and "other data" in one_error_line(third)
+    assert snapshot_store(work / "store") == before
+
+
+def test_json_outputs_stay_valid_json_with_nan_values(tmp_path: Path) -> None:
+    x, y = make_data(300, seed=31, shape=(8, 8))
+    x[::7, 2, 2] = np.nan  # allowed by allow_nonfinite; the losses become NaN
+    store = build_store(tmp_path / "s", x, y, config=WriterConfig(allow_nonfinite=True, sync=False))
+    out = tmp_path / "run"
+    common = ("--batch", "64", "--workers", "0")
+    result = run_cli(
+        "train", store, "--epochs", "1", "--max-steps", "2", "--out", out, "--no-progress", "--json", *common
+    )
+    assert result.exit_code == 0, result.output
+    final = strict_json(result.stdout.strip().splitlines()[-1])["final"]
+    assert final["train_loss"] is None
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        strict_json(line)
+    strict_json((out / "summary.json").read_text())
+    scored = run_cli("eval", store, out / "checkpoint.pt", "--json", *common)
+    assert scored.exit_code == 0, scored.output
+    assert strict_json(scored.stdout)["loss"] is None
+    for cmd in (("stats", store, "--json"), ("verify", store, "--json", "--no-progress")):
+        shown = run_cli(*cmd)
+        assert shown.exit_code == 0, shown.output
+        strict_json(shown.stdout)

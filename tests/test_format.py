@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 
@@ -126,6 +127,30 @@ def test_value_stats_match_numpy_and_skip_nonfinite() -> None:
     assert stats.std == pytest.approx(finite.std(), rel=1e-9)
     assert stats.min == finite.min() and stats.max == finite.max()
     assert ValueStats().mean is None and ValueStats().std is None
+
+
+def test_value_stats_of_huge_values_stay_finite() -> None:
+    # squares of values above ~1e154 overflow float64: the moments are kept scaled by a power of two
+    rng = np.random.default_rng(2)
+    parts = [rng.standard_normal(n) * 10.0**e for n, e in ((50, 0), (40, 200), (30, 307))]
+    parts[2][0] = np.finfo(np.float64).max
+    stats, merged = ValueStats(), ValueStats()
+    for p in parts:
+        stats.update(p)
+        one = ValueStats()
+        one.update(p)
+        merged.merge(one)  # as write_parallel does with the workers' statistics
+    flat = np.concatenate(parts)
+    scaled = flat / 1e300  # numpy's own mean/std would overflow here
+    for s in (stats, merged):
+        assert s.n == flat.size and s.scale > 0
+        assert s.mean == pytest.approx(scaled.mean() * 1e300, rel=1e-9)
+        assert s.std == pytest.approx(scaled.std() * 1e300, rel=1e-9)
+        assert s.min == flat.min() and s.max == flat.max()
+        assert math.isfinite(s.sum) and math.isfinite(s.sumsq)
+    meta = _meta().with_(value_stats=stats)
+    back = StoreMeta.from_json(meta.to_json())  # the metadata is valid JSON and reads back
+    assert back.value_stats == stats and back.value_stats.std == stats.std
 
 
 # ----------------------------------------------------------------------------- metadata
@@ -264,3 +289,33 @@ def test_from_json_rejects_bad_fields(changes: dict[str, object]) -> None:
         StoreMeta.from_json(_raw(**changes), path="/s")
     assert not isinstance(exc.value, FormatVersionError)
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ('"sum": 45.0', '"sum": NaN'),
+        ('"sumsq": 285.0', '"sumsq": Infinity'),
+        ('"min": 0.0', '"min": -Infinity'),
+        ('"sum": 45.0', '"sum": ' + "9" * 400),
+        ('"sumsq": 285.0', '"sumsq": -1.0'),
+        ('"n": 10', '"n": ' + "9" * 400),
+        ('"scale": 0', '"scale": 5000'),
+        ('"scale": 0', '"scale": 1100'),
+        ('"count": 40', '"count": NaN'),
+    ],
+    ids=lambda v: v[:30],
+)
+def test_from_json_refuses_nonfinite_and_out_of_range_statistics(old: str, new: str) -> None:
+    raw = _meta().to_json().decode()
+    assert old in raw
+    with pytest.raises(CorruptStoreError) as exc:
+        StoreMeta.from_json(raw.replace(old, new).encode(), path="/s")
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("/s:")
+
+
+def test_metadata_written_before_the_scale_field_still_opens() -> None:
+    d = json.loads(_meta().to_json())
+    del d["value_stats"]["scale"]
+    meta = StoreMeta.from_json(json.dumps(d).encode())
+    assert meta.value_stats.scale == 0 and meta.value_stats.mean == pytest.approx(4.5)

@@ -318,3 +318,27 @@ def test_value_statistics_from_the_workers_match_the_writers_own(tmp_path: Path)
         (sb.n, sb.nonfinite, sb.min, sb.max) == (sa.n, sa.nonfinite, sa.min, sa.max) == (x.size - 1, 1, sa.min, sa.max)
     )
     assert sb.sum == pytest.approx(sa.sum, rel=1e-9) and sb.sumsq == pytest.approx(sa.sumsq, rel=1e-9)
+
+
+def test_statistics_of_huge_values_from_workers_stay_finite(tmp_path: Path) -> None:
+    tasks = [(i, 40) for i in range(3)]
+    x, _ = pt.expected(tasks)
+    cfg = WriterConfig(commit_bytes=4096, sync=False)
+    report = write_parallel(
+        tmp_path / "s",
+        pt.produce_huge,
+        tasks,
+        workers=1,
+        shape=pt.SHAPE,
+        dtype="float64",
+        classes=pt.CLASSES,
+        config=cfg,
+        progress=False,
+    )
+    assert report.total == len(x)
+    with open_reader(tmp_path / "s") as r:
+        stats = r.meta.value_stats
+    f = x.astype(np.float64)  # the data divided by 1e300
+    assert stats.n == f.size
+    assert stats.mean == pytest.approx(f.mean() * 1e300, rel=1e-9)
+    assert stats.std == pytest.approx(f.std() * 1e300, rel=1e-9)

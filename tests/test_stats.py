@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import CLASSES, StoreInfo
+from conftest import CLASSES, StoreInfo, edit_meta_text, one_error_line, run_cli, strict_json
 
-from lmdbstore import NotAStoreError, StoreNotFoundError
+from lmdbstore import CorruptStoreError, NotAStoreError, StoreNotFoundError
 from lmdbstore.stats import format_stats, store_stats
 
 
@@ -54,3 +54,34 @@ def test_missing_and_foreign(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "f").write_text("x")
     with pytest.raises(NotAStoreError):
         store_stats(tmp_path / "f")
+
+
+@pytest.mark.parametrize("sample", [-1, 0])
+def test_sample_must_be_positive(small_store: StoreInfo, sample: int) -> None:
+    with pytest.raises(ValueError, match=r"^sample must be a positive"):
+        store_stats(small_store.path, sample=sample)
+    result = run_cli("stats", small_store.path, "--sample", str(sample))
+    assert result.exit_code == 1
+    assert "--sample" in one_error_line(result)
+
+
+@pytest.mark.parametrize(("old", "new"), [('"sum": ', '"sum": NaN, "x": '), ('"max": ', '"max": Infinity, "x": ')])
+def test_tampered_nonfinite_statistics_are_refused(small_store: StoreInfo, old: str, new: str) -> None:
+    # json.loads accepts NaN/Infinity: they used to reach `stats --json` and make it print invalid JSON
+    edit_meta_text(small_store.path, lambda raw: raw.replace(old, new, 1))
+    with pytest.raises(CorruptStoreError, match="non-finite"):
+        store_stats(small_store.path)
+    result = run_cli("stats", small_store.path, "--json")
+    assert result.exit_code == 1 and "non-finite" in one_error_line(result)
+
+
+def test_tampered_huge_integer_sum_is_one_line(small_store: StoreInfo) -> None:
+    edit_meta_text(small_store.path, lambda raw: raw.replace('"sum": ', '"sum": ' + "9" * 400 + ', "x": ', 1))
+    result = run_cli("stats", small_store.path, "--json")
+    assert result.exit_code == 1 and "value_stats sum" in one_error_line(result)
+
+
+def test_stats_json_is_valid_json(small_store: StoreInfo) -> None:
+    result = run_cli("stats", small_store.path, "--json")
+    assert result.exit_code == 0
+    assert strict_json(result.stdout)["samples"] == len(small_store.x)

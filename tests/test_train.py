@@ -241,3 +241,62 @@ def test_shapes_the_cnn_cannot_take_are_refused_up_front(
     assert not out.exists()  # refused before anything was set up or written
     with pytest.raises(ValidationError, match=words):
         evaluate(info.path, tmp_path / "any.pt", workers=0)
+
+
+# ---------------------------------------------------------------------- hostile checkpoints, reruns
+def _tampered_run(store: Path, out: Path, edit: Callable[[dict[str, object]], object]) -> Path:
+    """A one-epoch run in ``out`` whose ``checkpoint.pt`` was then changed by ``edit``."""
+    _one_epoch(store, out)
+    ckpt = torch.load(out / CHECKPOINT_NAME, weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, out / CHECKPOINT_NAME)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"width": 10**9}, "width 1000000000 is not in"),
+        ({"width": 4096}, "weights do not fit"),  # allowed width, but not the weights' one
+        ({"sample_shape": [10**9, 25]}, "sample_shape must be"),
+        ({"classes": [str(i) for i in range(70_000)]}, "classes must be"),
+        ({"in_channels": 10**9}, "in_channels"),
+        ({"width": "16"}, "width '16'"),
+        ({"model": [1, 2]}, "model must be a state dict"),
+    ],
+    ids=lambda c: str(c)[:30],
+)
+def test_checkpoint_claiming_a_huge_or_odd_model_is_refused_before_building(
+    small_store: StoreInfo, tmp_path: Path, change: dict[str, object], words: str
+) -> None:
+    out = _tampered_run(small_store.path, tmp_path / "run", lambda ckpt: ckpt.update(change))
+    with pytest.raises(LmdbStoreError, match=words) as err:
+        evaluate(small_store.path, out / CHECKPOINT_NAME, workers=0)
+    assert "\n" not in str(err.value)
+    with pytest.raises(LmdbStoreError, match=words):
+        _one_epoch(small_store.path, out, resume=True)
+
+
+@pytest.mark.parametrize("key", ["model", "classes", "sample_shape", "width", "optimizer", "epoch", "history"])
+def test_checkpoint_missing_a_key_is_one_line(small_store: StoreInfo, tmp_path: Path, key: str) -> None:
+    out = _tampered_run(small_store.path, tmp_path / "run", lambda ckpt: ckpt.pop(key))
+    with pytest.raises(LmdbStoreError, match=f"no {key}") as err:
+        _one_epoch(small_store.path, out, resume=True)
+    assert "\n" not in str(err.value)
+
+
+def test_fresh_run_in_an_old_directory_starts_its_metrics_afresh(small_store: StoreInfo, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _one_epoch(small_store.path, out)
+    _one_epoch(small_store.path, out)  # not --resume: a new run, not more epochs of the old one
+    assert [json.loads(line)["epoch"] for line in (out / METRICS_NAME).read_text().splitlines()] == [0]
+
+
+def test_resuming_a_finished_run_keeps_its_summary(small_store: StoreInfo, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    first = _one_epoch(small_store.path, out)
+    summary = (out / "summary.json").read_text()
+    again = _one_epoch(small_store.path, out, resume=True)  # nothing left to do
+    assert (out / "summary.json").read_text() == summary
+    assert again.confusion == first.confusion and np.array(again.confusion).sum() > 0  # type: ignore[attr-defined]
+    assert len((out / METRICS_NAME).read_text().splitlines()) == 1

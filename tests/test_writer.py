@@ -544,6 +544,23 @@ def test_value_stats_match_numpy(tmp_path: Path) -> None:
     assert stats.min == allx.min() and stats.max == allx.max()
 
 
+def test_huge_finite_values_commit_with_finite_statistics(tmp_path: Path) -> None:
+    # float64 values above ~1e154 used to overflow the sum of squares: half the data committed, then a
+    # "not JSON compliant" error without a path on this and every later run
+    x, y = make_data(400, seed=25, dtype=np.float64)
+    x *= 1e300
+    x[7, 3, 3] = np.finfo(np.float64).max
+    path = build_store(tmp_path / "s", x, y, config=FAST, batch=100)
+    meta = read_everything(path)[2]
+    stats = meta.value_stats
+    assert meta.count == 400 and stats.n == x.size
+    scaled = x / 1e300
+    assert stats.mean == pytest.approx(scaled.mean() * 1e300, rel=1e-9)
+    assert stats.std == pytest.approx(scaled.std() * 1e300, rel=1e-9)
+    assert stats.max == np.finfo(np.float64).max
+    assert verify_store(path).ok
+
+
 def test_progress_ledger_is_committed_with_the_samples(tmp_path: Path) -> None:
     path = tmp_path / "s"
     x, y = make_data(300, seed=24)
