@@ -20,6 +20,7 @@ import typer
 
 from lmdbstore import LmdbStoreError, __version__
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+from lmdbstore.errors import unwrap_worker_message
 
 app = typer.Typer(
     name="lmdbstore",
@@ -36,7 +37,7 @@ app = typer.Typer(
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"error: {' '.join(str(msg).split())}", err=True)
+    typer.echo(f"error: {' '.join(unwrap_worker_message(str(msg)).split())}", err=True)
     raise typer.Exit(code)
 
 
