@@ -20,7 +20,7 @@ import typer
 
 from lmdbstore import LmdbStoreError, __version__
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
-from lmdbstore.errors import clip
+from lmdbstore.errors import clip, unwrap_worker_message
 
 app = typer.Typer(
     name="lmdbstore",
@@ -40,7 +40,7 @@ MAX_ERROR_CHARS = 1000
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"error: {clip(msg, MAX_ERROR_CHARS)}", err=True)
+    typer.echo(f"error: {clip(' '.join(unwrap_worker_message(str(msg)).split()), MAX_ERROR_CHARS)}", err=True)
     raise typer.Exit(code)
 
 

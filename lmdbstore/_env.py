@@ -6,6 +6,7 @@ Private: the writer and the reader share these helpers so both see the same stor
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import threading
@@ -15,7 +16,7 @@ from typing import Any
 
 import lmdb
 
-from .errors import CorruptStoreError, NotAStoreError, StoreNotFoundError, translate_lmdb_errors
+from .errors import CorruptStoreError, LmdbStoreError, NotAStoreError, StoreNotFoundError, translate_lmdb_errors
 from .format import DB_META, MAX_DBS, META_KEY, StoreMeta
 from .pages import UnsupportedLayout, read_meta_page
 
@@ -83,6 +84,42 @@ def to_be_created(path: Path) -> bool:
     return path.is_dir() and (not any(path.iterdir()) or unborn_reason(path) is not None)
 
 
+def writer_active(path: Path) -> bool:
+    """Whether a writer holds the store's ``writer.lock`` now: a non-blocking shared ``flock`` probe.
+
+    A writer holds an exclusive lock for as long as it is open; ``verify``'s shared lock does not count.
+    ``False`` when there is no lock file or it cannot be opened (no writer could have taken it either).
+    """
+    try:
+        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the probe's shared lock
+    return False
+
+
+def lock_table_writable(path: Path) -> bool:
+    """Whether this process can open LMDB's reader table (``lock.mdb``, created if missing) for writing,
+    which a ``lock=True`` reader needs; a read-only store (or file system) can only be read lock-free."""
+    lock_file = path / LOCK_FILE
+    if lock_file.exists():
+        return os.access(lock_file, os.W_OK)
+    return os.access(path, os.W_OK)
+
+
+def resolve_lock(path: Path, lock: bool | None) -> bool:
+    """A reader's ``lock`` mode: as asked, or for ``None`` (automatic) ``True`` exactly while a writer is
+    active, so the reader's snapshot is registered and its pages cannot be reused under it."""
+    return writer_active(path) if lock is None else lock
+
+
 def check_store_dir(path: Path) -> None:
     """Raise unless ``path`` is a directory holding an LMDB data file.
 
@@ -91,14 +128,19 @@ def check_store_dir(path: Path) -> None:
         NotAStoreError: ``path`` is a file, a directory without ``data.mdb``, or a store whose creation was
             interrupted before its first commit (see :func:`unborn_reason`).
     """
-    if not path.exists():
-        raise StoreNotFoundError("no such store", path=path, hint="create it with `lmdbstore ingest`")
-    if not path.is_dir():
-        raise NotAStoreError("not a store (a store is a directory)", path=path)
-    raise_if_unborn(path)
-    if not (path / DATA_FILE).is_file():
-        raise NotAStoreError(f"not a store (no {DATA_FILE} inside)", path=path)
-    size = os.path.getsize(path / DATA_FILE)
+    try:
+        if not path.exists():
+            raise StoreNotFoundError("no such store", path=path, hint="create it with `lmdbstore ingest`")
+        if not path.is_dir():
+            raise NotAStoreError("not a store (a store is a directory)", path=path)
+        raise_if_unborn(path)
+        if not (path / DATA_FILE).is_file():
+            raise NotAStoreError(f"not a store (no {DATA_FILE} inside)", path=path)
+        size = os.path.getsize(path / DATA_FILE)
+    except PermissionError as exc:
+        raise LmdbStoreError(
+            f"permission denied ({exc.filename or path})", path=path, hint="check the store's permissions"
+        ) from exc
     if size < MIN_DATA_FILE_BYTES:
         # LMDB would misreport this (EBADF for an empty file), and a writer would re-initialise it.
         raise CorruptStoreError(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import lmdb
 
-from ._env import DATA_FILE, ENVS, begin_read, check_store_dir, open_env, read_meta
-from .errors import CorruptStoreError, translate_lmdb_errors
+from ._env import DATA_FILE, ENVS, begin_read, check_store_dir, open_env, read_meta, resolve_lock
+from .errors import CorruptStoreError, translate_read_errors
 from .format import DB_CLASSIDX, DB_LABELS, DB_PROGRESS, DB_SAMPLES, encode_key
 from .positions import PositionTable, PreadEngine, build_table
 
@@ -18,17 +18,17 @@ class Handle:
     """The per-process open state: a share of the environment, one long-lived read transaction,
     the sub-databases, and (built on first use) the position table of that transaction's snapshot."""
 
-    def __init__(self, path: Path, lock: bool, io_threads: int, inherit: PositionTable | None = None):
+    def __init__(self, path: Path, lock: bool | None, io_threads: int, inherit: PositionTable | None = None):
         check_store_dir(path)
         self.pid = os.getpid()
         self.path = path
-        self.lock = lock
+        self.lock = lock = resolve_lock(path, lock)
         self.lease = ENVS.acquire(
             path, writable=False, lock=lock, opener=lambda: open_env(path, readonly=True, lock=lock)
         )
         self.env = self.lease.env
         try:
-            with translate_lmdb_errors(path, "open"):
+            with translate_read_errors(path, "open"):
                 self.txn = begin_read(self.env)
                 self.meta = read_meta(self.env, self.txn, path)
                 self.dbs = {
@@ -36,7 +36,7 @@ class Handle:
                     for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS)
                 }
                 self.txnid = self.txn.id()
-            self.fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
+                self.fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
         except lmdb.NotFoundError as exc:
             self.lease.release()
             self.lease = None  # type: ignore[assignment]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import struct
 from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
 from itertools import islice
@@ -33,6 +35,8 @@ __all__ = [
     "clip",
     "preview",
     "translate_lmdb_errors",
+    "translate_read_errors",
+    "unwrap_worker_message",
 ]
 
 #: Items of a list (class names, files, labels, members) an error message shows before "... (N more)".
@@ -74,6 +78,25 @@ def preview(
     return text
 
 
+#: How torch re-raises a DataLoader worker's exception in the main process: ``exc_type(msg)`` with this text.
+_WORKER_WRAPPED = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\s*\nOriginal Traceback", re.S)
+
+
+def unwrap_worker_message(text: str) -> str:
+    """The original one-line message of an exception torch re-raised from a DataLoader worker.
+
+    torch re-raises a worker's exception in the main process as ``type(exc)(msg)``, where ``msg`` is
+    "Caught X in DataLoader worker process N." followed by the worker's whole traceback; its last line is
+    ``module.X: <the original message>``.  Any other text is returned unchanged.
+    """
+    if not _WORKER_WRAPPED.match(text):
+        return text
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else text
+    head, sep, rest = last.partition(": ")
+    return rest if sep and re.fullmatch(r"[\w.]+", head) else last
+
+
 class LmdbStoreError(Exception):
     """Base class of every error lmdbstore raises deliberately.
 
@@ -93,6 +116,9 @@ class LmdbStoreError(Exception):
         hint: str | None = None,
     ) -> None:
         self.message = clip(message, MAX_MESSAGE_CHARS)
+
+        # a DataLoader worker's error re-raised by torch carries the worker's traceback: keep its message
+        self.message = " ".join(unwrap_worker_message(str(message)).split())
         self.path = str(path) if path is not None else None
         self.key = key
         self.hint = hint
@@ -217,3 +243,37 @@ def translate_lmdb_errors(path: str | Path, action: str) -> Iterator[None]:
         if exc.errno == errno.ENOSPC:
             raise StoreFullError(f"{action}: no space left on device", path=path, hint="free disk space") from exc
         raise
+
+
+@contextmanager
+def translate_read_errors(path: str | Path, action: str) -> Iterator[None]:
+    """:func:`translate_lmdb_errors` for the read path, which also meets what damaged files raise.
+
+    Reads by file offset (``pread``, memory maps) and the page parser see the data file directly, so an
+    I/O error, a file shrunk under the reader or bytes that parse into nonsense come out as exceptions of
+    their own.  Wrap only the reading, never the checks of the caller's arguments.
+
+    Raises:
+        CorruptStoreError: anything the data file's contents or its reading raised.
+        LmdbStoreError: permission denied, and the LMDB failures of :func:`translate_lmdb_errors`.
+    """
+    try:
+        with translate_lmdb_errors(path, action):
+            yield
+    except LmdbStoreError:
+        raise
+    except PermissionError as exc:
+        raise LmdbStoreError(
+            f"{action}: permission denied ({exc.filename or path})",
+            path=path,
+            hint="check the permissions of the store's files",
+        ) from exc
+    except OSError as exc:
+        raise CorruptStoreError(
+            f"{action}: I/O error reading the store ({exc.strerror or exc})", path=path, hint="check the disk"
+        ) from exc
+    except (struct.error, ValueError, TypeError, IndexError, OverflowError, BufferError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CorruptStoreError(
+            f"{action}: the data file is damaged ({type(exc).__name__}: {first})", path=path
+        ) from exc

@@ -5,8 +5,9 @@ a fork or when unpickled in a spawned worker (py-lmdb environments must never cr
 py-lmdb 3.x refuses to open a path twice in one process).  By default it opens with
 ``readonly=True, lock=False, readahead=False``: no reader-table slot (so killed readers cannot
 exhaust it), no lock contention between workers, and no OS read-ahead wasted on random access.
-``lock=False`` is only safe while nobody writes the store; pass ``lock=True`` to read a snapshot
-while a writer appends.
+``lock=False`` is only safe while nobody writes the store: by default (``lock=None``) the reader probes
+the store's writer lock when it opens and uses ``lock=True`` (a registered snapshot, whose pages a writer
+cannot reuse) while a writer is active.  Pass ``lock=True`` to always read a registered snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._handle import Handle
-from .errors import ChecksumError, CorruptStoreError, translate_lmdb_errors
+from .errors import ChecksumError, CorruptStoreError, translate_lmdb_errors, translate_read_errors
 from .format import (
     DB_CLASSIDX,
     DB_LABELS,
@@ -40,7 +41,9 @@ class StoreReader:
 
     Args:
         path: the store directory.
-        lock: use LMDB's reader lock table (default ``False``: lock-free; see the module docstring).
+        lock: use LMDB's reader lock table; ``None`` (default): only while a writer is active, so a store
+            nobody writes is read lock-free and one being appended to is read as a consistent snapshot
+            (decided in each process when it opens the store; see the module docstring).
         verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
             and ``stats --check`` turn it on).  Checked reads go through liblmdb.
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.positions`):
@@ -59,7 +62,7 @@ class StoreReader:
         self,
         path: str | os.PathLike[str],
         *,
-        lock: bool = False,
+        lock: bool | None = None,
         verify_checksums: bool = False,
         positions: bool = True,
         io_threads: int = DEFAULT_IO_THREADS,
@@ -103,7 +106,8 @@ class StoreReader:
     def read_path(self) -> str:
         """``"positions"`` (reads by file offset) or ``"lmdb"`` (liblmdb lookups) for unchecked reads."""
         h = self._handle()
-        return "positions" if self.positions and self._positions(h) is not None else "lmdb"
+        with translate_read_errors(self.path, "read"):
+            return "positions" if self.positions and self._positions(h) is not None else "lmdb"
 
     def open(self) -> StoreReader:
         """Open now (instead of on first read), validating the store. Returns ``self``."""
@@ -202,13 +206,22 @@ class StoreReader:
         m = h.meta
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         self._check_indices(idx, m.count)
-        n, sb, spv = len(idx), m.sample_bytes, m.samples_per_value
+        n, sb = len(idx), m.sample_bytes
         if out is None:
             out = np.empty((n, *m.shape), m.np_dtype)
         elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
         if n == 0:
             return out
+        # everything below reads the store: whatever a damaged file makes it raise becomes our error
+        with translate_read_errors(self.path, "read"):
+            self._read_into(h, idx, out)
+        return out
+
+    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` with the samples at ``idx`` (checked by :meth:`read_batch`)."""
+        m = h.meta
+        n, sb, spv = len(idx), m.sample_bytes, m.samples_per_value
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         firsts = sidx - sidx % spv
@@ -229,7 +242,7 @@ class StoreReader:
             ends0 = d0 + np.diff(np.r_[brk, n]) * sb
             ov0 = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
             h.engine.read(ov0, foffs, d0.tolist(), ends0.tolist())
-            return out
+            return
         keys = firsts[brk].astype(">u8").view("V8").tolist()
         offs = ((sidx[brk] - firsts[brk]) * sb).tolist()
         dsts = (order[brk] * sb).tolist()
@@ -260,27 +273,29 @@ class StoreReader:
             if last is not None:
                 self._value(h, int.from_bytes(last, "big"))
             raise
-        return out
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""
         m = self.meta
         if not 0 <= start <= stop <= m.count:
             raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
-        if self.positions and not self.verify_checksums and self._positions(self._handle()) is not None:
+        with translate_read_errors(self.path, "read"):
+            fast = self.positions and not self.verify_checksums and self._positions(self._handle()) is not None
+        if fast:
             return self.read_batch(np.arange(start, stop))
         out = np.empty((stop - start, *m.shape), m.np_dtype)
         ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
         sb, spv, pos = m.sample_bytes, m.samples_per_value, 0
         h = self._handle()
         first = start - start % spv
-        while pos < out.nbytes:
-            payload = self._value(h, first)
-            lo = max(start - first, 0) * sb
-            hi = min(stop - first, spv) * sb
-            ov[pos : pos + hi - lo] = payload[lo:hi]
-            pos += hi - lo
-            first += spv
+        with translate_read_errors(self.path, "read"):
+            while pos < out.nbytes:
+                payload = self._value(h, first)
+                lo = max(start - first, 0) * sb
+                hi = min(stop - first, spv) * sb
+                ov[pos : pos + hi - lo] = payload[lo:hi]
+                pos += hi - lo
+                first += spv
         return out
 
     def prefetch(self, lo: Any, hi: Any) -> None:
@@ -291,7 +306,8 @@ class StoreReader:
         shuffle for the next window.  A no-op on the liblmdb read path.
         """
         h = self._handle()
-        table = self._positions(h) if self.positions else None
+        with translate_read_errors(self.path, "read"):
+            table = self._positions(h) if self.positions else None
         if table is None or h.engine is None or len(table.offsets) == 0:
             return
         m = h.meta
@@ -332,7 +348,7 @@ class StoreReader:
             m = h.meta
             out = np.empty(m.count, m.label_dtype)
             pos = 0
-            with translate_lmdb_errors(self.path, "read labels"):
+            with translate_read_errors(self.path, "read labels"):
                 for first in range(0, m.count, m.label_chunk):
                     raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
                     n = min(m.label_chunk, m.count - first)
@@ -357,7 +373,7 @@ class StoreReader:
             raise ValueError(f"class_id must be in 0..{len(m.classes) - 1}, got {class_id}")
         n_c = m.class_counts[class_id]
         out = np.empty(n_c, np.int64)
-        with translate_lmdb_errors(self.path, "read class index"):
+        with translate_read_errors(self.path, "read class index"):
             for pos in range(0, n_c, m.label_chunk):
                 raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
                 n = min(m.label_chunk, n_c - pos)
@@ -374,13 +390,14 @@ class StoreReader:
     def raw_value(self, first: int) -> bytes | None:
         """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked."""
         h = self._handle()
-        buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
-        return None if buf is None else bytes(buf)
+        with translate_read_errors(self.path, "read"):
+            buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
+            return None if buf is None else bytes(buf)
 
     def iter_raw(self, db_name: bytes) -> Iterator[tuple[bytes, memoryview]]:
         """Every (key, value) of sub-database ``db_name`` in key order (values are zero-copy views)."""
         h = self._handle()
-        with translate_lmdb_errors(self.path, "scan"):
+        with translate_read_errors(self.path, "scan"):
             cur = h.txn.cursor(db=h.env.open_db(db_name, txn=h.txn, create=False))
             for k, v in cur:
                 yield bytes(k), memoryview(v)
@@ -395,6 +412,8 @@ class StoreReader:
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
 
 
-def open_reader(path: str | os.PathLike[str], *, lock: bool = False, verify_checksums: bool = False) -> StoreReader:
+def open_reader(
+    path: str | os.PathLike[str], *, lock: bool | None = None, verify_checksums: bool = False
+) -> StoreReader:
     """Open a store for reading and validate it now (see :class:`StoreReader`)."""
     return StoreReader(path, lock=lock, verify_checksums=verify_checksums).open()

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ._paths import check_output_file, write_errors
+
 __all__ = ["SYNTH_CLASSES", "SYNTH_SHAPE", "synth_batches", "write_synth_npz"]
 
 SYNTH_CLASSES = ("blob", "ring", "hstripes", "vstripes", "checker")
@@ -92,6 +94,12 @@ def write_synth_npz(path: str | os.PathLike[str], n: int, *, seed: int = 0, nois
     """
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
+    check_output_file(path)
+    with write_errors(path, "write"):
+        _write_npz(path, n, seed, noise)
+
+
+def _write_npz(path: str | os.PathLike[str], n: int, seed: int, noise: float) -> None:
     tmp = f"{os.fspath(path)}.tmp"
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         labels = []  # 8 bytes per sample: small next to the samples, which are streamed

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ._env import DATA_FILE
+from ._paths import check_output_file, make_output_dir, write_errors
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
 from .errors import LmdbStoreError, ValidationError, preview
@@ -418,6 +419,8 @@ def train(
         labels = reader.labels()
     classes = list(meta.classes)
     channels = _model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
+    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        make_output_dir(out_dir)  # before any work: a file, a file's child or an unwritable place fails now
     device_kind = (
         "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") else "cpu"
     )
@@ -500,7 +503,7 @@ def train(
         last_epoch=start_epoch * steps - 1 if start_epoch else -1,
     )
     if out is not None and info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+        make_output_dir(out)
         if not resume:  # a fresh run: metrics of an older run in the same directory are not this run's
             (out / METRICS_NAME).unlink(missing_ok=True)
 
@@ -677,6 +680,8 @@ def evaluate(
             channels or another sample shape.
     """
     path = Path(store)
+    if predictions_out is not None:
+        check_output_file(predictions_out, "predictions file")  # before scoring, not after
     with StoreReader(path) as reader:
         meta = reader.meta
     _model_channels(meta.shape, path)
@@ -706,7 +711,8 @@ def evaluate(
             preds.append(p.numpy().astype(np.uint16))
     acc, per_class = _confusion_summary(conf, list(meta.classes))
     if predictions_out is not None:
-        np.save(predictions_out, np.concatenate(preds) if preds else np.zeros(0, np.uint16))
+        with write_errors(predictions_out, "write predictions"):
+            np.save(predictions_out, np.concatenate(preds) if preds else np.zeros(0, np.uint16))
     n = int(conf.sum())
     return {
         "store": str(path),

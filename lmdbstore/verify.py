@@ -24,7 +24,8 @@ format version, truncated data file) are not reported as problems: they propagat
 :class:`~lmdbstore.errors.LmdbStoreError` subclasses, so callers (and the CLI's exit codes) can tell
 "damaged contents" from "cannot be read at all".
 
-The content checks run in one read transaction with ``lock=True``, so verifying while a writer
+The content checks run in one read transaction with ``lock=True`` (lock-free on a store whose reader table
+is read-only, unless a writer is active), so verifying while a writer
 appends checks one consistent snapshot.
 """
 
@@ -40,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ._env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, open_env
+from ._env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, lock_table_writable, open_env
 from .errors import CorruptStoreError
 from .format import (
     DB_CLASSIDX,
@@ -196,7 +197,13 @@ def verify_store(
     if max_problems < 1:
         raise ValueError(f"max_problems must be positive, got {max_problems}")
     own = not isinstance(path, StoreReader)
-    reader = StoreReader(path, lock=True) if own else path  # type: ignore[arg-type]
+    if own:
+        # A registered snapshot where LMDB's reader table can be written; a read-only store is read
+        # lock-free unless a writer is active (see :func:`lmdbstore._env.resolve_lock`).
+        p = Path(path)  # type: ignore[arg-type]
+        reader = StoreReader(p, lock=True if lock_table_writable(p) else None)
+    else:
+        reader = path  # type: ignore[assignment]
     assert isinstance(reader, StoreReader)
     report = VerifyReport(path=str(reader.path))
     found = _Collector(max_problems)

@@ -506,7 +506,14 @@ def parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
 
 
 def _acquire_lock(path: Path) -> int:
-    fd = os.open(path / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a directory named writer.lock, no write permission, a read-only file system
+        raise LmdbStoreError(
+            f"cannot open the writer lock {WRITER_LOCK_FILE} ({exc.strerror or exc})",
+            path=path,
+            hint="a writer needs to create and write this file in the store directory",
+        ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

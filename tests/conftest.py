@@ -32,6 +32,12 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
     directory) and return ``path``: ``"lock_only"`` (just ``writer.lock``), ``"empty_env"`` (plus an LMDB
     environment opened and closed without any write transaction: ``data.mdb`` with two empty meta pages,
     ``lock.mdb``) or ``"empty_data"`` (``data.mdb`` of 0 bytes, ``lock.mdb``, ``writer.lock``).
+``DAMAGES`` and ``damage_store(path, how)``
+    Damage the store at ``path`` in place: ``"truncate"`` (``data.mdb`` cut to half its size),
+    ``"garble_leaf"`` (seeded random bytes over the nodes of the ``samples`` B-tree's first leaf page) or
+    ``"zero_leaf"`` (that whole page zeroed).  No reader of the store may be open in the process.
+``cli_subprocess(*args, timeout=300)``
+    Run ``python -m cli.main ARGS`` (this checkout's code) and return the ``CompletedProcess``.
 ``dir_bytes(path)``
     ``{name: bytes}`` of every file in the directory ``path``: compare two to prove it was left untouched.
 
@@ -160,6 +166,65 @@ def half_created(path: Path, state: str) -> Path:
     if state == "empty_data":
         os.truncate(path / "data.mdb", 0)  # killed between LMDB creating data.mdb and writing its meta pages
     return path
+
+
+DAMAGES = ("truncate", "garble_leaf", "zero_leaf")
+
+
+def _samples_leaf_page(path: Path) -> tuple[int, int]:
+    """(page number, page size) of the first leaf page of the ``samples`` B-tree."""
+    from lmdbstore.pages import P_BRANCH, _main_db_entry, _Pages, read_meta_page
+
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
+        pages = _Pages(fd, size, meta, path, None)
+        db = _main_db_entry(pages, meta.main, DB_SAMPLES)
+        pgno = db.root
+        for _ in range(db.depth - 1):  # leftmost child, level by level
+            page = pages.read([pgno], P_BRANCH)[0]
+            ptr, words = pages.nodes(page, pgno)
+            w = int(ptr[0]) // 2
+            pgno = int(words[w]) | int(words[w + 1]) << 16 | int(words[w + 2]) << 32
+        return pgno, meta.psize
+    finally:
+        os.close(fd)
+
+
+def damage_store(path: Path, how: str) -> Path:
+    """Damage the store at ``path`` in place (see the module docstring); returns ``path``."""
+    assert how in DAMAGES, how
+    data = path / "data.mdb"
+    if how == "truncate":
+        os.truncate(data, data.stat().st_size // 2)
+        return path
+    pgno, psize = _samples_leaf_page(path)
+    with open(data, "r+b") as f:
+        if how == "zero_leaf":
+            f.seek(pgno * psize)
+            f.write(bytes(psize))
+        else:  # the node area sits at the end of the page, above ``upper``
+            f.seek(pgno * psize + psize // 2)
+            f.write(np.random.default_rng(5).integers(0, 256, psize // 2, dtype=np.uint8).tobytes())
+    return path
+
+
+def cli_subprocess(*args: str | Path, timeout: float = 300) -> Any:
+    """Run the CLI of this checkout as ``python -m cli.main ARGS``; returns the ``CompletedProcess``."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=root,
+        env=env,
+    )
 
 
 def dir_bytes(path: Path) -> dict[str, bytes]:

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, build_store, make_data, one_error_line, run_cli, snapshot_store, strict_json
+from conftest import (
+    CLASSES,
+    DAMAGES,
+    StoreInfo,
+    build_store,
+    cli_subprocess,
+    damage_store,
+    make_data,
+    one_error_line,
+    run_cli,
+    snapshot_store,
+    strict_json,
+)
 
 from lmdbstore import WriterConfig, open_reader
 
@@ -307,3 +319,103 @@ def test_json_outputs_stay_valid_json_with_nan_values(tmp_path: Path) -> None:
         shown = run_cli(*cmd)
         assert shown.exit_code == 0, shown.output
         strict_json(shown.stdout)
+
+
+# ---------------------------------------------------------------------------- damaged stores, output paths
+
+
+#: One quick training step on the CPU (``--workers`` added by each caller).
+TINY_TRAIN = ["--epochs", "1", "--max-steps", "1", "--batch", "64", "--device", "cpu", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny healthy store and a checkpoint trained on it (one step)."""
+    base = tmp_path_factory.mktemp("tiny")
+    x, y = make_data(300, 3)
+    store = build_store(base / "store", x, y)
+    p = cli_subprocess(
+        "train", store, *TINY_TRAIN, "--workers", "0",
+        "--out", base / "run",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return store, base / "run" / "checkpoint.pt"
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_store_gives_one_line_from_every_reading_command(
+    tmp_path: Path, tiny_run: tuple[Path, Path], how: str
+) -> None:
+    good, ckpt = tiny_run
+    store = damage_store(Path(shutil.copytree(good, tmp_path / "store")), how)
+    commands = {
+        "stats": ["stats", store, "--sample", "100"],
+        "train": ["train", store, *TINY_TRAIN, "--workers", "1",
+                  "--out", tmp_path / "run"],
+        "eval": ["eval", store, ckpt, "--workers", "1", "--device", "cpu", "--batch", "64"],
+        "verify": ["verify", store, "--no-progress"],
+    }  # fmt: skip
+    for name, args in commands.items():
+        p = cli_subprocess(*args)
+        assert p.returncode > 0, (name, p.returncode, p.stderr)  # an error, not success or a signal
+        assert "Traceback" not in p.stderr + p.stdout, (name, p.stderr)
+        if name == "verify" and p.returncode == 1:  # damage found and listed on stdout
+            assert p.stderr == "" and "problem" in p.stdout, (name, p.stdout, p.stderr)
+            continue
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (name, p.stderr)
+        assert str(store) in lines[0] and "DataLoader" not in lines[0], (name, lines[0])
+        if name == "verify":
+            assert p.returncode == 2, p.stderr  # cannot be opened at all
+
+
+def test_output_paths_are_refused_up_front(tmp_path: Path, small_store: StoreInfo) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep")
+    cases = [
+        (["synth", tmp_path / "missing" / "s.npz", "-n", "10"], "does not exist"),
+        (["synth", a_file / "s.npz", "-n", "10"], "not a directory"),
+        (["synth", tmp_path, "-n", "10"], "is a directory"),
+        (["train", small_store.path, "--out", a_file, "--epochs", "1", "--device", "cpu"], "not a directory"),
+        (["train", small_store.path, "--out", a_file / "sub", "--epochs", "1", "--device", "cpu"], "Not a directory"),
+        # checked before the checkpoint is even loaded (it does not exist): before any scoring
+        (
+            ["eval", small_store.path, tmp_path / "no.pt", "--predictions", tmp_path / "missing" / "p.npy"],
+            "predictions",
+        ),
+        (["eval", small_store.path, tmp_path / "no.pt", "--predictions", a_file / "p.npy"], "predictions"),
+    ]
+    for args, words in cases:
+        r = run_cli(*args)
+        assert r.exit_code == 1, (args, r.output)
+        assert words in one_error_line(r), (args, r.stderr)
+    assert a_file.read_text() == "keep" and not (tmp_path / "missing").exists()
+
+
+def test_writer_lock_that_is_a_directory(tmp_path: Path, small_store: StoreInfo) -> None:
+    before = snapshot_store(small_store.path)
+    (small_store.path / "writer.lock").unlink()
+    (small_store.path / "writer.lock").mkdir()
+    r = run_cli("ingest", small_store.path, "--synthetic", "10", "--no-progress")
+    assert r.exit_code == 1 and "writer.lock" in one_error_line(r)
+    assert snapshot_store(small_store.path) == before
+    assert run_cli("stats", small_store.path).exit_code == 0
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses file permissions")
+def test_permission_denied_gives_one_line(tmp_path: Path, small_store: StoreInfo) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    try:
+        locked.chmod(0o500)
+        r = run_cli("synth", locked / "s.npz", "-n", "10")
+        assert r.exit_code == 1 and "permission denied" in one_error_line(r)
+        r = run_cli("train", small_store.path, "--out", locked / "run", "--epochs", "1", "--device", "cpu")
+        assert r.exit_code == 1 and one_error_line(r)
+        small_store.path.chmod(0o000)
+        for args in (["stats", small_store.path], ["verify", small_store.path]):
+            r = run_cli(*args)
+            assert r.exit_code in (1, 2) and one_error_line(r), args
+    finally:
+        small_store.path.chmod(0o755)
+        locked.chmod(0o755)

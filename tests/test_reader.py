@@ -259,3 +259,32 @@ def test_read_batch_copies_runs_across_value_boundaries(small_store: StoreInfo) 
     with StoreReader(small_store.path) as r:
         for idx in cases:
             np.testing.assert_array_equal(r.read_batch(idx), x[idx])
+
+
+def test_a_worker_error_rewrapped_by_torch_keeps_its_one_line() -> None:
+    from lmdbstore.errors import CorruptStoreError
+
+    wrapped = (
+        "Caught CorruptStoreError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\n    raise X\nlmdbstore.errors.CorruptStoreError: /s: value missing (at 72)\n'
+    )
+    assert str(CorruptStoreError(wrapped)) == "/s: value missing (at 72)"
+    assert str(CorruptStoreError("plain", path="/s")) == "/s: plain"
+
+
+def test_read_errors_of_the_data_file_become_store_errors(small_store) -> None:  # type: ignore[no-untyped-def]
+    from lmdbstore import CorruptStoreError, StoreReader
+
+    r = StoreReader(small_store.path).open()
+    try:
+        assert r.read_path == "positions"
+        h = r._handle()
+        os.close(h.fd)  # every read by file offset now fails in the OS (EBADF), as a failing disk would
+        h.fd = os.open(os.devnull, os.O_RDONLY)  # keeps close() from closing a stranger's descriptor
+        assert h.engine is not None
+        h.engine.fd = -1
+        with pytest.raises(CorruptStoreError, match="I/O error") as info:
+            r.read_batch(np.arange(0, 2000, 7))
+        assert str(small_store.path) in str(info.value)
+    finally:
+        r.close()

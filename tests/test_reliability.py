@@ -774,3 +774,53 @@ def test_cli_ingest_completes_an_interrupted_creation(tmp_path: Path) -> None:
     with StoreReader(store) as r:
         np.testing.assert_array_equal(r.read_range(0, 300), x)
         np.testing.assert_array_equal(r.labels(), y)
+
+
+_APPENDER = """
+import sys
+import numpy as np
+from lmdbstore import open_writer
+x = np.random.default_rng(0).standard_normal((20, 25, 25)).astype(np.float32)
+y = np.arange(20) % 5
+with open_writer(sys.argv[1]) as w:
+    w.append(x, y)
+    w.commit()
+    print("ready", flush=True)
+    while True:  # small commits: pages freed by one commit are reused by the next but one
+        w.append(x, y)
+        w.commit()
+"""
+
+
+def test_readers_take_a_registered_snapshot_while_a_writer_is_active(tmp_path: Path) -> None:
+    from conftest import build_store, cli_subprocess, make_data
+
+    from lmdbstore import StoreReader
+
+    x, y = make_data(1000, 2)
+    store = build_store(tmp_path / "store", x, y)
+    r = StoreReader(store).open()
+    assert r._handle().lock is False  # nobody writes: lock-free
+    r.close()
+    script = tmp_path / "appender.py"
+    script.write_text(_APPENDER)
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(store)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=root),
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        r = StoreReader(store).open()
+        assert r._handle().lock is True  # a writer is active: a snapshot in LMDB's reader table
+        r.close()
+        for _ in range(3):
+            for args in (["stats", store, "--sample", "500"], ["verify", store, "--no-progress"]):
+                p = cli_subprocess(*args)
+                assert p.returncode == 0, (args, p.stderr)
+                assert p.stderr.strip() == "" or "Traceback" not in p.stderr
+    finally:
+        proc.kill()
+        proc.wait()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pickle
 import shutil
 import struct
@@ -439,3 +440,22 @@ def test_cli_verify_as_a_subprocess(store: tuple[Path, np.ndarray, np.ndarray], 
         [sys.executable, "-m", "cli.main", "verify", str(tmp_path / "nope")], capture_output=True, text=True
     )
     assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "no such store" in missing.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root bypasses file permissions")
+def test_verify_reads_a_read_only_store(small_store) -> None:  # type: ignore[no-untyped-def]
+    from conftest import run_cli
+
+    path = small_store.path
+    files = list(path.iterdir())
+    try:
+        for p in files:
+            p.chmod(0o444)
+        path.chmod(0o555)
+        r = run_cli("verify", path, "--no-progress")
+        assert r.exit_code == 0, r.output
+        assert run_cli("stats", path).exit_code == 0
+    finally:
+        path.chmod(0o755)
+        for p in files:
+            p.chmod(0o644)
