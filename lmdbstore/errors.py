@@ -115,10 +115,9 @@ class LmdbStoreError(Exception):
         key: object = None,
         hint: str | None = None,
     ) -> None:
-        self.message = clip(message, MAX_MESSAGE_CHARS)
-
-        # a DataLoader worker's error re-raised by torch carries the worker's traceback: keep its message
-        self.message = " ".join(unwrap_worker_message(str(message)).split())
+        # a DataLoader worker's error re-raised by torch carries the worker's traceback: keep its message,
+        # on one line and of bounded length
+        self.message = clip(unwrap_worker_message(str(message)), MAX_MESSAGE_CHARS)
         self.path = str(path) if path is not None else None
         self.key = key
         self.hint = hint

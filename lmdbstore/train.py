@@ -35,77 +35,34 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ._env import DATA_FILE
 from ._paths import check_output_file, make_output_dir, write_errors
+from .checkpoint import (
+    BEST_NAME,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    RESUME_KEYS,
+    atomic_save,
+    check_checkpoint,
+    is_int,
+    load_checkpoint,
+    load_weights,
+    model_channels,
+    model_from_checkpoint,
+)
 from .config import LoaderConfig, TrainConfig
 from .dataset import LmdbBatchDataset, make_loader
-from .errors import LmdbStoreError, ValidationError, preview
-from .format import MAX_CLASSES, MAX_DIM, json_safe
-from .model import MAX_WIDTH, build_model, input_channels, state_shapes
+from .distributed import DistInfo, all_reduce, init_distributed, resolve_device
+from .errors import LmdbStoreError, ValidationError
+from .format import json_safe
+from .model import build_model
 from .reader import StoreReader
 from .samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from .window import WindowBatchSampler, choose_shuffle
 
 __all__ = ["DistInfo", "EpochMetrics", "TrainResult", "evaluate", "load_checkpoint", "train"]
 
-CHECKPOINT_NAME = "checkpoint.pt"
-BEST_NAME = "best.pt"
 METRICS_NAME = "metrics.jsonl"
-CHECKPOINT_FORMAT = 1
-_CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "width"}
-_RESUME_KEYS = {"optimizer", "epoch", "history"}
 
 Log = Callable[[str], None]
-
-
-# ---------------------------------------------------------------------- distributed
-@dataclass(frozen=True)
-class DistInfo:
-    """Where this process stands: rank, world size, local rank (all 0/1/0 without torchrun)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def active(self) -> bool:
-        return self.world_size > 1
-
-
-def init_distributed(device_kind: str) -> DistInfo:
-    """Join the process group torchrun describes in the environment (no-op for a single process)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return DistInfo()
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def _all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.active:
-        dist.all_reduce(t)
-    return t
-
-
-def resolve_device(spec: str, info: DistInfo) -> torch.device:
-    """``"auto"``: CUDA (this rank's GPU) when available, else CPU.  Anything else is used as given.
-
-    Raises:
-        ValueError: CUDA asked for but not available.
-    """
-    if spec == "auto":
-        spec = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(spec)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r} asked for, but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device("cuda", info.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    return dev
 
 
 # ---------------------------------------------------------------------- metrics
@@ -158,129 +115,6 @@ def format_confusion(conf: list[list[int]], classes: list[str]) -> str:
     for name, row in zip(classes, conf, strict=True):
         lines.append(name[: w - 1].ljust(w) + "".join(str(v).rjust(w) for v in row))
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------- checkpoints
-def _atomic_save(obj: dict[str, Any], path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`train` with ``torch.load(weights_only=True)`` (no pickle code).
-
-    Raises:
-        LmdbStoreError: missing file, not a checkpoint, or one of another format.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise LmdbStoreError("no such checkpoint", path=p)
-    try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged or hostile file
-        raise LmdbStoreError(f"cannot load checkpoint ({type(exc).__name__}: {exc})".splitlines()[0], path=p) from exc
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise LmdbStoreError("not an lmdbstore checkpoint", path=p)
-    missing = sorted(_CHECKPOINT_KEYS - ckpt.keys())
-    if missing:
-        raise LmdbStoreError(f"not an lmdbstore checkpoint (no {', '.join(missing)})", path=p)
-    _check_claims(ckpt, p)
-    return ckpt
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
-    """Bound the model a checkpoint describes, and check that its weights are that model's, before anything
-    is built from it: a checkpoint claiming a huge ``width`` would otherwise allocate gigabytes."""
-
-    def bad(msg: str) -> LmdbStoreError:
-        return LmdbStoreError(f"malformed checkpoint: {msg}", path=p)
-
-    classes, shape, width = ckpt["classes"], ckpt["sample_shape"], ckpt["width"]
-    if (
-        not isinstance(classes, list)
-        or not 1 <= len(classes) <= MAX_CLASSES
-        or not all(isinstance(c, str) for c in classes)
-    ):
-        raise bad(f"classes must be a list of 1..{MAX_CLASSES} names")
-    if not isinstance(shape, (list, tuple)) or not all(_is_int(d) and 1 <= d <= MAX_DIM for d in shape):
-        raise bad(f"sample_shape must be a list of dimensions in 1..{MAX_DIM}")
-    if not _is_int(width) or not 1 <= width <= MAX_WIDTH:
-        raise bad(f"width {width!r} is not in 1..{MAX_WIDTH}")
-    channels = ckpt.get("in_channels", 1)
-    if not _is_int(channels) or not 1 <= channels <= MAX_DIM:
-        raise bad(f"in_channels {channels!r} is not in 1..{MAX_DIM}")
-    try:
-        want = state_shapes(tuple(shape), len(classes), width)
-    except ValueError as exc:  # a sample shape the CNN cannot take
-        raise bad(str(exc)) from None
-    weights = ckpt["model"]
-    if not isinstance(weights, dict):
-        raise bad("model must be a state dict")
-    for name, shp in want.items():
-        got = weights.get(name)
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shp:
-            have = (
-                "missing"
-                if got is None
-                else f"of shape {tuple(got.shape)}"
-                if isinstance(got, torch.Tensor)
-                else "not a tensor"
-            )
-            raise LmdbStoreError(
-                f"checkpoint weights do not fit the model it describes: {name} is {have}, "
-                f"width {width} and {len(classes)} classes need {shp}",
-                path=p,
-            )
-
-
-def _model_channels(shape: tuple[int, ...], path: Path) -> int:
-    """The CNN's input channels for the store's samples, or a one-line error for shapes it cannot take."""
-    try:
-        return input_channels(shape)
-    except ValueError as exc:
-        raise ValidationError(
-            str(exc), path=path, hint="the CNN trains on (H, W) or (C, H, W) samples of at least 4x4"
-        ) from exc
-
-
-def _check_checkpoint(ckpt: dict[str, Any], classes: list[str], shape: tuple[int, ...], ckpt_path: Path) -> None:
-    """Refuse a checkpoint trained on other classes, another channel count or another sample shape."""
-    trained = tuple(int(s) for s in ckpt["sample_shape"])
-    # checkpoints from before in_channels was stored: the channels follow from the shape
-    trained_c = int(ckpt["in_channels"]) if "in_channels" in ckpt else input_channels(trained)
-    channels = input_channels(shape)
-    if trained_c != channels:
-        raise LmdbStoreError(
-            f"checkpoint was trained on {trained_c}-channel samples of shape {trained}, "
-            f"the store has {channels}-channel samples of shape {shape}",
-            path=ckpt_path,
-            hint="use a checkpoint trained on a store with the same sample shape",
-        )
-    if ckpt["classes"] != classes or trained != shape:
-        raise LmdbStoreError(
-            f"checkpoint was trained on classes [{preview(ckpt['classes'])}] and shape {trained}, "
-            f"the store has [{preview(classes)}] and {shape}",
-            path=ckpt_path,
-        )
-
-
-def _load_weights(model: nn.Module, ckpt: dict[str, Any], ckpt_path: Path) -> None:
-    try:
-        model.load_state_dict(ckpt["model"])
-    except (RuntimeError, KeyError, TypeError) as exc:  # a checkpoint whose weights do not fit this model
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LmdbStoreError(f"checkpoint weights do not fit the model ({first})", path=ckpt_path) from exc
-
-
-def _model_from_checkpoint(ckpt: dict[str, Any], ckpt_path: Path) -> nn.Module:
-    model = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), int(ckpt["width"]))
-    _load_weights(model, ckpt, ckpt_path)
-    return model
 
 
 def _shuffle(lcfg: LoaderConfig, path: Path, say: Log) -> str:
@@ -348,8 +182,8 @@ def _evaluate_loader(
         loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
         pred = logits.argmax(1)
         conf += torch.bincount(y * n_classes + pred, minlength=n_classes * n_classes).view(n_classes, n_classes)
-    _all_reduce(conf, info)
-    _all_reduce(loss_sum, info)
+    all_reduce(conf, info)
+    all_reduce(loss_sum, info)
     n = int(conf.sum())
     return (float(loss_sum) / n if n else math.nan), conf.cpu(), n
 
@@ -418,7 +252,7 @@ def train(
         meta = reader.meta
         labels = reader.labels()
     classes = list(meta.classes)
-    channels = _model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
+    channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
     if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
         make_output_dir(out_dir)  # before any work: a file, a file's child or an unwritable place fails now
     device_kind = (
@@ -481,12 +315,12 @@ def train(
         if out is None:
             raise ValueError("resume needs out_dir")
         ckpt = load_checkpoint(out / CHECKPOINT_NAME, map_location=device)
-        _check_checkpoint(ckpt, classes, meta.shape, out / CHECKPOINT_NAME)
+        check_checkpoint(ckpt, classes, meta.shape, out / CHECKPOINT_NAME)
         if ckpt["width"] != cfg.width:
             raise LmdbStoreError(
                 f"checkpoint was trained with width {ckpt['width']}, not {cfg.width}", path=out / CHECKPOINT_NAME
             )
-        _load_weights(model, ckpt, out / CHECKPOINT_NAME)
+        load_weights(model, ckpt, out / CHECKPOINT_NAME)
         start_epoch, best_acc, history, conf_before = _resume_state(
             ckpt, optimizer, len(classes), out / CHECKPOINT_NAME
         )
@@ -545,9 +379,9 @@ def train(
                 "train_config": json.dumps(asdict(cfg)),
                 "loader_config": json.dumps(asdict(lcfg)),
             }
-            _atomic_save(state, out / CHECKPOINT_NAME)
+            atomic_save(state, out / CHECKPOINT_NAME)
             if m.val_accuracy is not None and m.val_accuracy > best_acc:
-                _atomic_save(state, out / BEST_NAME)
+                atomic_save(state, out / BEST_NAME)
         if m.val_accuracy is not None:
             best_acc = max(best_acc, m.val_accuracy)
     if history and val_loader is not None and start_epoch < cfg.epochs:
@@ -566,13 +400,13 @@ def _resume_state(
 ) -> tuple[int, float, list[EpochMetrics], torch.Tensor | None]:
     """Restore the optimizer from a checkpoint; return (first epoch to run, best accuracy, history, the last
     validation confusion matrix or ``None`` for checkpoints from before it was kept)."""
-    missing = sorted(_RESUME_KEYS - ckpt.keys())
+    missing = sorted(RESUME_KEYS - ckpt.keys())
     if missing:
         raise LmdbStoreError(f"checkpoint cannot be resumed (no {', '.join(missing)})", path=ckpt_path)
     try:
         optimizer.load_state_dict(ckpt["optimizer"])
         epoch = ckpt["epoch"]
-        if not _is_int(epoch) or epoch < 0:
+        if not is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch {epoch!r} is not a non-negative integer")
         best_acc = float(ckpt.get("best_accuracy", -1.0))
         history = [EpochMetrics(**m) for m in json.loads(ckpt["history"])]
@@ -643,7 +477,7 @@ def _train_epoch(
     if bar is not None:
         bar.close()
     totals = torch.tensor([float(loss_sum), float(n_seen), timed.wait, elapsed], dtype=torch.float64, device=device)
-    _all_reduce(totals, info)
+    all_reduce(totals, info)
     loss_total, n_total, wait_total, time_total = totals.tolist()
     wall = time_total / info.world_size
     return EpochMetrics(
@@ -684,11 +518,11 @@ def evaluate(
         check_output_file(predictions_out, "predictions file")  # before scoring, not after
     with StoreReader(path) as reader:
         meta = reader.meta
-    _model_channels(meta.shape, path)
+    model_channels(meta.shape, path)
     dev = resolve_device(device, DistInfo())
     ckpt = load_checkpoint(checkpoint, map_location=dev)
-    _check_checkpoint(ckpt, list(meta.classes), meta.shape, Path(checkpoint))
-    model = _model_from_checkpoint(ckpt, Path(checkpoint)).to(dev).eval()
+    check_checkpoint(ckpt, list(meta.classes), meta.shape, Path(checkpoint))
+    model = model_from_checkpoint(ckpt, Path(checkpoint)).to(dev).eval()
     if dev.type == "cpu":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))

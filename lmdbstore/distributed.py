@@ -1,0 +1,65 @@
+"""Where a training process stands under ``torchrun``: joining the process group (NCCL on CUDA, gloo on
+CPU), its rank and world size, its device, and summing metrics over ranks.  Without ``torchrun`` every
+function is a no-op for the single process."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistInfo", "all_reduce", "init_distributed", "resolve_device"]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands: rank, world size, local rank (all 0/1/0 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device_kind: str) -> DistInfo:
+    """Join the process group torchrun describes in the environment (no-op for a single process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum ``t`` over all ranks in place (nothing to do for a single process)."""
+    if info.active:
+        dist.all_reduce(t)
+    return t
+
+
+def resolve_device(spec: str, info: DistInfo) -> torch.device:
+    """``"auto"``: CUDA (this rank's GPU) when available, else CPU.  Anything else is used as given.
+
+    Raises:
+        ValueError: CUDA asked for but not available.
+    """
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(spec)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r} asked for, but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    return dev
