@@ -209,7 +209,14 @@ def _start(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # a shell runs background jobs with SIGINT ignored, and an ignored signal stays ignored across exec
+        # (Python then installs no KeyboardInterrupt handler): give the run a terminal's default Ctrl-C
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _tasks_done(path: Path) -> int:
