@@ -399,13 +399,9 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     tmp = dst.parent / f".{dst.name}.copy-{os.getpid()}"
     try:
         with translate_lmdb_errors(src, "copy"):
-            txn = begin_read(env)
-            try:
-                count = read_meta(env, txn, src).count
-            finally:
-                txn.abort()
             tmp.mkdir()
             env.copy(str(tmp), compact=compact)
+        count = _sample_count(tmp)  # of the snapshot the copy took (a writer may have committed since)
         _fsync(tmp / DATA_FILE)
         if dst.exists():
             dst.rmdir()
@@ -426,6 +422,20 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         os.path.getsize(dst / DATA_FILE),
         time.perf_counter() - t0,
     )
+
+
+def _sample_count(path: Path) -> int:
+    """The sample count a freshly copied store's metadata holds (nobody else has it open yet)."""
+    env = open_env(path, readonly=True, lock=False)
+    try:
+        with translate_lmdb_errors(path, "read the copy"):
+            txn = begin_read(env)
+            try:
+                return read_meta(env, txn, path).count
+            finally:
+                txn.abort()
+    finally:
+        env.close()
 
 
 def _fsync(path: Path) -> None:

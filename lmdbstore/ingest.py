@@ -26,7 +26,8 @@ from .reader import StoreReader
 from .sources import Source, infer_classes, scan_source
 from .store_source import restrict_store_sources
 from .synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
-from .writer import normalize_dtype, open_writer, parse_progress
+from .validation import normalize_dtype, parse_progress
+from .writer import open_writer
 
 __all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
 

@@ -27,7 +27,8 @@ from ._pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from .config import WriterConfig
 from .errors import LmdbStoreError, TaskError, ValidationError
 from .format import ValueStats
-from .writer import StoreWriter, check_samples, label_ids, open_writer
+from .validation import check_samples, label_ids
+from .writer import StoreWriter, open_writer
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 
