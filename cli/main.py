@@ -40,7 +40,7 @@ MAX_ERROR_CHARS = 1000
 
 
 def _fail(msg: str, code: int = 1) -> None:
-    typer.echo(f"error: {clip(' '.join(unwrap_worker_message(str(msg)).split()), MAX_ERROR_CHARS)}", err=True)
+    typer.echo(f"error: {clip(unwrap_worker_message(str(msg)), MAX_ERROR_CHARS)}", err=True)  # one line
     raise typer.Exit(code)
 
 

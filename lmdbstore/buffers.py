@@ -106,9 +106,9 @@ class BatchBuffers:
         counts[1] += 1
         return None
 
-    def rows(self, slot: int, rows: int) -> torch.Tensor:
-        """The first ``rows`` samples of ``slot``, to read into."""
-        return self.slots[slot][:rows]
+    def target(self, slot: int, rows: int, item_shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        """The first ``rows`` samples of ``slot`` as the ``(rows, *item_shape)`` array the reader fills."""
+        return self.slots[slot][:rows].numpy().reshape(rows, *item_shape)
 
     def abandon(self, slot: int) -> None:
         """Give back a slot whose batch could not be read (worker side)."""
@@ -173,8 +173,3 @@ class TaggedSampler:
         if name in ("inner", "holder"):  # not set yet (e.g. while unpickling)
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-
-def sample_rows(buffers: BatchBuffers, slot: int, rows: int, item_shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """The numpy view ``(rows, *item_shape)`` of a slot, which the reader fills."""
-    return buffers.rows(slot, rows).numpy().reshape(rows, *item_shape)

@@ -28,7 +28,6 @@ from .buffers import (
     TaggedBatch,
     TaggedSampler,
     reuse_supported,
-    sample_rows,
 )
 from .config import LoaderConfig
 from .reader import StoreReader
@@ -97,7 +96,7 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             slot = self.buffers.acquire(worker.id, len(idx), gen)
             if slot is not None:
                 try:
-                    self.reader.read_batch(idx, out=sample_rows(self.buffers, slot, len(idx), self.shape))
+                    self.reader.read_batch(idx, out=self.buffers.target(slot, len(idx), self.shape))
                 except BaseException:
                     self.buffers.abandon(slot)
                     raise

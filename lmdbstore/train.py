@@ -336,10 +336,8 @@ def train(
         pct_start=0.15,
         last_epoch=start_epoch * steps - 1 if start_epoch else -1,
     )
-    if out is not None and info.is_main:
-        make_output_dir(out)
-        if not resume:  # a fresh run: metrics of an older run in the same directory are not this run's
-            (out / METRICS_NAME).unlink(missing_ok=True)
+    if out is not None and info.is_main and not resume:  # made before any work (make_output_dir above)
+        (out / METRICS_NAME).unlink(missing_ok=True)  # a fresh run: an older run's metrics are not this run's
 
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
     dataset = LmdbBatchDataset(reader)

@@ -31,15 +31,14 @@ def _tasks(n: int) -> list[tuple[int, int]]:
 
 
 def _write(path: Path, produce=pt.produce, tasks=None, **kw):  # type: ignore[no-untyped-def]
-    kw.setdefault("workers", 2)
+    """``write_parallel`` of ``parallel_tasks``' shape and classes; 2 workers, float32 and SMALL unless given."""
+    kw = {"workers": 2, "dtype": "float32", "config": SMALL, **kw}
     return write_parallel(
         path,
         produce,
         _tasks(12) if tasks is None else tasks,
         shape=pt.SHAPE,
-        dtype="float32",
         classes=pt.CLASSES,
-        config=SMALL,
         progress=False,
         **kw,
     )
@@ -308,17 +307,7 @@ def test_value_statistics_from_the_workers_match_the_writers_own(tmp_path: Path)
     cfg = WriterConfig(commit_bytes=4096, sync=False, allow_nonfinite=True)
     with open_writer(tmp_path / "plain", shape=pt.SHAPE, dtype="float32", classes=pt.CLASSES, config=cfg) as w:
         w.append(x, y)
-    write_parallel(
-        tmp_path / "par",
-        pt.produce_with_inf,
-        tasks,
-        workers=2,
-        shape=pt.SHAPE,
-        dtype="float32",
-        classes=pt.CLASSES,
-        config=cfg,
-        progress=False,
-    )
+    _write(tmp_path / "par", pt.produce_with_inf, tasks, config=cfg)
     with open_reader(tmp_path / "plain") as a, open_reader(tmp_path / "par") as b:
         sa, sb = a.meta.value_stats, b.meta.value_stats
     assert (
@@ -330,18 +319,7 @@ def test_value_statistics_from_the_workers_match_the_writers_own(tmp_path: Path)
 def test_statistics_of_huge_values_from_workers_stay_finite(tmp_path: Path) -> None:
     tasks = [(i, 40) for i in range(3)]
     x, _ = pt.expected(tasks)
-    cfg = WriterConfig(commit_bytes=4096, sync=False)
-    report = write_parallel(
-        tmp_path / "s",
-        pt.produce_huge,
-        tasks,
-        workers=1,
-        shape=pt.SHAPE,
-        dtype="float64",
-        classes=pt.CLASSES,
-        config=cfg,
-        progress=False,
-    )
+    report = _write(tmp_path / "s", pt.produce_huge, tasks, workers=1, dtype="float64")
     assert report.total == len(x)
     with open_reader(tmp_path / "s") as r:
         stats = r.meta.value_stats
