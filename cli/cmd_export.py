@@ -1,4 +1,4 @@
-"""``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store (see lmdbstore.export)."""
+"""``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store (see lmdbstore.tools.export)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def export(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again."""
-    from cli.main import _errors
+    from .main import _errors
 
     with _errors():
-        from lmdbstore.export import export_store, load_indices
+        from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None
         names = [c.strip() for c in classes.split(",")] if classes else None
@@ -69,10 +69,10 @@ def copy(
     compact: Annotated[bool, typer.Option("--compact", help="Leave out free pages (smaller; slower).")] = False,
 ) -> None:
     """Copy STORE to DEST with LMDB's consistent copy: safe while readers and a writer run."""
-    from cli.main import _errors
+    from .main import _errors
 
     with _errors():
-        from lmdbstore.export import copy_store
+        from lmdbstore.tools.export import copy_store
 
         rep = copy_store(store, dest, compact=compact)
         typer.echo(

@@ -1,4 +1,4 @@
-"""``lmdbstore show`` and ``lmdbstore plot``: pictures of samples and of training runs (see lmdbstore.viz)."""
+"""``lmdbstore show`` and ``lmdbstore plot``: pictures of samples and of training runs (see lmdbstore.tools.viz)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ def show(
     dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
 ) -> None:
     """Draw a grid of samples of STORE, one row per class, titled with class names and sample indices."""
-    from cli.main import _errors
+    from .main import _errors
 
     with _errors():
-        from lmdbstore.viz import show_samples
+        from lmdbstore.tools.viz import show_samples
 
         idx = _parse_indices(indices) if indices is not None else None
         pic = show_samples(store, out, per_class=per_class, indices=idx, seed=seed, dpi=dpi)
@@ -35,19 +35,19 @@ def plot(
     dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
 ) -> None:
     """Plot loss, validation accuracy and samples/s per epoch of one or more training runs (overlaid)."""
-    from cli.main import _errors
+    from .main import _errors
 
     with _errors():
-        from lmdbstore.viz import plot_runs
+        from lmdbstore.tools.viz import plot_runs
 
         pic = plot_runs(runs, out, dpi=dpi)
         typer.echo(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
 
 
 def _parse_indices(text: str) -> list[int] | object:
-    """``--indices``: a comma-separated list, or a file (see lmdbstore.export.load_indices)."""
+    """``--indices``: a comma-separated list, or a file (see lmdbstore.tools.export.load_indices)."""
     if Path(text).is_file():
-        from lmdbstore.export import load_indices
+        from lmdbstore.tools.export import load_indices
 
         return load_indices(text)
     try:

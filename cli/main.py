@@ -59,7 +59,7 @@ def _errors(code: int = 1) -> Iterator[None]:
 
 def _json(obj: Any, indent: int | None = 2) -> str:
     """``obj`` as valid JSON: non-finite floats (a NaN loss, say) become ``null``."""
-    from lmdbstore.format import json_safe
+    from lmdbstore.format.meta import json_safe
 
     return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
 
@@ -159,15 +159,15 @@ def ingest(
         if synthetic is not None:
             if sources:
                 raise ValueError("give either SOURCES or --synthetic, not both")
-            from lmdbstore.ingest import ingest_synthetic
+            from lmdbstore.ingestion.pipeline import ingest_synthetic
 
             report = ingest_synthetic(store, synthetic, seed=seed, config=config, progress=bars)
         else:
             if not sources:
                 raise ValueError("no SOURCES given (or use --synthetic N)")
-            from lmdbstore.ingest import ingest as run_ingest
-            from lmdbstore.ingest import store_layout
-            from lmdbstore.sources import open_sources
+            from lmdbstore.ingestion.pipeline import ingest as run_ingest
+            from lmdbstore.ingestion.pipeline import store_layout
+            from lmdbstore.ingestion.sources import open_sources
 
             layout = store_layout(store)
             srcs = open_sources(
@@ -204,7 +204,7 @@ def stats(
 ) -> None:
     """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values."""
     with _errors():
-        from lmdbstore.stats import format_stats, store_stats
+        from lmdbstore.tools.stats import format_stats, store_stats
 
         try:
             s = store_stats(store, sample=sample)
@@ -212,7 +212,7 @@ def stats(
             raise ValueError(f"--sample: {exc}") from None
         typer.echo(_json(s) if as_json else format_stats(s))
         if plot is not None:
-            from lmdbstore.viz import plot_stats
+            from lmdbstore.tools.viz import plot_stats
 
             typer.echo(f"wrote {plot_stats(store, plot).path}", err=as_json)
 
@@ -235,7 +235,7 @@ def verify(
     2 the store cannot be opened at all.
     """
     with _errors(code=2):
-        from lmdbstore.verify import verify_store
+        from lmdbstore.tools.verify import verify_store
 
         bars: list[Any] = []  # created on the first progress call, so an unopenable store prints one line
 
@@ -277,7 +277,7 @@ def synth(
 ) -> None:
     """Write the built-in learnable 5-class dataset of z-scored 25x25 float32 arrays to an .npz."""
     with _errors():
-        from lmdbstore.synth import write_synth_npz
+        from lmdbstore.ingestion.synth import write_synth_npz
 
         write_synth_npz(out, n, seed=seed)
         typer.echo(f"wrote {n:,} samples to {out}")
@@ -331,10 +331,10 @@ def train(
     """
     with _errors():
         if plot:
-            from lmdbstore.viz import require_pyplot
+            from lmdbstore.tools.viz import require_pyplot
 
             require_pyplot()  # fail before training, not after, when matplotlib is missing
-        from lmdbstore.train import train as run_train
+        from lmdbstore.training.trainer import train as run_train
 
         tcfg = TrainConfig(
             epochs=epochs,
@@ -361,7 +361,7 @@ def train(
         if result.out_dir is not None and result.epochs:
             typer.echo(f"checkpoints and metrics in {result.out_dir}")
         if plot and result.out_dir is not None and result.epochs:
-            from lmdbstore.viz import plot_runs
+            from lmdbstore.tools.viz import plot_runs
 
             typer.echo(f"wrote {plot_runs([result.out_dir], result.out_dir / 'run.png').path}", err=as_json)
         if as_json and result.epochs:
@@ -383,7 +383,7 @@ def eval_cmd(
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
     with _errors():
-        from lmdbstore.train import evaluate, format_confusion
+        from lmdbstore.training.trainer import evaluate, format_confusion
 
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
         if as_json:
@@ -409,10 +409,10 @@ def demo(
     Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
     """
     with _errors():
-        from lmdbstore.ingest import ingest_synthetic
-        from lmdbstore.stats import format_stats, store_stats
-        from lmdbstore.train import evaluate
-        from lmdbstore.train import train as run_train
+        from lmdbstore.ingestion.pipeline import ingest_synthetic
+        from lmdbstore.tools.stats import format_stats, store_stats
+        from lmdbstore.training.trainer import evaluate
+        from lmdbstore.training.trainer import train as run_train
 
         workdir.mkdir(parents=True, exist_ok=True)
         store = workdir / "store"
@@ -442,7 +442,7 @@ def demo(
         )
 
 
-from cli import cmd_export, cmd_viz  # noqa: E402  (commands kept in their own modules)
+from . import cmd_export, cmd_viz  # noqa: E402  (commands kept in their own modules)
 
 cmd_export.register(app)
 cmd_viz.register(app)

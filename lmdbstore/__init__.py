@@ -13,16 +13,14 @@ Public API (everything else is internal)::
     WriterConfig, LoaderConfig, TrainConfig
     LmdbStoreError and subclasses  every deliberate error
     LmdbBatchDataset, make_loader, EpochBatchSampler, WindowBatchSampler, evaluate   (torch;
-                                   the trainer is ``lmdbstore.train.train``, as the module has that name)
+                                   the trainer is ``lmdbstore.training.trainer.train``, as the module has that name)
 
 The torch names are resolved on first use (module ``__getattr__``), so ``import lmdbstore`` and writing a
 store do not import torch.
 """
 
-__version__ = "0.1.0"
-
-from .config import LoaderConfig, TrainConfig, WriterConfig
-from .errors import (
+from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+from lmdbstore.errors import (
     ChecksumError,
     CorruptStoreError,
     FormatVersionError,
@@ -36,25 +34,26 @@ from .errors import (
     TaskError,
     ValidationError,
 )
-from .export import CopyReport, ExportReport, copy_store, export_store
-from .format import FORMAT_VERSION, StoreMeta
-from .ingest import IngestReport, ingest
-from .parallel import ParallelReport, write_parallel
-from .reader import StoreReader, open_reader
-from .sources import open_sources
-from .verify import VerifyReport, verify_store
-from .viz import plot_runs, plot_stats, show_samples
-from .writer import StoreWriter, open_writer
+from lmdbstore.format.meta import FORMAT_VERSION, StoreMeta
+from lmdbstore.ingestion.parallel import ParallelReport, write_parallel
+from lmdbstore.ingestion.pipeline import IngestReport, ingest
+from lmdbstore.ingestion.sources import open_sources
+from lmdbstore.store.reader import StoreReader, open_reader
+from lmdbstore.store.writer import StoreWriter, open_writer
+from lmdbstore.tools.export import CopyReport, ExportReport, copy_store, export_store
+from lmdbstore.tools.verify import VerifyReport, verify_store
+from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples
+from lmdbstore.version import __version__
 
 # public names that need torch: name -> module, imported on first access
 _TORCH_NAMES = {
-    "LmdbBatchDataset": "dataset",
-    "make_loader": "dataset",
-    "EpochBatchSampler": "samplers",
-    "BalancedBatchSampler": "samplers",
-    "WindowBatchSampler": "window",
-    "evaluate": "train",
-    "TrainResult": "train",
+    "LmdbBatchDataset": "loader.dataset",
+    "make_loader": "loader.dataset",
+    "EpochBatchSampler": "loader.samplers",
+    "BalancedBatchSampler": "loader.samplers",
+    "WindowBatchSampler": "loader.window",
+    "evaluate": "training.trainer",
+    "TrainResult": "training.trainer",
 }
 
 

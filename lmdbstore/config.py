@@ -39,7 +39,7 @@ DEFAULT_LABEL_CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class WriterConfig:
-    """How a :class:`~lmdbstore.writer.StoreWriter` lays out and commits data.
+    """How a :class:`~lmdbstore.store.writer.StoreWriter` lays out and commits data.
 
     Attributes:
         samples_per_value: samples packed into one LMDB value; ``None`` (default) lets the writer pick
@@ -144,7 +144,7 @@ MAX_WIDTH = 4096
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What :func:`lmdbstore.train.train` does.
+    """What :func:`lmdbstore.training.trainer.train` does.
 
     Attributes:
         epochs: passes over the training split (default 3).

@@ -58,8 +58,8 @@ import lmdb
 import numpy as np
 
 import lmdbstore
-from lmdbstore.reader import StoreReader
-from lmdbstore.samplers import block_order
+from lmdbstore.loader.samplers import block_order
+from lmdbstore.store.reader import StoreReader
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 WRITE_CHUNK = 65536
@@ -505,8 +505,8 @@ class LmdbstoreFormat(Format):
     def loader(self, batches: list[np.ndarray], mode: str, order: str, workers: int) -> Iterable[Any]:
         """lmdbstore's own pieces: LmdbBatchDataset + EpochBatchSampler + make_loader."""
         from lmdbstore.config import LoaderConfig
-        from lmdbstore.dataset import LmdbBatchDataset, make_loader
-        from lmdbstore.samplers import EpochBatchSampler
+        from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+        from lmdbstore.loader.samplers import EpochBatchSampler
 
         self.close()
         ds = LmdbBatchDataset(self.dir)

@@ -12,7 +12,7 @@ What it measures, on one store of ``--n`` samples (default 1M z-scored 25x25 flo
 * ``DataLoader``  the real path (``LmdbBatchDataset`` + ``make_loader`` + ``EpochBatchSampler``) for each
                   worker count (``--workers``, default 0,1,2,3) and shuffle mode (``random``, ``block`` with
                   ``block_buffer`` 1 and 4), persistent workers, after a warm-up epoch that is not timed.
-* ``train``       ``lmdbstore.train.train`` on the store (CPU, random order, a few steps per epoch): the
+* ``train``       ``lmdbstore.training.trainer.train`` on the store (CPU, random order, a few steps per epoch): the
                   trainer's own data-wait share, step time and samples/s, per worker count.
 
 Rates are wall-clock samples/s; the best window of several is reported (the machine may be shared and
@@ -63,9 +63,9 @@ import bench  # shared helpers (imported after the path is set)
 import lmdbstore
 from lmdbstore import WriterConfig, open_writer
 from lmdbstore.config import ShuffleMode
-from lmdbstore.reader import StoreReader
-from lmdbstore.samplers import block_order
-from lmdbstore.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
+from lmdbstore.ingestion.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
+from lmdbstore.loader.samplers import block_order
+from lmdbstore.store.reader import StoreReader
 
 #: Shuffle modes: name -> (LoaderConfig.shuffle, block_buffer).
 MODES: dict[str, tuple[ShuffleMode, int]] = {
@@ -212,7 +212,7 @@ def describe_machine(info: dict[str, Any]) -> str:
 def sample_batches(n: int, seed: int, synth: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(x, y)`` chunks of the dataset: z-scored 25x25 float32 and int64 labels in 0..4.
 
-    ``synth`` uses the built-in learnable dataset (``lmdbstore.synth``, slower to generate); the default
+    ``synth`` uses the built-in learnable dataset (``lmdbstore.ingestion.synth``, slower to generate); the default
     is per-sample z-scored Gaussian noise, which reads exactly the same and is generated ~10x faster.
     """
     if synth:
@@ -367,8 +367,8 @@ def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, reuse: 
     ``plan.window`` batches.
     """
     from lmdbstore.config import LoaderConfig
-    from lmdbstore.dataset import LmdbBatchDataset, make_loader
-    from lmdbstore.samplers import EpochBatchSampler
+    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.loader.samplers import EpochBatchSampler
 
     shuffle, bb = MODES[mode]
     reader = StoreReader(store)
@@ -444,7 +444,7 @@ def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, reuse: 
 def bench_train(store: Path, workers: int, batch: int, steps: int, epochs: int, seed: int) -> list[dict[str, Any]]:
     """Run the real trainer on CPU for ``epochs`` short epochs; its per-epoch metrics as dicts."""
     from lmdbstore.config import LoaderConfig, TrainConfig
-    from lmdbstore.train import train
+    from lmdbstore.training.trainer import train
 
     cfg = TrainConfig(epochs=epochs, max_steps_per_epoch=steps, device="cpu", val_fraction=0.0, log_every=10**6)
     lcfg = LoaderConfig(batch_size=batch, workers=workers, shuffle="random", seed=seed, persistent_workers=True)
@@ -542,7 +542,7 @@ def render(info: dict[str, Any], args: argparse.Namespace, rows: list[Row], trai
         out.append("|---|---:|---:|---:|---:|---:|---:|")
         for t in train_rows:
             out.append(
-                f"| lmdbstore.train.train | {t['workers']} | {t['epoch'] + 1} | {t['steps']} | "
+                f"| lmdbstore.training.trainer.train | {t['workers']} | {t['epoch'] + 1} | {t['steps']} | "
                 f"{fmt_rate(t['samples_per_s'])} | {t['step_time_ms']:.0f} | {100 * t['data_wait_share']:.1f}% |"
             )
     out += ["", "Goals:", *goal_summary(rows, train_rows)]
@@ -567,7 +567,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=1_000_000, help="samples in the store (default 1M)")
     p.add_argument("--store", type=Path, help="reuse this store instead of building one")
     p.add_argument("--npy", type=Path, help="the .npy with the store's samples (default: exported from --store)")
-    p.add_argument("--synth", action="store_true", help="build the store from lmdbstore.synth (slower) not noise")
+    p.add_argument(
+        "--synth", action="store_true", help="build the store from lmdbstore.ingestion.synth (slower) not noise"
+    )
     p.add_argument("--workdir", type=Path, help="where data is written (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the data in --workdir")
     p.add_argument("--out", type=Path, default=Path("bench_loader_out"), help="results directory")

@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ooc_data import make_store
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.reader import StoreReader
-from lmdbstore.samplers import EpochBatchSampler
-from lmdbstore.window import WindowBatchSampler, available_memory, choose_shuffle
+from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.loader.window import WindowBatchSampler, available_memory, choose_shuffle
+from lmdbstore.store.reader import StoreReader
 
 
 def log(msg: str) -> None:
@@ -159,7 +159,7 @@ def one_process(path: Path, n: int, args: argparse.Namespace) -> dict[str, float
 
 
 def loader(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]:
-    from lmdbstore.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 
     out: dict[str, float] = {}
     for mode in ("random", "block", "window"):
@@ -235,7 +235,7 @@ def memory(path: Path) -> dict[str, float]:
     out = {"table build s": time.perf_counter() - t0, "table MB": table_mb}
     r.read_batch(np.random.default_rng(0).integers(0, len(r), 4096))
     out["reader RssAnon MB"] = rss_anon_mb() - before
-    from lmdbstore.positions import _give_back_free_memory
+    from lmdbstore.store.positions import _give_back_free_memory
 
     _give_back_free_memory()  # freed batch buffers that glibc kept: count only what the reader holds
     out["reader RssAnon after trim MB"] = rss_anon_mb() - before
@@ -247,8 +247,8 @@ def memory(path: Path) -> dict[str, float]:
 def train_wait(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from lmdbstore.dataset import LmdbBatchDataset, make_loader
-    from lmdbstore.model import build_model
+    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.training.model import build_model
 
     choice = choose_shuffle(os.path.getsize(path / "data.mdb"))
     log(f"  training: shuffle {choice.shuffle} ({choice.reason})")
@@ -293,10 +293,10 @@ def accuracy(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     import torch
 
     from lmdbstore import WriterConfig, open_writer
-    from lmdbstore.dataset import LmdbBatchDataset
-    from lmdbstore.model import build_model
-    from lmdbstore.samplers import stratified_split
-    from lmdbstore.synth import SYNTH_CLASSES, synth_batches
+    from lmdbstore.ingestion.synth import SYNTH_CLASSES, synth_batches
+    from lmdbstore.loader.dataset import LmdbBatchDataset
+    from lmdbstore.loader.samplers import stratified_split
+    from lmdbstore.training.model import build_model
 
     x, y = next(synth_batches(args.accuracy, seed=args.seed, batch=args.accuracy))
     order = np.argsort(y, kind="stable")

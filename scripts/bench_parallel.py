@@ -42,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned workers import this file as a module
 
 from lmdbstore import WriterConfig, open_writer, write_parallel
-from lmdbstore._pool import OrderedPool
-from lmdbstore.format import ValueStats
+from lmdbstore.format.meta import ValueStats
+from lmdbstore.ingestion.pool import OrderedPool
 
 SHAPE = (25, 25)
 CLASSES = ["a", "b", "c", "d", "e"]
@@ -86,7 +86,7 @@ def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
         def update(self, n: int) -> None:
             stamps.append(time.perf_counter())
 
-    import lmdbstore.parallel as par
+    import lmdbstore.ingestion.parallel as par
 
     orig = par._bar
     par._bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]

@@ -37,7 +37,7 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
     ``"garble_leaf"`` (seeded random bytes over the nodes of the ``samples`` B-tree's first leaf page) or
     ``"zero_leaf"`` (that whole page zeroed).  No reader of the store may be open in the process.
 ``cli_subprocess(*args, timeout=300)``
-    Run ``python -m cli.main ARGS`` (this checkout's code) and return the ``CompletedProcess``.
+    Run ``python -m lmdbstore ARGS`` (this checkout's code) and return the ``CompletedProcess``.
 ``dir_bytes(path)``
     ``{name: bytes}`` of every file in the directory ``path``: compare two to prove it was left untouched.
 
@@ -70,7 +70,11 @@ import numpy as np
 import pytest
 
 from lmdbstore import WriterConfig, open_writer
-from lmdbstore.format import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
+from lmdbstore.format.meta import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
+
+#: The tests folder (``parallel_tasks.py`` lives here) and the repository root.
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 CLASSES = ["a", "b", "c", "d", "e"]
 ALL_DBS = (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_META, DB_PROGRESS)
@@ -173,7 +177,7 @@ DAMAGES = ("truncate", "garble_leaf", "zero_leaf")
 
 def _samples_leaf_page(path: Path) -> tuple[int, int]:
     """(page number, page size) of the first leaf page of the ``samples`` B-tree."""
-    from lmdbstore.pages import P_BRANCH, _main_db_entry, _Pages, read_meta_page
+    from lmdbstore.format.pages import P_BRANCH, _main_db_entry, _Pages, read_meta_page
 
     fd = os.open(path / "data.mdb", os.O_RDONLY)
     try:
@@ -211,14 +215,14 @@ def damage_store(path: Path, how: str) -> Path:
 
 
 def cli_subprocess(*args: str | Path, timeout: float = 300) -> Any:
-    """Run the CLI of this checkout as ``python -m cli.main ARGS``; returns the ``CompletedProcess``."""
+    """Run the CLI of this checkout as ``python -m lmdbstore ARGS``; returns the ``CompletedProcess``."""
     import subprocess
     import sys
 
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *map(str, args)],
+        [sys.executable, "-m", "lmdbstore", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -268,9 +272,8 @@ def small_store(store_factory: Callable[..., StoreInfo]) -> StoreInfo:
 
 def run_cli(*args: str | Path) -> Any:
     """Invoke the ``lmdbstore`` CLI in this process (typer's CliRunner); returns its ``Result``."""
+    from lmdbstore_cli.main import app
     from typer.testing import CliRunner
-
-    from cli.main import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -320,13 +323,13 @@ def _peak():
 
 atexit.register(_peak)
 sys.argv[0] = "lmdbstore"
-from cli.main import main
+from lmdbstore_cli.main import main
 main()
 """
 
 
 def run_cli_measured(tmp_path: Path, *args: str | Path, limit_mib: int = 4096, timeout: float = 300) -> CliRun:
-    """Run the CLI (``cli.main``) with ``args`` as a child process and measure its own peak RSS (``VmHWM``).
+    """Run the CLI (``lmdbstore_cli.main``) with ``args`` as a child process and measure its own peak RSS (``VmHWM``).
 
     The child's address space is capped at ``limit_mib`` (``RLIMIT_AS``), so a run that would allocate without
     bound fails fast instead of exhausting the machine.  Outputs go to files in ``tmp_path``: a runaway error

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO as ROOT
 
 import lmdbstore
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_public_name_resolves() -> None:
@@ -21,8 +20,8 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_torch_names_resolve_to_the_torch_modules() -> None:
-    from lmdbstore.dataset import make_loader
-    from lmdbstore.window import WindowBatchSampler
+    from lmdbstore.loader.dataset import make_loader
+    from lmdbstore.loader.window import WindowBatchSampler
 
     assert lmdbstore.make_loader is make_loader
     assert lmdbstore.WindowBatchSampler is WindowBatchSampler

@@ -1,0 +1,329 @@
+"""Many producers, one store: :func:`write_parallel` runs ``produce(task)`` in worker processes and commits
+their results, in task order, through the single writer of the calling process.
+
+Why this shape: generating or augmenting samples is CPU-heavy and parallel by nature, while LMDB has one
+writer.  Workers produce and validate; the calling process only appends and commits.  Committing in task
+order makes the store identical for any worker count, and lets one resume-ledger entry per run say how
+many tasks are in the store: each task's samples and the ledger's new count go into the same
+transaction, so a rerun after a crash or Ctrl-C skips exactly the finished tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbstore import errors
+from lmdbstore.config import WriterConfig
+from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
+from lmdbstore.format.meta import ValueStats
+from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
+from lmdbstore.store.validation import check_samples, label_ids
+from lmdbstore.store.writer import StoreWriter, open_writer
+
+__all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
+
+#: Results each worker may have produced and not yet had committed (back-pressure bound).
+DEFAULT_IN_FLIGHT = 2
+#: Ledger-key prefix of :func:`write_parallel` runs.
+LEDGER_PREFIX = "parallel:"
+#: Characters of a task's repr quoted in error messages.
+REPR_CHARS = 80
+
+Ledger = Callable[[int], tuple[str, int, int | None]]  # task index -> (ledger key, done, total) after it
+
+
+@dataclass
+class ParallelReport:
+    """What :func:`write_parallel` did: tasks in the call, tasks skipped (already in the store), samples."""
+
+    store: str
+    tasks: int
+    skipped: int
+    added: int
+    total: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.added / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TaskResults:
+    """Runs in a worker: ``produce(task)``, validated against the store like ``StoreWriter.append`` does,
+    joined into one ``(x, label ids)`` pair (the unit the writer commits atomically with the ledger),
+    with the pair's value statistics."""
+
+    produce: Callable[[Any], Any]
+    shape: tuple[int, ...]
+    dtype: str
+    classes: tuple[str, ...]
+    allow_nonfinite: bool = False
+    cast: bool = False
+
+    def __call__(self, task: Any) -> tuple[np.ndarray, np.ndarray, ValueStats]:
+        x, y = self._joined(self.produce(task))
+        stats = ValueStats()
+        stats.update(x)  # here, in parallel, rather than in the single writer
+        return x, y, stats
+
+    def _joined(self, out: Any) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for x, y in _pairs(out):
+            arr = check_samples(
+                x, self.shape, np.dtype(self.dtype), allow_nonfinite=self.allow_nonfinite, cast=self.cast
+            )
+            ids = label_ids(y, len(arr), self.classes)
+            xs.append(arr)
+            ys.append(ids)
+        if len(xs) == 1:
+            return xs[0], ys[0]
+        if not xs:
+            return np.zeros((0, *self.shape), self.dtype), label_ids([], 0, self.classes)
+        return np.concatenate(xs), np.concatenate(ys)
+
+
+def _pairs(out: Any) -> Iterable[tuple[Any, Any]]:
+    """``(x, y)`` as one pair, or an iterable of pairs (a generator), as ``produce`` may return."""
+    if isinstance(out, tuple) and len(out) == 2 and not isinstance(out[0], tuple):
+        return [out]
+    if out is None or isinstance(out, (str, bytes, np.ndarray)) or not hasattr(out, "__iter__"):
+        raise TypeError(f"produce must return (x, y) or yield (x, y) pairs, got {type(out).__name__}")
+    return _checked_pairs(out)
+
+
+def _checked_pairs(out: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
+    for item in out:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(f"produce must yield (x, y) pairs, got {type(item).__name__}")
+        yield item
+
+
+def task_repr(task: Any) -> str:
+    """A short one-line repr of ``task`` for messages."""
+    r = " ".join(repr(task).split())
+    return r if len(r) <= REPR_CHARS else r[: REPR_CHARS - 3] + "..."
+
+
+def tasks_digest(tasks: Sequence[Any]) -> str:
+    """Stable digest of the tasks' reprs (part of the ledger key: other tasks, another run).
+
+    Raises:
+        ValueError: a task's repr names a memory address (``<... at 0x...>``), which changes per run.
+    """
+    h = hashlib.sha256()
+    for i, task in enumerate(tasks):
+        r = repr(task)
+        if " at 0x" in r:
+            raise ValueError(f"tasks[{i}] has no stable repr ({task_repr(task)}); use plain values (ints, str, tuples)")
+        h.update(r.encode("utf-8", "replace") + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _check_picklable(produce: Callable[[Any], Any]) -> None:
+    try:
+        pickle.dumps(produce)
+    except Exception as exc:
+        raise ValueError(f"produce must be a module-level function that worker processes can import ({exc})") from None
+
+
+def _bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="task",
+        dynamic_ncols=True,
+        leave=False,
+        file=sys.stderr,
+        disable=not enabled,
+    )
+
+
+def commit_in_order(
+    w: StoreWriter,
+    producer: TaskResults,
+    tasks: Sequence[Any],
+    start: int,
+    ledger: Ledger,
+    *,
+    workers: int,
+    in_flight: int,
+    report: Callable[[int], None],
+) -> int:
+    """Run ``producer`` over ``tasks[start:]`` in ``workers`` processes and append each result, in order,
+    with its ledger entry ``ledger(index)``, then calls ``report(samples of the task)``; returns the samples
+    appended.
+
+    Results of tasks before a failing one are committed before the error is raised.
+
+    Raises:
+        ValidationError: a task's result does not fit the store (the message names the task).
+        TaskError: ``produce`` raised, could not be imported by the workers, or a worker died.
+    """
+    pool = OrderedPool(producer, workers, max(1, workers) * in_flight)
+    added = 0
+    results = pool.results(tasks, start)
+    try:
+        for index, (x, y, stats) in results:
+            key, done, total = ledger(index)
+            w.append(x, y, progress=(key, done), progress_total=total, stats=stats)
+            added += len(y)
+            report(len(y))
+    except (TaskFailure, WorkerDied) as exc:
+        results.close()  # stop the workers before the commit
+        w.commit()  # keep every task before the failing one
+        raise as_error(exc, tasks, w.path) from exc
+    finally:
+        results.close()
+    return added
+
+
+def carry_error(exc: LmdbStoreError) -> LmdbStoreError:
+    """Mark an error raised in a worker to be rebuilt as itself (class, path, key, hint) in the parent,
+    instead of being reported as the task's failure."""
+    exc.payload = (type(exc).__name__, exc.message, exc.path, exc.key, exc.hint)  # type: ignore[attr-defined]
+    return exc
+
+
+def as_error(exc: TaskFailure | WorkerDied, tasks: Sequence[Any], path: Path) -> Exception:
+    """The error to raise in the parent for a failed task or a dead worker."""
+    if isinstance(exc, TaskFailure) and isinstance(exc.payload, tuple) and len(exc.payload) == 5:
+        kind, message, where, key, hint = exc.payload
+        cls = getattr(errors, kind, None)
+        if not (isinstance(cls, type) and issubclass(cls, LmdbStoreError)):
+            cls = LmdbStoreError
+        return cls(message, path=where, key=key, hint=hint)
+    if isinstance(exc, WorkerDied):
+        return TaskError(str(exc), path=path, hint="look for an out-of-memory kill; rerun to resume")
+    if exc.index == LOAD_FAILED:
+        return TaskError(
+            f"worker processes cannot load produce: {exc.type_name}: {exc.message}",
+            path=path,
+            hint="define produce at module level in an importable module (guard scripts with if __name__ == '__main__')",
+        )
+    where = f"task #{exc.index} ({task_repr(tasks[exc.index])})"
+    if exc.type_name == "ValidationError":
+        return ValidationError(f"{where}: {exc.message}", path=path, key=exc.index)
+    error = TaskError(f"{where} raised {exc.type_name}: {exc.message}", path=path, key=exc.index)
+    error.remote_traceback = exc.tb
+    return error
+
+
+def write_parallel(
+    store: str | os.PathLike[str],
+    produce: Callable[[Any], Any],
+    tasks: Iterable[Any],
+    *,
+    workers: int,
+    shape: Sequence[int] | None = None,
+    dtype: Any = None,
+    classes: Sequence[str] | None = None,
+    config: WriterConfig | None = None,
+    name: str | None = None,
+    in_flight: int = DEFAULT_IN_FLIGHT,
+    cast: bool = False,
+    progress: bool = True,
+) -> ParallelReport:
+    """Run ``produce(task)`` for every task in ``workers`` processes and write the results into ``store``.
+
+    ``produce(task)`` returns ``(x, y)`` -- samples ``(n, *shape)`` and ``n`` labels (ids or class names) --
+    or yields several such pairs.  It must be a module-level function (workers are *spawned* and import
+    it), and should be deterministic per task for a resumed run to equal an uninterrupted one.  Results
+    are validated in the workers (shape, dtype, finite values, labels: the writer's own checks) and
+    committed by one writer in this process in task order, so the store is the same for any ``workers``.
+    Each task's samples are one unit: appended together, committed in one transaction with the ledger.
+
+    Resume: the ledger entry ``parallel:<name>:<digest of the tasks' reprs>`` counts committed tasks;
+    calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips those.
+
+    Args:
+        store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
+        produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
+        tasks: small picklable descriptors with a stable repr (seeds, paths, ranges); listed up front.
+        workers: worker processes; ``0`` runs ``produce`` in this process (for debugging).
+        config: writer settings (``commit_bytes`` bounds a transaction, but never splits a task).
+        name: names the run in the ledger (default: ``produce``'s module and qualified name).
+        in_flight: results per worker produced and not yet committed (memory: about
+            ``workers * in_flight`` task results).
+        cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
+        progress: show a tqdm bar (tasks, samples/s) on stderr.
+
+    Raises:
+        ValueError: bad ``workers``/``in_flight``, ``produce`` not importable, tasks without a stable repr,
+            or an unfinished run of the same name with other tasks in the store.
+        ValidationError: a result does not fit the store (names the task); earlier tasks stay committed.
+        TaskError: ``produce`` raised (names the task) or a worker died; earlier tasks stay committed.
+        StoreExistsError, StoreLockedError, StoreFullError...: as :func:`~lmdbstore.open_writer`.
+    """
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be positive, got {in_flight}")
+    task_list = list(tasks)
+    if workers:
+        _check_picklable(produce)
+    run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
+    key = f"{LEDGER_PREFIX}{run[:200]}:{tasks_digest(task_list)}"
+    config = config or WriterConfig()
+    path = Path(store)
+    t0 = time.perf_counter()
+    with open_writer(path, shape=shape, dtype=dtype, classes=classes, config=config) as w:
+        start_count = w.committed
+        start = _resume_point(w, key, run, len(task_list))
+        m = w.meta
+        producer = TaskResults(produce, m.shape, m.dtype, tuple(m.classes), config.allow_nonfinite, cast)
+        n = len(task_list)
+        bar = _bar(progress, n, start, run[-40:])
+        t_run, added = time.perf_counter(), [0]
+
+        def report(samples: int) -> None:
+            added[0] += samples
+            bar.update(1)
+            bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
+
+        try:
+            if start < n:
+                commit_in_order(
+                    w,
+                    producer,
+                    task_list,
+                    start,
+                    lambda i: (key, i + 1, n),
+                    workers=workers,
+                    in_flight=in_flight,
+                    report=report,
+                )
+        finally:
+            bar.close()
+        w.commit()
+        total = w.count
+    return ParallelReport(str(path), n, start, total - start_count, total, time.perf_counter() - t0)
+
+
+def _resume_point(w: StoreWriter, key: str, run: str, n: int) -> int:
+    """Tasks of this run already committed; refuses to mix with an unfinished run of other tasks."""
+    entries = w.progress_entries()
+    prefix = f"{LEDGER_PREFIX}{run[:200]}:"
+    for other, entry in entries.items():
+        if other != key and other.startswith(prefix) and entry.get("total") != entry["done"]:
+            raise ValueError(
+                f"the store holds an unfinished run {run!r} of other tasks ({entry['done']} of "
+                f"{entry.get('total')} done); rerun it with the same tasks to finish it, or give another name"
+            )
+    done = int(entries[key]["done"]) if key in entries else 0
+    if done > n:
+        raise ValueError(f"the store's ledger records {done} tasks done for {run!r}, but only {n} were given")
+    return done

@@ -1,0 +1,63 @@
+"""Ingest sources: the files samples come from, opened for streaming.
+
+:func:`open_source` turns a path into one or more :class:`Source` objects, each a sequence of
+``len(src)`` samples of ``src.shape`` and ``src.dtype`` with labels.  A source never loads its file
+whole: :meth:`Source.iter_batches` reads ``batch`` rows at a time with plain ``readinto`` calls into
+a fresh array (not ``mmap``: mapped pages count towards the process RSS, so streaming a 200 MB file
+through a memory map would show 200 MB of resident memory).
+
+Kinds (the path decides):
+
+``.npy``
+    A stack ``(N, *shape)`` (ndim >= 2).  Holds no labels, so ``label=CLASS`` is required.
+``.npz``
+    Sample array ``x_key`` (default ``"x"``), label array ``y_key`` (default ``"y"``: class ids or
+    class names), optional ``class_names`` array.  The members are streamed straight from the zip
+    (stored or deflated): ``np.load`` would decompress a whole member into memory.  When the archive
+    has ``class_names`` and integer labels, the ids index ``class_names`` and the source yields names.
+``.h5`` / ``.hdf5``
+    Datasets ``h5_x`` and ``h5_y`` (defaults ``"x"``, ``"y"``), optional ``class_names`` dataset;
+    needs the optional ``h5py`` dependency.
+directory ``ROOT/<class>/*.npy``
+    Each file one sample or a stack of samples, labelled by its subdirectory.  One source per class
+    subdirectory (so the resume ledger has one entry per class, not per file); files in name order;
+    tiny single-sample files are gathered into full batches.
+
+``label=`` (a class name or class id) labels every sample of an ``.npy``, ``.npz`` or HDF5 source;
+for ``.npz``/HDF5 it replaces the file's own label array, which then need not exist.
+
+Before anything is written, :func:`scan_source` streams a source through the writer's own checks
+(:func:`~lmdbstore.store.writer.check_samples`, :func:`~lmdbstore.store.writer.label_ids`) so bad data fails
+up front with the file and the sample index named.  Every error is a one-line
+:class:`~lmdbstore.errors.SourceError` (cannot read the file) or
+:class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable).
+
+Layout: :mod:`.base` (the :class:`Source` interface, shared checks and label helpers),
+:mod:`.npyio` (``.npy`` headers and reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.directory`
+(one module per kind), :mod:`.opening` (:func:`open_source`, :func:`open_sources`) and :mod:`.scan`
+(:func:`scan_source`, :func:`infer_classes`).  Import the names from this package.
+"""
+
+from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY as CLASS_NAMES_KEY
+from lmdbstore.ingestion.sources.base import Label as Label
+from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.ingestion.sources.base import _check_label as _check_label
+from lmdbstore.ingestion.sources.base import _check_range as _check_range
+from lmdbstore.ingestion.sources.directory import DirectoryClassSource
+from lmdbstore.ingestion.sources.h5 import H5Source
+from lmdbstore.ingestion.sources.npy import NpySource
+from lmdbstore.ingestion.sources.npz import NpzSource
+from lmdbstore.ingestion.sources.opening import open_source, open_sources
+from lmdbstore.ingestion.sources.scan import infer_classes, scan_source
+
+__all__ = [
+    "DirectoryClassSource",
+    "H5Source",
+    "NpySource",
+    "NpzSource",
+    "Source",
+    "infer_classes",
+    "open_source",
+    "open_sources",
+    "scan_source",
+]

@@ -1,0 +1,291 @@
+"""The :class:`Source` interface and the checks and label helpers every source kind shares.
+
+A source is a sequence of samples with labels, streamed in batches; the kinds (``npy``, ``npz``,
+``h5``, ``dir`` and, in :mod:`lmdbstore.ingestion.sources.store`, ``store``) subclass :class:`Source`.  The
+argument checks (:func:`_check_range`, :func:`_check_label`) and label conversions live here so
+that every kind raises the same one-line errors for the same mistakes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lmdbstore.errors import SourceError, ValidationError
+from lmdbstore.format.meta import MAX_CLASS_NAME_CHARS, MAX_CLASSES
+
+Label = str | int
+
+#: Name of the optional array/dataset listing the class names that integer labels index.
+CLASS_NAMES_KEY = "class_names"
+#: Errors that mean "this file's bytes are bad or unreadable" while reading it.
+_READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, zipfile.BadZipFile)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, for embedding a caught exception in a :class:`SourceError`."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------- argument checks
+def _const_labels(label: Label, n: int) -> np.ndarray:
+    """``n`` copies of the ``label=`` option, as a ``str`` array (a name) or int64 ids."""
+    if isinstance(label, str):
+        return np.full(n, label)
+    return np.full(n, label, np.int64)
+
+
+def _check_range(batch: int, start: int, n: int) -> None:
+    """Refuse a ``batch`` below 1 or a ``start`` outside ``0..n`` (the :meth:`Source.iter_batches` contract)."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= n:
+        raise ValueError(f"start must be an integer in 0..{n}, got {start!r}")
+
+
+def _check_label(label: Any) -> Label | None:
+    """Validate the ``label=`` option: a non-empty class name or a class id >= 0 (or None)."""
+    if label is None:
+        return None
+    if isinstance(label, bool) or not isinstance(label, (str, int, np.integer)):
+        raise ValueError(f"label must be a class name (str) or class id (int), got {label!r}")
+    if isinstance(label, str):
+        if not label.strip():
+            raise ValueError("label must not be an empty class name")
+        return label
+    if label < 0:
+        raise ValueError(f"label must be a class id >= 0, got {label}")
+    return int(label)
+
+
+def _stat_file(path: Path) -> os.stat_result:
+    """Stat a source file; refuse missing, non-regular and empty files."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise SourceError("no such file or directory", path=path) from None
+    except OSError as exc:
+        raise SourceError(f"cannot access ({_one_line(exc)})", path=path) from exc
+    if not path.is_file():
+        raise SourceError("not a regular file", path=path)
+    if st.st_size == 0:
+        raise SourceError("file is empty (0 bytes)", path=path)
+    return st
+
+
+# ---------------------------------------------------------------------------------------------- labels in files
+def _labels_dtype_ok(dtype: np.dtype[Any]) -> bool:
+    """Whether a label array's dtype holds class ids (ints) or class names (strings)."""
+    return dtype.kind in "iuUS" and dtype.fields is None
+
+
+def _check_names_layout(shape: tuple[int, ...], dtype: np.dtype[Any], chars: int | None, path: Path, what: str) -> None:
+    """What a ``class_names`` member's header claims must be small before it is read whole.
+
+    At most ``MAX_CLASSES`` names of at most ``MAX_CLASS_NAME_CHARS`` characters each (``chars``: the
+    fixed string width the header declares, ``None`` for variable-length strings).
+    """
+    if len(shape) != 1 or shape[0] == 0:
+        raise SourceError(f"{what} must be a non-empty 1-D array of strings, got {dtype} {shape}", path=path)
+    if shape[0] > MAX_CLASSES:
+        raise SourceError(f"{what} claims {shape[0]} class names; a store has at most {MAX_CLASSES} classes", path=path)
+    if chars is not None and chars > MAX_CLASS_NAME_CHARS:
+        raise SourceError(
+            f"{what} claims names of {chars} characters; class names may have at most {MAX_CLASS_NAME_CHARS}",
+            path=path,
+        )
+
+
+def _string_chars(dtype: np.dtype[Any]) -> int:
+    """Characters per element of a fixed-width string dtype (``U``: 4 bytes each, ``S``: 1)."""
+    return dtype.itemsize // 4 if dtype.kind == "U" else dtype.itemsize
+
+
+def _names_to_list(arr: np.ndarray, path: Path, what: str) -> list[str]:
+    """A file's ``class_names`` array as a list of distinct non-empty names of bounded length."""
+    if arr.ndim != 1 or arr.dtype.kind not in "US" or len(arr) == 0:
+        raise SourceError(f"{what} must be a non-empty 1-D array of strings, got {arr.dtype} {arr.shape}", path=path)
+    _check_names_layout(arr.shape, arr.dtype, _string_chars(arr.dtype), path, what)
+    names = [str(s) for s in arr.astype(str).tolist()]
+    if len(set(names)) != len(names) or any(not s.strip() for s in names):
+        raise SourceError(f"{what} must hold distinct non-empty names", path=path)
+    return names
+
+
+def _first_out_of_range(y: np.ndarray, n: int) -> int | None:
+    """Index of the first integer label outside ``0..n-1`` (compared as stored: uint64 ids stay exact)."""
+    bad = (y < 0) | (y >= n)
+    return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+
+def _ids_to_names(y: np.ndarray, names: list[str], path: Path, first: int) -> np.ndarray:
+    """Map integer ids through the file's own ``class_names``; an id outside it is a ValidationError."""
+    i = _first_out_of_range(y, len(names))
+    if i is not None:
+        raise ValidationError(
+            f"label {int(y[i])} is outside the file's {CLASS_NAMES_KEY} (0..{len(names) - 1})",
+            path=path,
+            key=first + i,
+        )
+    return np.asarray(names)[y.astype(np.int64, copy=False)]
+
+
+def _as_label_array(y: np.ndarray, path: Path, first: int) -> np.ndarray:
+    """Labels as int64 ids or a str (``U``) array.
+
+    Raises:
+        ValidationError: an unsigned id beyond the int64 range (named exactly, not wrapped negative):
+            no store has that many classes.
+    """
+    if y.dtype.kind in "US":
+        return y.astype(str)
+    if y.dtype.kind == "u" and y.dtype.itemsize >= 8:
+        i = _first_out_of_range(y, MAX_CLASSES)
+        if i is not None and int(y[i]) > np.iinfo(np.int64).max:
+            raise ValidationError(
+                f"label {int(y[i])} is beyond the largest class id a store can have ({MAX_CLASSES - 1})",
+                path=path,
+                key=first + i,
+            )
+    return y.astype(np.int64, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------- the interface
+class Source(ABC):
+    """A readable sequence of samples with labels, streamed in batches.
+
+    Attributes:
+        path: the file (or, for a directory source, the class subdirectory).
+        name: display name, e.g. ``"data.npz[x]"``.
+        shape: per-sample shape.
+        dtype: sample dtype as found in the file (byte order included).
+        label: the ``label=`` option (``None`` when labels come from the file or directory).
+    """
+
+    kind: ClassVar[str] = ""
+    path: Path
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    label: Label | None = None
+    _n: int = 0
+    #: the file's own ``class_names`` (npz, HDF5), which its integer labels index
+    _names: list[str] | None = None
+
+    def __len__(self) -> int:
+        """Number of samples."""
+        return self._n
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} n={self._n} shape={self.shape} dtype={self.dtype}>"
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What identifies this source's content: kind, resolved path, size, mtime_ns, keys, label option."""
+
+    def fingerprint(self) -> str:
+        """Stable id for the resume ledger; changes whenever :meth:`describe` does (e.g. the file changes).
+
+        Bounded length (an LMDB key): ``kind:<sha256 prefix of describe()>:<file name>``.
+        """
+        blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
+        digest = hashlib.sha256(blob).hexdigest()[:32]
+        short = self.path.name.encode()[:100].decode(errors="ignore")
+        return f"{self.kind}:{digest}:{short}"
+
+    def class_names(self) -> list[str] | None:
+        """Class names the source implies (a ``label=`` name, the file's ``class_names``, subdirectories) or None."""
+        if self.label is None and self._names is not None:
+            return list(self._names)
+        return [self.label] if isinstance(self.label, str) else None
+
+    @abstractmethod
+    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(x, y)`` in order from sample ``start``: ``x`` of shape ``(n, *shape)`` in the file's dtype,
+        ``y`` int64 class ids or a ``str`` array of class names.  Each ``x`` is a new array the caller may keep.
+
+        Raises:
+            ValueError: ``batch < 1`` or ``start`` outside ``0..len``.
+            SourceError: the file cannot be read (truncated, corrupt, changed).
+        """
+
+    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
+        """Yield only the labels, in the same batches as :meth:`iter_batches` (cheaper where possible)."""
+        for _, y in self.iter_batches(batch, start):
+            yield y
+
+    def locate(self, index: int) -> tuple[Path, int]:
+        """The file holding sample ``index`` of this source, and its index within that file."""
+        return self.path, index
+
+
+class _FileSource(Source):
+    """A source read from one file (``.npy``, ``.npz``, HDF5), identified by the file's stat at opening.
+
+    :meth:`describe` lists the kind, resolved path, size, mtime, the member-name options named in
+    ``_key_options`` and the ``label=`` option.  The kinds whose file holds its own label array (npz,
+    HDF5) share its checks and the mapping of its ids through the file's ``class_names`` here.
+    """
+
+    #: attributes naming the sample/label members, recorded by :meth:`describe` (e.g. ``x_key``, ``y_key``)
+    _key_options: ClassVar[tuple[str, ...]] = ()
+    #: what the format calls a named member in messages: ``"array"`` (npz) or ``"dataset"`` (HDF5)
+    _member_word: ClassVar[str] = "array"
+    _stat: os.stat_result
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": str(self.path.resolve()),
+            "size": self._stat.st_size,
+            "mtime_ns": self._stat.st_mtime_ns,
+            **{key: getattr(self, key) for key in self._key_options},
+            "label": self.label,
+        }
+
+    def _check_label_array(
+        self, shape: tuple[int, ...], dtype: Any, x_key: str, y_key: str, *, is_str: bool = False
+    ) -> None:
+        """The file's label array must be 1-D class ids or names (a string dtype, or ``is_str``), one per sample."""
+        word = self._member_word
+        if len(shape) != 1 or not (is_str or _labels_dtype_ok(np.dtype(dtype))):
+            raise SourceError(
+                f"label {word} {y_key!r} must be 1-D class ids or class names, got dtype {dtype} shape {shape}",
+                path=self.path,
+            )
+        if shape[0] != self._n:
+            raise SourceError(
+                f"{word} {x_key!r} has {self._n} samples but label {word} {y_key!r} has {shape[0]}", path=self.path
+            )
+
+    def _check_names_header(self, shape: tuple[int, ...], dtype: Any, *, is_str: bool = False) -> None:
+        """Before the file's ``class_names`` member is read whole: from its header alone, it must be 1-D strings
+        (a string dtype, or ``is_str`` for variable-length ones) of bounded count and width."""
+        what = f"{self._member_word} {CLASS_NAMES_KEY!r}"
+        dt = np.dtype(dtype)
+        if dt.kind not in "US" and not is_str:
+            raise SourceError(f"{what} must be a 1-D array of strings, got {dt} {shape}", path=self.path)
+        _check_names_layout(shape, dt, _string_chars(dt) if dt.kind in "US" else None, self.path, what)
+
+    def _set_names(self, arr: np.ndarray) -> None:
+        """Keep the file's ``class_names`` member ``arr``, checked to be distinct non-empty strings."""
+        self._names = _names_to_list(arr, self.path, f"{self._member_word} {CLASS_NAMES_KEY!r}")
+
+    def _labels(self, y: np.ndarray, first: int) -> np.ndarray:
+        """Labels read from the file starting at sample ``first``, as :meth:`Source.iter_batches` yields them.
+
+        Integer ids index the file's own ``class_names`` when it has them; otherwise ids stay ids and names names.
+        """
+        if self._names is not None and y.dtype.kind in "iu":
+            return _ids_to_names(y, self._names, self.path, first)
+        return _as_label_array(y, self.path, first)

@@ -1,0 +1,128 @@
+"""HDF5 sources (``.h5``/``.hdf5``): sample and label datasets read in slices through ``h5py``.
+
+``h5py`` is an optional dependency (the ``hdf5`` extra); it is imported only when an HDF5 file is
+opened, so ``import lmdbstore`` works without it and a missing package is a one-line SourceError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.errors import PREVIEW_ITEMS, SourceError, preview
+from lmdbstore.ingestion.sources.base import (
+    _READ_ERRORS,
+    CLASS_NAMES_KEY,
+    Label,
+    _check_range,
+    _const_labels,
+    _FileSource,
+    _one_line,
+    _stat_file,
+)
+from lmdbstore.ingestion.sources.npyio import _check_stack, _Header
+
+
+def _import_h5py(path: Path) -> Any:
+    """The ``h5py`` module, or a SourceError naming the extra that installs it."""
+    try:
+        import h5py
+    except ImportError as exc:
+        raise SourceError(
+            "reading HDF5 needs the h5py package", path=path, hint="pip install 'lmdbstore[hdf5]'"
+        ) from exc
+    return h5py
+
+
+def _h5_dataset_names(f: Any) -> str:
+    """A few of the file's dataset names (and how many more there are), for a "no such dataset" message."""
+    names: list[str] = []
+    total = 0
+
+    def visit(name: str, obj: Any) -> None:
+        nonlocal total
+        if hasattr(obj, "shape"):
+            total += 1
+            if len(names) < PREVIEW_ITEMS:
+                names.append(name)
+
+    f.visititems(visit)
+    return preview(names, total=total) or "none"
+
+
+class H5Source(_FileSource):
+    """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), optional ``class_names``."""
+
+    kind = "h5"
+    _key_options = ("h5_x", "h5_y")
+    _member_word = "dataset"
+
+    def __init__(self, path: Path, *, label: Label | None, h5_x: str, h5_y: str) -> None:
+        self._stat = _stat_file(path)
+        self.path, self.label, self.h5_x, self.h5_y = path, label, h5_x, h5_y
+        self.name = f"{path}[{h5_x}]"
+        self._names: list[str] | None = None
+        self._y_is_str = False
+        with self._open() as f:
+            x = self._dataset(f, h5_x, "samples", "--h5-x")
+            _check_stack(_Header(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
+            self.shape, self.dtype, self._n = tuple(int(s) for s in x.shape[1:]), np.dtype(x.dtype), int(x.shape[0])
+            if label is None:
+                y = self._dataset(f, h5_y, "labels", "--h5-y or label all samples with --label CLASS")
+                self._y_is_str = self._h5py.check_string_dtype(y.dtype) is not None
+                self._check_label_array(y.shape, y.dtype, h5_x, h5_y, is_str=self._y_is_str)
+            names = f.get(CLASS_NAMES_KEY)
+            if names is not None and hasattr(names, "shape") and CLASS_NAMES_KEY not in (h5_x, h5_y):
+                is_str = self._h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
+                self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str)
+                try:
+                    arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
+                except (*_READ_ERRORS, TypeError) as exc:
+                    raise SourceError(f"cannot read dataset {CLASS_NAMES_KEY!r} ({_one_line(exc)})", path=path) from exc
+                self._set_names(arr.astype(str))
+
+    def _open(self) -> Any:
+        self._h5py = _import_h5py(self.path)
+        try:
+            return self._h5py.File(self.path, "r")
+        except (OSError, ValueError) as exc:
+            raise SourceError(f"not a readable HDF5 file ({_one_line(exc)})", path=self.path) from exc
+
+    def _dataset(self, f: Any, key: str, what: str, option: str) -> Any:
+        ds = f.get(key)
+        if ds is None or not hasattr(ds, "shape"):
+            raise SourceError(
+                f"no {what} dataset {key!r} in the file; it holds: {_h5_dataset_names(f)}",
+                path=self.path,
+                hint=f"choose one with {option}",
+            )
+        return ds
+
+    def _read_labels(self, y: Any, a: int, b: int) -> np.ndarray:
+        arr = np.asarray(y.asstr()[a:b], dtype=str) if self._y_is_str else np.asarray(y[a:b])
+        return self._labels(arr, a)
+
+    def _slices(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
+        _check_range(batch, start, self._n)
+        with self._open() as f:
+            x, y = f[self.h5_x], (f[self.h5_y] if self.label is None else None)
+            for a in range(start, self._n, batch):
+                b = min(a + batch, self._n)
+                try:
+                    xb = np.ascontiguousarray(x[a:b]) if with_x else None
+                    yb = _const_labels(self.label, b - a) if y is None else self._read_labels(y, a, b)  # type: ignore[arg-type]
+                except (*_READ_ERRORS, RuntimeError, KeyError) as exc:
+                    raise SourceError(f"read failed ({_one_line(exc)})", path=self.path, key=a) from exc
+                yield xb, yb
+
+    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for x, y in self._slices(batch, start, with_x=True):
+            assert x is not None
+            yield x, y
+
+    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
+        for _, y in self._slices(batch, start, with_x=False):
+            yield y

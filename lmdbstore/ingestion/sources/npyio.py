@@ -1,0 +1,139 @@
+"""Reading ``.npy`` data without loading it: header parsing and checks, and reads into caller arrays.
+
+Used by the ``.npy`` files, the members of ``.npz`` archives and the files of a directory source.
+Reads go through ``readinto``/``preadv`` into a fresh array rather than ``mmap``: mapped pages count
+towards the process RSS, so streaming a large file through a memory map would show it all resident.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from lmdbstore.errors import SourceError
+from lmdbstore.ingestion.sources.base import _READ_ERRORS, _one_line
+
+#: Largest single read; bounds the temporary copies a zip stream makes for one ``readinto``.
+_READ_CHUNK = 16 << 20
+#: Sample dtype kinds a source may hold (bool, ints, unsigned, floats).
+_SAMPLE_KINDS = "biuf"
+
+
+# ---------------------------------------------------------------------------------------------- .npy headers
+@dataclass(frozen=True)
+class _Header:
+    """What an .npy header says: array shape, dtype, memory order, and where the data starts."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    fortran: bool
+    offset: int
+
+    @property
+    def data_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _read_header(fp: Any, path: str | Path, what: str = "the file") -> _Header:
+    """Parse the .npy header at the current position of ``fp`` (a file or a zip member stream)."""
+    try:
+        version = npformat.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran, dtype = npformat.read_array_header_2_0(fp)
+        else:
+            raise SourceError(f"{what} has unsupported .npy format version {version[0]}.{version[1]}", path=path)
+        offset = fp.tell()
+    except SourceError:
+        raise
+    except _READ_ERRORS as exc:
+        raise SourceError(f"{what} is not a valid .npy array ({_one_line(exc)})", path=path) from exc
+    return _Header(tuple(int(s) for s in shape), np.dtype(dtype), bool(fortran), int(offset))
+
+
+def _check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> None:
+    """Samples must be plain numbers: no Python objects, no structured dtypes."""
+    if dtype.hasobject:
+        raise SourceError(
+            f"{what} holds Python objects (dtype {dtype}); samples must be numeric",
+            path=path,
+            hint="save a numeric array",
+        )
+    if dtype.fields is not None or dtype.kind not in _SAMPLE_KINDS:
+        raise SourceError(f"{what} has dtype {dtype}; samples must be numeric (bool, int or float)", path=path)
+
+
+def _check_stack(h: _Header, path: str | Path, what: str) -> None:
+    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1."""
+    _check_sample_dtype(h.dtype, path, what)
+    if len(h.shape) < 2:
+        raise SourceError(
+            f"{what} has shape {h.shape}; expected a stack of samples (N, *sample_shape) with ndim >= 2", path=path
+        )
+    if h.shape[0] == 0:
+        raise SourceError(f"{what} holds no samples (shape {h.shape})", path=path)
+    if math.prod(h.shape[1:]) == 0:
+        raise SourceError(f"{what} has empty samples (shape {h.shape})", path=path)
+
+
+def _check_size(h: _Header, have: int, path: str | Path, what: str) -> None:
+    """The bytes present must be exactly header + data (a short file is truncated)."""
+    want = h.offset + h.data_bytes
+    if have < want:
+        raise SourceError(
+            f"{what} is truncated: its header promises shape {h.shape} ({want} bytes) but only {have} bytes exist",
+            path=path,
+        )
+    if have > want:
+        raise SourceError(
+            f"{what} is malformed: {have - want} unexpected bytes after the shape {h.shape} array", path=path
+        )
+
+
+# ---------------------------------------------------------------------------------------------- reading helpers
+def _read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
+    """Fill ``out`` (C-contiguous) from ``fp``; a short read is a truncated file."""
+    mv = out.reshape(-1).view(np.uint8).data
+    total, got = len(mv), 0
+    try:
+        while got < total:
+            n = fp.readinto(mv[got : min(total, got + _READ_CHUNK)])
+            if not n:
+                break
+            got += n
+    except _READ_ERRORS as exc:
+        raise SourceError(f"read failed ({_one_line(exc)})", path=path, key=first) from exc
+    if got < total:
+        row = out.nbytes // max(len(out), 1)
+        raise SourceError("file ended early (truncated while reading)", path=path, key=first + got // max(row, 1))
+
+
+def _pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:
+    """Read ``len(mv)`` bytes of file ``path`` at ``offset`` into ``mv`` (cheap for many tiny files)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = 0
+            while got < len(mv):
+                if hasattr(os, "preadv"):
+                    n = os.preadv(fd, [mv[got:]], offset + got)
+                else:  # pragma: no cover - platforms without preadv
+                    chunk = os.pread(fd, len(mv) - got, offset + got)
+                    n = len(chunk)
+                    mv[got : got + n] = chunk
+                if not n:
+                    break
+                got += n
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SourceError(f"read failed ({_one_line(exc)})", path=path, key=first) from exc
+    if got < len(mv):
+        raise SourceError("file ended early (truncated since it was opened)", path=path, key=first)

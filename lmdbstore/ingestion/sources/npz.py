@@ -1,0 +1,176 @@
+"""``.npz`` sources: sample and label arrays streamed straight out of the zip archive.
+
+``np.load`` would decompress a whole member into memory; :class:`_ZipMember` instead parses the
+member's ``.npy`` header and reads rows from the (stored or deflated) zip stream batch by batch.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from lmdbstore.errors import SourceError, preview
+from lmdbstore.ingestion.sources.base import (
+    _READ_ERRORS,
+    CLASS_NAMES_KEY,
+    Label,
+    _check_range,
+    _const_labels,
+    _FileSource,
+    _one_line,
+    _stat_file,
+)
+from lmdbstore.ingestion.sources.npyio import _check_size, _check_stack, _read_header, _read_into
+
+
+class _ZipMember:
+    """One ``.npy`` member of an ``.npz``: its header and a way to stream rows from it."""
+
+    def __init__(self, zf: zipfile.ZipFile, member: str, path: Path, what: str) -> None:
+        self.member, self.what = member, what
+        try:
+            info = zf.getinfo(member)
+            with zf.open(info) as fp:
+                self.header = _read_header(fp, path, what)
+        except SourceError:
+            raise
+        except (*_READ_ERRORS, RuntimeError, NotImplementedError) as exc:
+            raise SourceError(f"cannot read {what} ({_one_line(exc)})", path=path) from exc
+        if self.header.dtype.hasobject:
+            raise SourceError(f"{what} holds pickled Python objects; save a numeric or string array", path=path)
+        _check_size(self.header, info.file_size, path, what)
+
+    def read_all(self, zf: zipfile.ZipFile, path: Path) -> np.ndarray:
+        """Load the whole member (only for small arrays such as ``class_names``)."""
+        try:
+            with zf.open(self.member) as fp:
+                return npformat.read_array(fp, allow_pickle=False)
+        except (*_READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"cannot read {self.what} ({_one_line(exc)})", path=path) from exc
+
+    def rows(self, zf: zipfile.ZipFile, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
+        """Stream rows ``start..n`` of the member in arrays of ``batch`` rows."""
+        h = self.header
+        row = h.data_bytes // h.shape[0]
+        try:
+            fp = zf.open(self.member)
+        except (*_READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"cannot open {self.what} ({_one_line(exc)})", path=path) from exc
+        try:
+            try:
+                fp.seek(h.offset + start * row)
+            except _READ_ERRORS as exc:
+                raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=start) from exc
+            if self._strided:
+                yield from self._fortran_rows(fp, path, batch, start, n)
+                return
+            for a in range(start, n, batch):
+                out = np.empty((min(batch, n - a), *h.shape[1:]), h.dtype)
+                _read_into(fp, out, path, a)
+                yield out
+        finally:
+            fp.close()
+
+    @property
+    def _strided(self) -> bool:
+        """Whether rows are strided in the member (Fortran order with more than one element per row)."""
+        h = self.header
+        return h.fortran and len(h.shape) > 1 and math.prod(h.shape[1:]) > 1
+
+    def _fortran_rows(self, fp: Any, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
+        """Rows of a Fortran-order member, as numpy reads it (``shape[::-1]`` in C order, transposed).
+
+        Element ``(i, *rest)`` is stored at ``i + N * column(rest)``: a batch of rows ``a..b`` is one run of
+        ``b - a`` values per column, read in increasing offset order (forward seeks only).  Memory stays one
+        batch; the price is one pass over the member per batch (a rare layout).
+        """
+        h = self.header
+        total, size = h.shape[0], h.dtype.itemsize
+        columns = math.prod(h.shape[1:])
+        for a in range(start, n, batch):
+            k = min(batch, n - a)
+            buf = np.empty((columns, k), h.dtype)
+            try:
+                for c in range(columns):
+                    fp.seek(h.offset + (c * total + a) * size)
+                    _read_into(fp, buf[c], path, a)
+            except _READ_ERRORS as exc:
+                raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=a) from exc
+            # buf holds the C-order array of shape (*reversed(shape[1:]), k); transposing gives (k, *shape[1:])
+            yield np.ascontiguousarray(buf.reshape(*h.shape[:0:-1], k).transpose())
+
+
+class NpzSource(_FileSource):
+    """An ``.npz`` archive: samples ``x_key``, labels ``y_key`` (or ``label``), optional ``class_names``."""
+
+    kind = "npz"
+    _key_options = ("x_key", "y_key")
+
+    def __init__(self, path: Path, *, label: Label | None, x_key: str, y_key: str) -> None:
+        self._stat = _stat_file(path)
+        self.path, self.label, self.x_key, self.y_key = path, label, x_key, y_key
+        self.name = f"{path}[{x_key}]"
+        with self._open_zip() as zf:
+            members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+            present = preview(sorted(members)) or "none"
+            if x_key not in members:
+                raise SourceError(
+                    f"no array {x_key!r} in the archive; it holds: {present}", path=path, hint="choose one with --x-key"
+                )
+            self._x = _ZipMember(zf, members[x_key], path, f"array {x_key!r}")
+            _check_stack(self._x.header, path, f"array {x_key!r}")
+            self.shape, self.dtype, self._n = self._x.header.shape[1:], self._x.header.dtype, self._x.header.shape[0]
+            self._y: _ZipMember | None = None
+            if label is None:
+                if y_key not in members:
+                    raise SourceError(
+                        f"no label array {y_key!r} in the archive; it holds: {present}",
+                        path=path,
+                        hint="choose one with --y-key or label all samples with --label CLASS",
+                    )
+                self._y = _ZipMember(zf, members[y_key], path, f"array {y_key!r}")
+                yh = self._y.header
+                self._check_label_array(yh.shape, yh.dtype, x_key, y_key)
+            self._names: list[str] | None = None
+            if CLASS_NAMES_KEY in members and CLASS_NAMES_KEY not in (x_key, y_key):
+                m = _ZipMember(zf, members[CLASS_NAMES_KEY], path, f"array {CLASS_NAMES_KEY!r}")
+                self._check_names_header(m.header.shape, m.header.dtype)  # before reading it whole
+                self._set_names(m.read_all(zf, path))
+
+    def _open_zip(self) -> zipfile.ZipFile:
+        try:
+            return zipfile.ZipFile(self.path)
+        except (*_READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"not a readable .npz (zip) archive ({_one_line(exc)})", path=self.path) from exc
+
+    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        _check_range(batch, start, self._n)
+        with self._open_zip() as zf:
+            xs = self._x.rows(zf, self.path, batch, start, self._n)
+            if self._y is None:
+                assert self.label is not None
+                for x in xs:
+                    yield x, _const_labels(self.label, len(x))
+                return
+            ys = self._y.rows(zf, self.path, batch, start, self._n)
+            for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=True):
+                yield x, self._labels(y, a)
+
+    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
+        _check_range(batch, start, self._n)
+        if self._y is None:
+            assert self.label is not None
+            for a in range(start, self._n, batch):
+                yield _const_labels(self.label, min(batch, self._n - a))
+            return
+        with self._open_zip() as zf:
+            for a, y in zip(
+                range(start, self._n, batch), self._y.rows(zf, self.path, batch, start, self._n), strict=True
+            ):
+                yield self._labels(y, a)

@@ -1,0 +1,260 @@
+"""Epoch orders and batch samplers: full random, block (quasi-random), class-balanced, DDP sharding.
+
+Every sampler yields whole batches as ``int64`` numpy arrays of sample indices; a DataLoader built with
+``batch_size=None`` hands each one to a single ``__getitem__`` of :class:`~lmdbstore.loader.dataset.LmdbBatchDataset`,
+so one worker reads one batch with no per-sample calls and no collate.
+
+Determinism: the order of epoch ``e`` depends only on ``(seed, e)``, never on the worker count, and is
+the same on every DDP rank; each rank then takes its own disjoint share (see :func:`shard_batches`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from lmdbstore.config import ShuffleMode
+
+__all__ = [
+    "BalancedBatchSampler",
+    "EpochBatchSampler",
+    "block_order",
+    "shard_batches",
+    "stratified_split",
+]
+
+
+def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, stream])
+
+
+def _concat_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([src[a:a+n] for a, n in zip(starts, lengths)])`` without a Python loop."""
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return src[np.repeat(starts, lengths) + offsets]
+
+
+def block_order(
+    indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Quasi-random order that keeps the samples of one packed value together in short runs.
+
+    The indices are grouped by the value holding them and the groups are shuffled.  Each group is then
+    cut into ``block_buffer`` contiguous pieces and the pieces are shuffled within windows of
+    ``block_buffer * batch_size`` samples, so a value's samples are spread over about ``block_buffer``
+    batches.  A batch needs about ``block_buffer * batch_size / samples_per_value`` lookups instead of
+    ``batch_size``, and its samples come in runs of consecutive indices that the reader copies in one go.
+    ``block_buffer=1`` keeps each value's samples in one batch (fastest, most correlated).
+    """
+    idx = np.sort(np.asarray(indices, dtype=np.int64))
+    if idx.size == 0:
+        return idx
+    groups = idx // samples_per_value
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    lengths = np.diff(np.r_[starts, idx.size])
+    perm = rng.permutation(len(starts))
+    order = _concat_runs(idx, starts[perm], lengths[perm])
+    if block_buffer <= 1:
+        return order
+    # cut every group (now contiguous in ``order``) into up to block_buffer pieces
+    g_len = lengths[perm]
+    g_start = np.cumsum(g_len) - g_len
+    piece = np.repeat(np.arange(len(g_len)) * block_buffer, g_len) + (
+        (np.arange(idx.size) - np.repeat(g_start, g_len)) * block_buffer // np.repeat(g_len, g_len)
+    )
+    p_start = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]])
+    p_len = np.diff(np.r_[p_start, idx.size])
+    window = np.asarray(p_start // max(1, block_buffer * batch_size))
+    shuffled = np.lexsort((rng.random(len(p_start)), window))  # pieces shuffled inside their window
+    return _concat_runs(order, p_start[shuffled], p_len[shuffled])
+
+
+def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
+    """Cut an epoch order into batches and return rank ``rank``'s share.
+
+    With one process this is plain consecutive batches of ``batch_size`` (the last one shorter).  With
+    ``world_size`` ranks the order is split into ``steps * world_size`` nearly equal batches (sizes
+    differ by at most one, none above ``batch_size``) dealt round-robin, so every rank runs the same
+    number of steps -- DDP needs that -- and every sample is read exactly once per epoch, with no
+    padding and no dropped tail.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
+    n = len(order)
+    if n == 0:
+        return []
+    if world_size == 1:
+        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    steps = -(-n // (batch_size * world_size))
+    chunks = np.array_split(order, steps * world_size)
+    return [c for c in chunks[rank::world_size]]
+
+
+class EpochBatchSampler:
+    """Batches that cover ``indices`` exactly once per epoch, in random or block order.
+
+    Args:
+        indices: the sample indices to draw from (e.g. the training split).
+        batch_size: samples per batch on this rank.
+        shuffle: ``"random"`` (a fresh permutation each epoch), ``"block"`` (see :func:`block_order`) or
+            ``"none"`` (the given order, e.g. for validation).
+        samples_per_value: the store's packing, needed for block mode.
+        block_buffer: batches' worth of values mixed together in block mode.
+        seed: base seed; call :meth:`set_epoch` before each epoch.
+        rank, world_size: this process's share under DDP (defaults: the only process).
+        drop_last: leave out the final short batch; with several ranks, the tail that would not give
+            every rank a full batch (so that all ranks still run the same number of steps).
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        shuffle: ShuffleMode | Literal["none"] = "random",
+        samples_per_value: int = 1,
+        block_buffer: int = 2,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if shuffle not in ("random", "block", "none"):
+            raise ValueError(f"shuffle must be 'random', 'block' or 'none', got {shuffle!r}")
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.samples_per_value = samples_per_value
+        self.block_buffer = block_buffer
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the order of ``epoch`` (shared by all ranks)."""
+        self.epoch = epoch
+
+    def epoch_order(self) -> np.ndarray:
+        """The whole epoch's order, before sharding (identical on every rank)."""
+        rng = _rng(self.seed, self.epoch)
+        if self.shuffle == "random":
+            return self.indices[rng.permutation(len(self.indices))]
+        if self.shuffle == "block":
+            return block_order(self.indices, self.samples_per_value, self.batch_size, self.block_buffer, rng)
+        return self.indices.copy()
+
+    def batches(self) -> list[np.ndarray]:
+        order = self.epoch_order()
+        if self.drop_last:  # whole steps only: a per-rank drop would leave the ranks unequal
+            step = self.batch_size * self.world_size
+            order = order[: len(order) // step * step]
+        out = shard_batches(order, self.batch_size, self.rank, self.world_size)
+        if self.shuffle == "block":
+            # A batch is a set for SGD; sorted, its runs of consecutive indices are contiguous, and the
+            # reader copies each run with one memcpy straight into place.
+            out = [np.sort(b) for b in out]
+        return out
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        n, step = len(self.indices), self.batch_size * self.world_size
+        return n // step if self.drop_last else -(-n // step)
+
+
+class BalancedBatchSampler:
+    """Batches that draw classes in fixed proportions (equal by default), with replacement.
+
+    Rare classes are oversampled and frequent ones undersampled, so an epoch is defined as
+    ``num_batches`` batches (default: as many as a plain epoch over all the given indices would have).
+
+    Args:
+        class_indices: per class, the sample indices it may draw from (e.g. the training split of it).
+        batch_size: samples per batch on this rank.
+        weights: relative share of each class (default equal); classes with weight 0 are never drawn.
+        num_batches: batches per epoch on this rank.
+        seed, rank, world_size: as for :class:`EpochBatchSampler`; ranks draw disjoint random streams.
+
+    Raises:
+        ValueError: a class with positive weight has no samples, or the weights are invalid.
+    """
+
+    def __init__(
+        self,
+        class_indices: Sequence[np.ndarray],
+        batch_size: int,
+        *,
+        weights: Sequence[float] | None = None,
+        num_batches: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        class_names: Sequence[str] | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.class_indices = [np.asarray(c, dtype=np.int64) for c in class_indices]
+        k = len(self.class_indices)
+        w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (k,) or (w < 0).any() or not w.sum() > 0:
+            raise ValueError(f"weights must be {k} non-negative numbers with a positive sum, got {weights!r}")
+        names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
+        for c in range(k):
+            if w[c] > 0 and len(self.class_indices[c]) == 0:
+                raise ValueError(f"class {names[c]!r} has no samples to draw from; balanced sampling needs every class")
+        self.weights = w / w.sum()
+        self.batch_size = batch_size
+        total = sum(len(c) for c in self.class_indices)
+        self.num_batches = num_batches if num_batches is not None else max(1, -(-total // (batch_size * world_size)))
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        rng = _rng(self.seed, self.epoch, 1 + self.rank)
+        for _ in range(self.num_batches):
+            counts = rng.multinomial(self.batch_size, self.weights)
+            parts = [
+                self.class_indices[c][rng.integers(0, len(self.class_indices[c]), n)] for c, n in enumerate(counts) if n
+            ]
+            batch = np.concatenate(parts)
+            rng.shuffle(batch)
+            yield batch
+
+
+def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train/validation split that holds out ``val_fraction`` of every class.
+
+    Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
+    least one in each part.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng([seed, 0x5A17])
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1], True])
+    val_parts: list[Any] = []
+    for lo, hi in itertools.pairwise(bounds):
+        members = order[lo:hi]
+        n_val = round(len(members) * val_fraction)
+        if val_fraction > 0 and len(members) >= 2:
+            n_val = min(max(n_val, 1), len(members) - 1)
+        val_parts.append(rng.choice(members, size=n_val, replace=False))
+    val = np.sort(np.concatenate(val_parts)) if val_parts else np.zeros(0, np.int64)
+    mask = np.ones(len(labels), bool)
+    mask[val] = False
+    return np.flatnonzero(mask).astype(np.int64), val.astype(np.int64)

@@ -1,0 +1,241 @@
+"""A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs.
+
+A fully random order out of core costs one small random disk read per sample.  The windowed order reads
+the store in *chunks* of consecutive values (a few MiB each, large sequential reads), takes the chunks in
+a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window
+uniformly; batches are cut from the result.  Every sample appears once per epoch, the order depends only
+on ``(seed, epoch)``, and it is the same on every DDP rank, so all ranks of a node draw from the same
+window at the same time and share its pages.  With the ``prefetch`` hook (e.g.
+:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache in the
+background while the current one is consumed.
+
+:func:`choose_shuffle` picks ``random`` when the store fits in the page-cache budget and ``window`` when
+it does not; :func:`default_window_bytes` sizes the window from available memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lmdbstore.loader.samplers import EpochBatchSampler, _concat_runs, _rng, shard_batches
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "ShuffleChoice",
+    "WindowBatchSampler",
+    "available_memory",
+    "choose_shuffle",
+    "default_window_bytes",
+    "window_order",
+]
+
+#: Bytes of consecutive values read as one chunk (one large sequential read).
+DEFAULT_CHUNK_BYTES = 4 << 20
+#: Share of available memory one window takes (the next one is prefetched beside it; the first one of an
+#: epoch has to be read before its batches run at full speed, so it is kept modest).
+WINDOW_SHARE = 0.125
+#: The first window of an epoch is at most this large, so that training starts after a short read (the
+#: next, full-size window is prefetched while it is consumed).
+FIRST_WINDOW_BYTES = 256 << 20
+#: A window gathers at least this many chunks (chunks shrink for small windows), so that its class mix is
+#: close to the store's even when the store was written one class after another.
+MIN_CHUNKS_PER_WINDOW = 256
+#: Share of available memory the page cache may give a store that is read at random.
+CACHE_SHARE = 0.8
+
+Prefetch = Callable[[np.ndarray, np.ndarray], None]
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process now (``MemAvailable``; physical memory if unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def default_window_bytes(available: int | None = None) -> int:
+    """An eighth of available memory (at least 64 MiB): the window plus the one prefetched beside it."""
+    avail = available_memory() if available is None else available
+    return max(64 << 20, int(avail * WINDOW_SHARE))
+
+
+@dataclass(frozen=True)
+class ShuffleChoice:
+    """What :func:`choose_shuffle` picked and why (one line for the user)."""
+
+    shuffle: str
+    reason: str
+
+
+def choose_shuffle(store_bytes: int, available: int | None = None) -> ShuffleChoice:
+    """``random`` if the store fits in the page-cache budget (80 % of available memory), else ``window``."""
+    avail = available_memory() if available is None else available
+    budget = int(avail * CACHE_SHARE)
+    gib = 1 << 30
+    if store_bytes <= budget:
+        return ShuffleChoice(
+            "random", f"store {store_bytes / gib:.1f} GiB fits the page cache ({budget / gib:.1f} GiB)"
+        )
+    return ShuffleChoice("window", f"store {store_bytes / gib:.1f} GiB exceeds the page cache ({budget / gib:.1f} GiB)")
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One epoch's windowed order: the samples, and per window its start in the order and its chunks."""
+
+    order: np.ndarray
+    window_starts: np.ndarray  # position in ``order`` where each window begins (plus the end)
+    chunk_lo: list[np.ndarray]  # per window: first sample index of each chunk (store indices)
+    chunk_hi: list[np.ndarray]  # per window: one past the last sample index of each chunk
+
+
+def window_order(
+    indices: np.ndarray,
+    samples_per_value: int,
+    window_samples: int,
+    chunk_samples: int,
+    rng: np.random.Generator,
+    first_window_samples: int | None = None,
+) -> WindowPlan:
+    """The windowed order of ``indices`` (see the module docstring).
+
+    Chunks hold whole values (``chunk_samples`` rounded up to whole values); a window holds
+    ``window_samples // chunk_samples`` chunks (at least one), the first window
+    ``first_window_samples // chunk_samples`` (default: as many).  O(len(indices)) time and memory.
+    """
+    idx = np.sort(np.asarray(indices, dtype=np.int64))
+    if idx.size == 0:
+        return WindowPlan(idx, np.zeros(1, np.int64), [], [])
+    vals = idx // samples_per_value
+    new_val = np.r_[True, vals[1:] != vals[:-1]]
+    val_rank = np.cumsum(new_val) - 1  # 0.. number of distinct values - 1
+    per_chunk = max(1, -(-chunk_samples // samples_per_value))
+    chunk = val_rank // per_chunk
+    starts = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
+    lengths = np.diff(np.r_[starts, idx.size])
+    perm = rng.permutation(len(starts))
+    order = _concat_runs(idx, starts[perm], lengths[perm])
+    chunk_len = max(1, per_chunk * samples_per_value)
+    per_window = max(1, window_samples // chunk_len)
+    first = per_window if first_window_samples is None else min(per_window, max(1, first_window_samples // chunk_len))
+    cum = np.r_[0, np.cumsum(lengths[perm])]
+    bounds = np.r_[0, np.arange(first, len(starts), per_window), len(starts)]  # in chunks
+    bounds = np.unique(bounds)
+    win_starts = cum[bounds]
+    lo_all = idx[starts[perm]]
+    hi_all = idx[starts[perm] + lengths[perm] - 1] + 1
+    chunk_lo, chunk_hi = [], []
+    for w in range(len(win_starts) - 1):
+        a, b = int(win_starts[w]), int(win_starts[w + 1])
+        rng.shuffle(order[a:b])  # uniform within the window
+        chunk_lo.append(np.sort(lo_all[bounds[w] : bounds[w + 1]]))
+        chunk_hi.append(np.sort(hi_all[bounds[w] : bounds[w + 1]]))
+    return WindowPlan(order, win_starts.astype(np.int64), chunk_lo, chunk_hi)
+
+
+def _all_shards(order: np.ndarray, batch_size: int, world_size: int) -> list[np.ndarray]:
+    """Every rank's batches, interleaved: batch ``j`` belongs to rank ``j % world_size`` (as
+    :func:`~lmdbstore.loader.samplers.shard_batches` deals them)."""
+    if len(order) == 0:
+        return []
+    if world_size == 1:
+        return shard_batches(order, batch_size)
+    steps = -(-len(order) // (batch_size * world_size))
+    return list(np.array_split(order, steps * world_size))
+
+
+class WindowBatchSampler(EpochBatchSampler):
+    """Batches in windowed order (``shuffle="window"``), covering ``indices`` once per epoch.
+
+    Args:
+        indices, batch_size, seed, rank, world_size, drop_last: as for
+            :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
+        samples_per_value, sample_bytes: the store's packing and sample size.
+        window_bytes: sample bytes per window (default :func:`default_window_bytes`).
+        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window,
+            at most 256 MiB, would hold fewer than 256 chunks).
+        prefetch: called as ``prefetch(lo, hi)`` with the sample ranges of the next window when a window
+            starts (and of the first two windows when the epoch starts), e.g.
+            :meth:`~lmdbstore.store.reader.StoreReader.prefetch`.
+
+    Raises:
+        ValueError: a non-positive size.
+    """
+
+    def __init__(
+        self,
+        indices: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        samples_per_value: int,
+        sample_bytes: int,
+        window_bytes: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        prefetch: Prefetch | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ):
+        super().__init__(
+            indices, batch_size, shuffle="none", seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+        )
+        self.shuffle = "window"  # type: ignore[assignment]
+        window_bytes = default_window_bytes() if window_bytes is None else window_bytes
+        for name, v in (("samples_per_value", samples_per_value), ("sample_bytes", sample_bytes)):
+            if v < 1:
+                raise ValueError(f"{name} must be positive, got {v}")
+        if window_bytes < 1 or chunk_bytes < 1:
+            raise ValueError(f"window_bytes and chunk_bytes must be positive, got {window_bytes}, {chunk_bytes}")
+        self.samples_per_value = samples_per_value
+        self.window_samples = max(1, window_bytes // sample_bytes)
+        self.first_window_samples = max(1, min(window_bytes, FIRST_WINDOW_BYTES) // sample_bytes)
+        first_bytes = self.first_window_samples * sample_bytes
+        self.chunk_samples = max(1, min(chunk_bytes, first_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
+        self.prefetch = prefetch
+
+    def plan(self) -> WindowPlan:
+        """This epoch's windowed order (identical on every rank)."""
+        rng = _rng(self.seed, self.epoch, 7)
+        return window_order(
+            self.indices,
+            self.samples_per_value,
+            self.window_samples,
+            self.chunk_samples,
+            rng,
+            self.first_window_samples,
+        )
+
+    def epoch_order(self) -> np.ndarray:
+        return self.plan().order
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        plan = self.plan()
+        order = plan.order
+        if self.drop_last:
+            step = self.batch_size * self.world_size
+            order = order[: len(order) // step * step]
+        batches = _all_shards(order, self.batch_size, self.world_size)
+        starts = np.r_[0, np.cumsum([len(b) for b in batches])][:-1]
+        n_win = len(plan.chunk_lo)
+        if self.prefetch is not None and n_win:
+            self.prefetch(plan.chunk_lo[0], plan.chunk_hi[0])
+        fetched = 0
+        for j in range(self.rank, len(batches), self.world_size):
+            w = int(np.searchsorted(plan.window_starts, starts[j], side="right")) - 1
+            if self.prefetch is not None and w + 1 < n_win and fetched < w + 1:
+                fetched = w + 1
+                self.prefetch(plan.chunk_lo[fetched], plan.chunk_hi[fetched])
+            yield batches[j]
+
+    def batches(self) -> list[np.ndarray]:
+        return list(self)

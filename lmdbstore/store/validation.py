@@ -1,0 +1,129 @@
+"""Checks of what is about to be written: sample batches, labels, dtypes, resume-ledger entries.
+
+One place for the rules the writer, ``ingest`` and ``write_parallel``'s workers all apply, so a batch is
+validated the same way wherever it comes from (shape, dtype or a same-kind cast, finite values, labels
+as ids or class names).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.errors import CorruptStoreError, ValidationError, clip, preview
+from lmdbstore.format.meta import ALLOWED_DTYPES, label_dtype_for
+
+__all__ = ["check_samples", "label_ids", "normalize_dtype", "parse_progress"]
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``).
+
+    Raises:
+        ValueError: ``dtype`` is not one a store may hold (see ``format.ALLOWED_DTYPES``).
+    """
+    try:
+        dt = np.dtype(dtype).newbyteorder("<")
+    except TypeError as exc:
+        raise ValueError(f"dtype {dtype!r} is not a numpy dtype") from exc
+    if dt.str not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype {dt} is not supported; use one of {', '.join(ALLOWED_DTYPES)}")
+    return dt.str
+
+
+def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None = None) -> np.ndarray:
+    """Turn labels (ids, class names, or one id/name for all ``n``) into class ids of the label dtype.
+
+    Raises:
+        ValidationError: wrong length, an unknown class name, or an id outside ``0..len(classes)-1``.
+    """
+    n_classes = len(classes)
+    if isinstance(y, (str, int, np.integer)):
+        y = [y] * n
+    arr = np.asarray(y)
+    if arr.ndim != 1 or len(arr) != n:
+        raise ValidationError(f"labels must be a 1-D sequence of {n} entries, got shape {arr.shape}", path=path)
+    if arr.dtype.kind in "US":
+        names = {name: i for i, name in enumerate(classes)}
+        uniq, inverse = np.unique(arr.astype(str), return_inverse=True)
+        unknown = [u for u in uniq.tolist() if u not in names]
+        if unknown:
+            raise ValidationError(
+                f"unknown class label {clip(unknown[0])!r}; the classes are {preview(classes)}", path=path
+            )
+        ids = np.array([names[u] for u in uniq.tolist()], np.int64)[inverse.reshape(-1)]
+    elif arr.dtype.kind in "iu":
+        if n and (arr.min() < 0 or arr.max() >= n_classes):  # on the labels as given: uint64 ids stay exact
+            bad = int(arr[(arr < 0) | (arr >= n_classes)][0])
+            raise ValidationError(f"label {bad} out of range 0..{n_classes - 1}", path=path)
+        ids = arr.astype(np.int64)
+    elif n == 0:
+        ids = np.zeros(0, np.int64)
+    else:
+        raise ValidationError(f"labels must be integers or class names, got dtype {arr.dtype}", path=path)
+    return ids.astype(label_dtype_for(n_classes))
+
+
+def check_samples(
+    x: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    *,
+    allow_nonfinite: bool = False,
+    cast: bool = False,
+    path: str | Path | None = None,
+) -> np.ndarray:
+    """Validate a batch of samples and return it as a C-contiguous little-endian array of ``dtype``.
+
+    ``x`` may be one sample of ``shape`` or a batch ``(N, *shape)``.
+
+    Raises:
+        ValidationError: wrong shape, wrong dtype (unless ``cast`` and the kinds agree), or NaN/inf
+            in a float batch while ``allow_nonfinite`` is off.  The message names the first bad sample.
+    """
+    arr = np.asarray(x)
+    if arr.ndim == len(shape) and tuple(arr.shape) == tuple(shape):
+        arr = arr[None]
+    if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != tuple(shape):
+        raise ValidationError(
+            f"samples have shape {tuple(arr.shape)}, expected (N, {', '.join(map(str, shape))})", path=path
+        )
+    want = np.dtype(dtype)
+    if arr.dtype.newbyteorder("<") != want.newbyteorder("<"):
+        if not cast:
+            raise ValidationError(f"samples have dtype {arr.dtype}, expected {want}", path=path, hint="cast them first")
+        if not np.can_cast(arr.dtype, want, casting="same_kind"):
+            raise ValidationError(f"cannot cast dtype {arr.dtype} to {want}", path=path)
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want, casting="safe"):
+            lo, hi, info = int(arr.min()), int(arr.max()), np.iinfo(want)
+            if lo < info.min or hi > info.max:  # a narrowing integer cast would wrap silently
+                raise ValidationError(f"values {lo}..{hi} do not fit dtype {want}", path=path)
+    arr = np.ascontiguousarray(arr, dtype=want)
+    if want.kind == "f" and not allow_nonfinite and len(arr):
+        finite = np.isfinite(arr.reshape(len(arr), -1)).all(axis=1)
+        if not finite.all():
+            first = int(np.flatnonzero(~finite)[0])
+            raise ValidationError(
+                f"non-finite value (NaN or inf) in sample {first}", path=path, hint="allow_nonfinite accepts them"
+            )
+    return arr
+
+
+def parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
+    """Decode one resume-ledger entry (JSON ``{"done": int, "total": int | None}``).
+
+    Raises:
+        CorruptStoreError: the entry is not such JSON (damaged or foreign data; never unpickled).
+    """
+    try:
+        entry = json.loads(bytes(raw).decode("utf-8"))
+        done = entry["done"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+        raise CorruptStoreError(f"resume-ledger entry is malformed ({exc})", path=path, key=name) from exc
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise CorruptStoreError(f"resume-ledger entry has done={done!r}", path=path, key=name)
+    return dict(entry)

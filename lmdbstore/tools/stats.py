@@ -1,0 +1,156 @@
+"""What is in a store: counts, layout, bytes on disk against raw, LMDB depth and pages, value statistics.
+
+:func:`store_stats` returns a JSON-ready dict (``lmdbstore stats --json`` prints it as is);
+:func:`format_stats` renders the same dict as a human table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.store.env import DATA_FILE
+from lmdbstore.store.reader import StoreReader
+
+__all__ = ["format_stats", "store_stats"]
+
+
+def _sampled_stats(reader: StoreReader, sample: int, seed: int) -> dict[str, Any]:
+    """Mean/std/min/max over ``sample`` random samples (read through the normal random-access path)."""
+    n = len(reader)
+    k = min(sample, n)
+    idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+    vals = (
+        np.concatenate([reader.read_batch(idx[i : i + 8192]).reshape(-1) for i in range(0, k, 8192)])
+        if k
+        else np.zeros(0)
+    )
+    f = vals.astype(np.float64)
+    finite = f[np.isfinite(f)]
+    return {
+        "method": f"random sample of {k} of {n} samples (seed {seed})",
+        "mean": float(finite.mean()) if finite.size else None,
+        "std": float(finite.std()) if finite.size else None,
+        "min": float(finite.min()) if finite.size else None,
+        "max": float(finite.max()) if finite.size else None,
+        "nonfinite": int(f.size - finite.size),
+    }
+
+
+def store_stats(path: str | os.PathLike[str], *, sample: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """Describe the store at ``path``.
+
+    Value statistics are exact: the writer accumulates count/sum/sum of squares/min/max of every value
+    (in float64) in the metadata as it commits.  With ``sample=N`` they are instead recomputed from N
+    random samples read back from the store (a check of what is actually on disk).
+
+    Raises:
+        ValueError: ``sample`` below 1.
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+    """
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
+        raise ValueError(f"sample must be a positive number of samples, got {sample!r}")
+    p = Path(path)
+    with StoreReader(p) as reader:
+        m = reader.meta
+        env = reader.env_stats()
+        psize = env["psize"]
+        dbs = env["dbs"]
+        pages = {name: d["branch_pages"] + d["leaf_pages"] + d["overflow_pages"] for name, d in dbs.items()}
+        used_pages = sum(pages.values()) + env["main"]["leaf_pages"] + env["main"]["branch_pages"] + 2
+        raw = m.count * m.sample_bytes
+        sample_bytes_disk = pages["samples"] * psize
+        st = os.stat(p / DATA_FILE)
+        vs = m.value_stats
+        values: dict[str, Any] = {
+            "method": "exact (accumulated by the writer over every value)",
+            "mean": vs.mean,
+            "std": vs.std,
+            "min": vs.min,
+            "max": vs.max,
+            "nonfinite": vs.nonfinite,
+        }
+        if sample is not None and m.count:
+            values = _sampled_stats(reader, sample, seed)
+        total = max(m.count, 1)
+        return {
+            "path": str(p),
+            "format_version": m.format_version,
+            "created_by": m.created_by,
+            "created_at": m.created_at,
+            "updated_at": m.updated_at,
+            "samples": m.count,
+            "shape": list(m.shape),
+            "dtype": m.dtype,
+            "sample_bytes": m.sample_bytes,
+            "samples_per_value": m.samples_per_value,
+            "checksum": m.checksum,
+            "classes": [
+                {"id": i, "name": name, "count": c, "share": c / total}
+                for i, (name, c) in enumerate(zip(m.classes, m.class_counts, strict=True))
+            ],
+            "bytes": {
+                "raw": raw,
+                "samples_db": sample_bytes_disk,
+                "used_pages_total": used_pages * psize,
+                "file_size": st.st_size,
+                "file_allocated": st.st_blocks * 512,
+                "per_sample_raw": m.sample_bytes,
+                "per_sample_on_disk": sample_bytes_disk / total,
+                "per_sample_total": used_pages * psize / total,
+                "ratio_samples_to_raw": sample_bytes_disk / raw if raw else None,
+                "ratio_total_to_raw": used_pages * psize / raw if raw else None,
+            },
+            "lmdb": {
+                "page_size": psize,
+                "map_size": env["info"]["map_size"],
+                "last_pgno": env["info"]["last_pgno"],
+                "depth": {name: d["depth"] for name, d in dbs.items()},
+                "pages": pages,
+                "entries": {name: d["entries"] for name, d in dbs.items()},
+            },
+            "values": values,
+        }
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return f"{n}"  # pragma: no cover
+
+
+def _fmt_num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def format_stats(s: dict[str, Any]) -> str:
+    """Human-readable table of :func:`store_stats`'s dict."""
+    b, lm, v = s["bytes"], s["lmdb"], s["values"]
+    ratio = b["ratio_samples_to_raw"]
+    lines = [
+        f"store        {s['path']}  (format v{s['format_version']}, {s['created_by']})",
+        f"samples      {s['samples']:,}  shape {tuple(s['shape'])}  dtype {s['dtype']}  ({s['sample_bytes']:,} B each)",
+        f"packing      {s['samples_per_value']} samples per value, checksum {s['checksum']}",
+        "",
+        f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}",
+    ]
+    for c in s["classes"]:
+        lines.append(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%")
+    lines += [
+        "",
+        f"raw payload  {_fmt_bytes(b['raw'])}",
+        f"on disk      {_fmt_bytes(b['samples_db'])} in sample pages ({b['per_sample_on_disk']:,.1f} B/sample, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw); {_fmt_bytes(b['used_pages_total'])} all used pages; "
+        f"file {_fmt_bytes(b['file_size'])} ({_fmt_bytes(b['file_allocated'])} allocated)",
+        f"lmdb         page {lm['page_size']} B, depth {lm['depth']['samples']} (samples), "
+        f"{lm['pages']['samples']:,} sample pages, map {_fmt_bytes(lm['map_size'])}",
+        f"values       mean {_fmt_num(v['mean'])}  std {_fmt_num(v['std'])}  min {_fmt_num(v['min'])}  "
+        f"max {_fmt_num(v['max'])}  non-finite {v['nonfinite']}",
+        f"             {v['method']}",
+    ]
+    return "\n".join(lines)

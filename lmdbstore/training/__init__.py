@@ -1,0 +1,3 @@
+"""The trainer behind ``lmdbstore train``/``eval``: the loop, evaluation, the CNN, checkpoints and the
+distributed (``torchrun``) setup.  Imports torch.
+"""

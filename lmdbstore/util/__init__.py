@@ -1,0 +1,1 @@
+"""Small helpers more than one subpackage needs (output paths, atomic writes, progress bars); no store logic."""

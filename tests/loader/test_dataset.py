@@ -1,0 +1,220 @@
+"""The batch dataset and real DataLoader workers: every sample exactly once, in every worker setup.
+
+The first pixel of every sample written by ``make_data`` is its index, so each test knows exactly which
+samples a loader delivered, and checks that samples, labels and indices belong together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+from conftest import StoreInfo
+
+from lmdbstore import LoaderConfig, StoreReader, open_reader
+from lmdbstore.loader.dataset import BufferedLoader, LmdbBatchDataset, make_loader
+from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
+
+
+def epoch_sampler(ds: LmdbBatchDataset, cfg: LoaderConfig, indices: np.ndarray | None = None) -> EpochBatchSampler:
+    idx = np.arange(len(ds)) if indices is None else indices
+    spv = ds.reader.meta.samples_per_value
+    ds.reader.close()
+    return EpochBatchSampler(
+        idx,
+        cfg.batch_size,
+        shuffle="random" if cfg.shuffle == "auto" else cfg.shuffle,  # type: ignore[arg-type]  # no window here
+        samples_per_value=spv,
+        block_buffer=cfg.block_buffer,
+        seed=cfg.seed,
+    )
+
+
+def collect(loader: torch.utils.data.DataLoader, info: StoreInfo) -> np.ndarray:
+    """Run one epoch; check every batch against the store's data and return the indices delivered."""
+    seen = []
+    for x, y in loader:
+        assert x.dtype == torch.float32 and y.dtype == torch.int64
+        assert x.ndim == 4 and x.shape[1:] == (1, 25, 25) and len(y) == len(x)
+        idx = x[:, 0, 0, 0].numpy().astype(np.int64)
+        np.testing.assert_array_equal(x[:, 0].numpy(), info.x[idx])
+        np.testing.assert_array_equal(y.numpy(), info.y[idx])
+        seen.append(idx)
+    return np.concatenate(seen) if seen else np.zeros(0, np.int64)
+
+
+def parent_holds_no_environment(path: Path) -> bool:
+    """py-lmdb refuses a second open of a store in one process: opening succeeds only if none is open."""
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8, create=False)
+    except lmdb.Error:
+        return False
+    env.close()
+    return True
+
+
+@pytest.fixture
+def loader_store(store_factory: Callable[..., StoreInfo]) -> StoreInfo:
+    """1,000 samples (56 values, the last one partial)."""
+    return store_factory(1000, seed=42)
+
+
+def test_dataset_item_is_a_whole_batch(small_store: StoreInfo) -> None:
+    ds = LmdbBatchDataset(small_store.path)
+    assert len(ds) == 2000
+    idx = np.array([1999, 0, 17, 18, 17])
+    x, y = ds[idx]
+    assert x.shape == (5, 1, 25, 25) and x.dtype == torch.float32
+    assert y.dtype == torch.int64
+    np.testing.assert_array_equal(x[:, 0].numpy(), small_store.x[idx])
+    np.testing.assert_array_equal(y.numpy(), small_store.y[idx])
+    x0, y0 = ds[np.zeros(0, np.int64)]
+    assert x0.shape == (0, 1, 25, 25) and y0.shape == (0,)
+    with pytest.raises(IndexError):
+        ds[np.array([2000])]
+    ds.reader.close()  # one environment per store per process (py-lmdb): close before another opens
+    flat = LmdbBatchDataset(small_store.path, add_channel=False)
+    assert flat[idx][0].shape == (5, 25, 25)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((7,), np.uint8), ((3, 4, 4), np.float16), ((2,), np.int64), ((5,), np.uint16)]
+)
+def test_dataset_other_shapes_and_dtypes(
+    store_factory: Callable[..., StoreInfo], shape: tuple[int, ...], dtype: type
+) -> None:
+    info = store_factory(100, seed=1, shape=shape, dtype=dtype)
+    ds = LmdbBatchDataset(info.path)
+    idx = np.array([99, 3, 50])
+    x, _ = ds[idx]
+    # a channel axis is added to 1-D and 2-D samples; 3-D samples (C, H, W) have one
+    assert x.shape == ((3, 1, *shape) if len(shape) < 3 else (3, *shape)) == ds.batch_shape(3)
+    assert x.numpy().dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(x.numpy().reshape(3, *shape), info.x[idx])
+
+
+def test_dataset_closes_a_given_reader(small_store: StoreInfo) -> None:
+    r = open_reader(small_store.path)
+    ds = LmdbBatchDataset(r)
+    assert ds.reader is r and r._h is None
+    assert parent_holds_no_environment(small_store.path)
+    np.testing.assert_array_equal(ds.labels.numpy(), small_store.y)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize("shuffle", ["random", "block"])
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_loader_reads_every_sample_once(loader_store: StoreInfo, workers: int, shuffle: str) -> None:
+    cfg = LoaderConfig(batch_size=64, shuffle=shuffle, workers=workers, persistent_workers=False, seed=3)
+    ds = LmdbBatchDataset(StoreReader(loader_store.path))
+    sampler = epoch_sampler(ds, cfg)
+    ds.reader.open()  # even a reader left open by the caller ...
+    loader = make_loader(ds, sampler, cfg)
+    if workers:
+        assert ds.reader._h is None  # ... is closed before any worker starts
+        assert parent_holds_no_environment(loader_store.path)
+    seen = collect(loader, loader_store)
+    assert len(seen) == 1000
+    np.testing.assert_array_equal(np.sort(seen), np.arange(1000))
+    # the batches arrive in the sampler's order, whatever the number of workers
+    np.testing.assert_array_equal(seen, np.concatenate(sampler.batches()))
+    if workers:
+        assert ds.reader._h is None and parent_holds_no_environment(loader_store.path)
+
+
+def test_plain_dataloader_with_an_open_reader_in_the_parent(loader_store: StoreInfo) -> None:
+    """Without make_loader the parent's environment crosses the fork; the workers must open their own."""
+    ds = LmdbBatchDataset(loader_store.path)
+    ds[np.array([0, 1])]  # the parent reads: its environment is open now
+    assert ds.reader._h is not None
+    sampler = EpochBatchSampler(np.arange(1000), 100, seed=9)
+    loader = torch.utils.data.DataLoader(
+        ds, sampler=sampler, batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    seen = collect(loader, loader_store)
+    np.testing.assert_array_equal(seen, sampler.epoch_order())
+    x, _ = ds[np.array([999])]  # the parent's environment still works
+    assert int(x[0, 0, 0, 0]) == 999
+
+
+def test_loader_over_a_split(loader_store: StoreInfo) -> None:
+    cfg = LoaderConfig(batch_size=50, shuffle="block", workers=2, persistent_workers=False)
+    ds = LmdbBatchDataset(loader_store.path)
+    subset = np.flatnonzero(loader_store.y != 2)
+    seen = collect(make_loader(ds, epoch_sampler(ds, cfg, subset), cfg), loader_store)
+    np.testing.assert_array_equal(np.sort(seen), subset)
+
+
+def test_persistent_workers_over_two_epochs(loader_store: StoreInfo) -> None:
+    cfg = LoaderConfig(batch_size=100, workers=2, persistent_workers=True, prefetch_factor=1)
+    ds = LmdbBatchDataset(loader_store.path)
+    sampler = epoch_sampler(ds, cfg)
+    loader = make_loader(ds, sampler, cfg)
+    orders = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        seen = collect(loader, loader_store)
+        np.testing.assert_array_equal(seen, sampler.epoch_order())
+        np.testing.assert_array_equal(np.sort(seen), np.arange(1000))
+        orders.append(seen)
+    assert not np.array_equal(orders[0], orders[1])
+    assert parent_holds_no_environment(loader_store.path)
+
+
+@pytest.mark.parametrize(("context", "workers"), [("fork", 2), ("spawn", 1)])  # spawn: slow to start
+def test_multiprocessing_contexts(store_factory: Callable[..., StoreInfo], context: str, workers: int) -> None:
+    info = store_factory(300, seed=4)
+    cfg = LoaderConfig(batch_size=50, workers=workers, persistent_workers=False, multiprocessing_context=context)
+    ds = LmdbBatchDataset(info.path)
+    sampler = epoch_sampler(ds, cfg)
+    seen = collect(make_loader(ds, sampler, cfg), info)
+    np.testing.assert_array_equal(seen, sampler.epoch_order())
+    np.testing.assert_array_equal(np.sort(seen), np.arange(300))
+
+
+def test_balanced_loader(store_factory: Callable[..., StoreInfo]) -> None:
+    info = store_factory(1500, seed=5, p=[0.7, 0.2, 0.05, 0.04, 0.01])
+    ds = LmdbBatchDataset(info.path)
+    with StoreReader(info.path) as r:
+        class_indices = [r.class_indices(c) for c in range(5)]
+    sampler = BalancedBatchSampler(class_indices, 200, num_batches=10, seed=2)
+    cfg = LoaderConfig(batch_size=200, workers=2, persistent_workers=False)
+    seen = collect(make_loader(ds, sampler, cfg), info)
+    assert len(seen) == 2000
+    share = np.bincount(info.y[seen], minlength=5) / len(seen)
+    np.testing.assert_allclose(share, 0.2, atol=0.04)
+
+
+def test_label_table_stays_compact(small_store: StoreInfo) -> None:
+    """Workers share the store's uint8 label table (50 MB at 50M samples), not an int64 copy (400 MB)."""
+    ds = LmdbBatchDataset(small_store.path)
+    assert ds.labels.dtype == torch.uint8 and ds.labels.numel() == len(small_store.y)
+    _, y = ds[np.array([5, 3, 1999])]
+    assert y.dtype == torch.int64
+    assert y.tolist() == small_store.y[[5, 3, 1999]].tolist()
+
+
+def test_channel_first_samples_through_reused_buffers(store_factory: Callable[..., StoreInfo]) -> None:
+    """(3, 16, 16) samples come as (N, 3, 16, 16) batches, with no extra channel axis, through the workers'
+    reusable shared-memory buffers (shaped by ``batch_shape``)."""
+    info = store_factory(640, seed=5, shape=(3, 16, 16))
+    ds = LmdbBatchDataset(info.path)
+    assert ds.batch_shape(64) == (64, 3, 16, 16)
+    cfg = LoaderConfig(batch_size=64, workers=2, persistent_workers=False)
+    loader = make_loader(ds, epoch_sampler(ds, cfg), cfg)
+    assert isinstance(loader, BufferedLoader)
+    assert loader.buffer_spec.batch_shape == (64, 3, 16, 16)
+    seen = []
+    for x, y in loader:
+        assert x.shape == (len(y), 3, 16, 16) and x.dtype == torch.float32
+        idx = x[:, 0, 0, 0].numpy().astype(np.int64)
+        np.testing.assert_array_equal(x.numpy(), info.x[idx])
+        np.testing.assert_array_equal(y.numpy(), info.y[idx])
+        seen.append(idx)
+        del x, y  # as a training loop does: the slot can be reused
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(640))
+    assert loader.reuse_counts() == (len(seen), 0)  # every batch through a reused buffer
