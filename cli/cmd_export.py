@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from lmdbstore.util.progress import progress_bar
+
 
 def export(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
@@ -33,13 +35,7 @@ def export(
 
         idx = load_indices(indices) if indices is not None else None
         names = [c.strip() for c in classes.split(",")] if classes else None
-        bar = None
-        if progress:
-            import sys
-
-            from tqdm import tqdm
-
-            bar = tqdm(desc="export", unit="samples", unit_scale=True, leave=False, file=sys.stderr)
+        bar = progress_bar("export") if progress else None
         try:
             rep = export_store(
                 store,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +20,7 @@ import typer
 from lmdbstore import LmdbStoreError, __version__
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
 from lmdbstore.errors import clip, unwrap_worker_message
+from lmdbstore.util.progress import progress_bar, progress_factory
 
 app = typer.Typer(
     name="lmdbstore",
@@ -59,22 +59,9 @@ def _errors(code: int = 1) -> Iterator[None]:
 
 def _json(obj: Any, indent: int | None = 2) -> str:
     """``obj`` as valid JSON: non-finite floats (a NaN loss, say) become ``null``."""
-    from lmdbstore.format.meta import json_safe
+    from lmdbstore.util.jsonsafe import json_safe
 
     return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
-
-
-def _progress(enabled: bool) -> Callable[[str, int], Any] | None:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    def make(desc: str, total: int) -> Any:
-        return tqdm(
-            total=total, desc=desc, unit="samples", unit_scale=True, dynamic_ncols=True, leave=False, file=sys.stderr
-        )
-
-    return make
 
 
 def _shape_option(text: str) -> tuple[int, ...]:
@@ -155,7 +142,7 @@ def ingest(
             commit_bytes=commit_mb << 20,
             allow_nonfinite=allow_nonfinite,
         )
-        bars = _progress(progress)
+        bars = progress_factory(progress)
         if synthetic is not None:
             if sources:
                 raise ValueError("give either SOURCES or --synthetic, not both")
@@ -241,9 +228,7 @@ def verify(
 
         def advance(done: int) -> None:
             if not bars:
-                from tqdm import tqdm
-
-                bars.append(tqdm(desc="verify", unit="samples", unit_scale=True, leave=False, file=sys.stderr))
+                bars.append(progress_bar("verify"))
             bars[0].update(done - bars[0].n)
 
         try:
@@ -417,7 +402,7 @@ def demo(
         workdir.mkdir(parents=True, exist_ok=True)
         store = workdir / "store"
         typer.echo(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
-        rep = ingest_synthetic(store, n, progress=_progress(True), exclusive=True)
+        rep = ingest_synthetic(store, n, progress=progress_factory(True), exclusive=True)
         note = " (already in the store)" if rep.sources[0].skipped == n else ""
         typer.echo(
             f"      +{rep.added:,} samples{note} ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store"

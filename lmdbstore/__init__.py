@@ -34,7 +34,8 @@ from lmdbstore.errors import (
     TaskError,
     ValidationError,
 )
-from lmdbstore.format.meta import FORMAT_VERSION, StoreMeta
+from lmdbstore.format.layout import FORMAT_VERSION
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.ingestion.parallel import ParallelReport, write_parallel
 from lmdbstore.ingestion.pipeline import IngestReport, ingest
 from lmdbstore.ingestion.sources import open_sources

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
+
 __all__ = [
     "DEFAULT_COMMIT_BYTES",
     "DEFAULT_INITIAL_MAP_SIZE",
     "DEFAULT_LABEL_CHUNK",
     "DEFAULT_MAX_VALUE_BYTES",
-    "DEFAULT_PAGE_SIZE",
     "ChecksumKind",
     "LoaderConfig",
     "ShuffleMode",
@@ -22,11 +23,8 @@ __all__ = [
     "WriterConfig",
 ]
 
-ChecksumKind = Literal["none", "crc32", "xxh64"]
 ShuffleMode = Literal["auto", "random", "block", "window"]
 
-#: LMDB page size assumed when the environment cannot tell (it is the OS page size; 4 KiB on x86-64).
-DEFAULT_PAGE_SIZE = 4096
 #: Upper bound on one packed value; keeps single-sample random reads from touching huge values.
 DEFAULT_MAX_VALUE_BYTES = 256 * 1024
 #: Samples are buffered and committed once this many payload bytes are pending (bounded transactions).
@@ -65,8 +63,8 @@ class WriterConfig:
     def __post_init__(self) -> None:
         if self.samples_per_value is not None and not 1 <= self.samples_per_value <= 1 << 20:
             raise ValueError(f"samples_per_value must be in 1..{1 << 20}, got {self.samples_per_value}")
-        if self.checksum not in ("none", "crc32", "xxh64"):
-            raise ValueError(f"checksum must be 'none', 'crc32' or 'xxh64', got {self.checksum!r}")
+        if self.checksum not in CHECKSUM_KINDS:
+            raise ValueError(f"checksum must be one of {', '.join(map(repr, CHECKSUM_KINDS))}, got {self.checksum!r}")
         if self.commit_bytes < 1:
             raise ValueError(f"commit_bytes must be positive, got {self.commit_bytes}")
         if self.initial_map_size < 1 << 20:

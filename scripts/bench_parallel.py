@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned workers import this file as a module
 
 from lmdbstore import WriterConfig, open_writer, write_parallel
-from lmdbstore.format.meta import ValueStats
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import OrderedPool
 
 SHAPE = (25, 25)
@@ -88,8 +88,8 @@ def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
 
     import lmdbstore.ingestion.parallel as par
 
-    orig = par._bar
-    par._bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]
+    orig = par.progress_bar
+    par.progress_bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]
     try:
         c0, t0 = os.times(), time.perf_counter()
         rep = write_parallel(
@@ -97,7 +97,7 @@ def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
         )
         wall, c1 = time.perf_counter() - t0, os.times()
     finally:
-        par._bar = orig
+        par.progress_bar = orig
     shutil.rmtree(path)
     steady = (len(stamps) - 1) * TASK_SAMPLES / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
     return {

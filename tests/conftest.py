@@ -70,7 +70,7 @@ import numpy as np
 import pytest
 
 from lmdbstore import WriterConfig, open_writer
-from lmdbstore.format.meta import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
+from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
 
 #: The tests folder (``parallel_tasks.py`` lives here) and the repository root.
 TESTS = Path(__file__).resolve().parent

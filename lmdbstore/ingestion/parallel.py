@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -25,10 +24,11 @@ import numpy as np
 from lmdbstore import errors
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
-from lmdbstore.format.meta import ValueStats
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter, open_writer
+from lmdbstore.util.progress import progress_bar
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 
@@ -135,21 +135,6 @@ def _check_picklable(produce: Callable[[Any], Any]) -> None:
         pickle.dumps(produce)
     except Exception as exc:
         raise ValueError(f"produce must be a module-level function that worker processes can import ({exc})") from None
-
-
-def _bar(enabled: bool, total: int, initial: int, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc=desc,
-        unit="task",
-        dynamic_ncols=True,
-        leave=False,
-        file=sys.stderr,
-        disable=not enabled,
-    )
 
 
 def commit_in_order(
@@ -286,7 +271,7 @@ def write_parallel(
         m = w.meta
         producer = TaskResults(produce, m.shape, m.dtype, tuple(m.classes), config.allow_nonfinite, cast)
         n = len(task_list)
-        bar = _bar(progress, n, start, run[-40:])
+        bar = progress_bar(run[-40:], total=n, initial=start, unit="task", enabled=progress)
         t_run, added = time.perf_counter(), [0]
 
         def report(samples: int) -> None:

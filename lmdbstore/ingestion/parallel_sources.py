@@ -19,10 +19,11 @@ import numpy as np
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.ingestion.parallel import DEFAULT_IN_FLIGHT, TaskResults, as_error, carry_error, commit_in_order
-from lmdbstore.ingestion.pipeline import IngestReport, ProgressFactory, SourceReport, _bar
+from lmdbstore.ingestion.pipeline import IngestReport, SourceReport
 from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.sources import Source, scan_source
 from lmdbstore.store.writer import open_writer
+from lmdbstore.util.progress import ProgressFactory, bar_from
 
 __all__ = ["ingest_parallel"]
 
@@ -118,7 +119,7 @@ def ingest_parallel(
     limit = workers * DEFAULT_IN_FLIGHT
     srcs = tuple(sources)
     scan = _Scan(srcs, shape, dtype, tuple(classes), config.allow_nonfinite, cast)
-    bar = _bar(progress, f"validate {len(sources)} sources", sum(hi - lo for _, lo, hi in chunks))
+    bar = bar_from(progress, f"validate {len(sources)} sources", sum(hi - lo for _, lo, hi in chunks))
     try:
         for _, rows in OrderedPool(scan, workers, limit).results(chunks):
             bar.update(rows)
@@ -129,7 +130,7 @@ def ingest_parallel(
     with open_writer(path, shape=shape, dtype=dtype, classes=classes, config=config) as w:
         start_count = w.committed
         producer = TaskResults(_Read(srcs), shape, dtype, tuple(classes), config.allow_nonfinite, cast)
-        bar = _bar(progress, f"ingest {len(sources)} sources", sum(hi - lo for _, lo, hi in chunks))
+        bar = bar_from(progress, f"ingest {len(sources)} sources", sum(hi - lo for _, lo, hi in chunks))
 
         keys = [src.fingerprint() for src in srcs]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,21 +20,22 @@ import numpy as np
 
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import ValidationError, preview
-from lmdbstore.format.meta import DB_PROGRESS, check_classes
+from lmdbstore.format.dtypes import normalize_dtype
+from lmdbstore.format.layout import DB_PROGRESS
+from lmdbstore.format.meta import check_classes
 from lmdbstore.ingestion.sources import Source, infer_classes, scan_source
 from lmdbstore.ingestion.sources.store import restrict_store_sources
 from lmdbstore.ingestion.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
 from lmdbstore.store.env import to_be_created
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.validation import normalize_dtype, parse_progress
+from lmdbstore.store.validation import parse_progress
 from lmdbstore.store.writer import open_writer
+from lmdbstore.util.progress import ProgressFactory, bar_from
 
 __all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
 
 #: Rows read per batch from a source while validating and writing.
 DEFAULT_READ_BATCH = 16384
-
-ProgressFactory = Callable[[str, int], Any]  # (description, total) -> object with update(n) and close()
 
 
 @dataclass
@@ -57,18 +58,6 @@ class IngestReport:
     @property
     def samples_per_s(self) -> float:
         return self.added / self.seconds if self.seconds > 0 else 0.0
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(factory: ProgressFactory | None, desc: str, total: int) -> Any:
-    return factory(desc, total) if factory is not None else _NoBar()
 
 
 def store_layout(path: Path) -> tuple[tuple[int, ...], str, list[str]] | None:
@@ -173,7 +162,7 @@ def ingest(
         done = min(ledger.get(src.fingerprint(), 0), len(src))  # what an earlier run already committed
         if done == len(src):
             continue
-        bar = _bar(progress, f"validate {src.name}", len(src) - done)
+        bar = bar_from(progress, f"validate {src.name}", len(src) - done)
         try:
             scan_source(
                 src,
@@ -205,7 +194,7 @@ def _write_source(w: Any, src: Source, batch: int, cast: bool, progress: Progres
     n = len(src)
     if done >= n:
         return SourceReport(src.name, n, 0, n)
-    bar = _bar(progress, f"ingest {src.name}", n - done)
+    bar = bar_from(progress, f"ingest {src.name}", n - done)
     pos = done
     try:
         for x, y in src.iter_batches(batch, start=done):
@@ -256,7 +245,7 @@ def ingest_synthetic(
     with open_writer(path, shape=SYNTH_SHAPE, dtype="float32", classes=SYNTH_CLASSES, config=config) as w:
         start_count, done = w.committed, w.progress(key)
         created = start_count == 0 and done == 0
-        bar = _bar(progress, "synthesize+ingest", n - done)
+        bar = bar_from(progress, "synthesize+ingest", n - done)
         pos = 0
         try:
             for x, y in synth_batches(n, seed=seed, batch=batch):

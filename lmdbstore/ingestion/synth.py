@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
+from lmdbstore.util.atomic import atomic_paths
 from lmdbstore.util.paths import check_output_file, write_errors
 
 __all__ = ["SYNTH_CLASSES", "SYNTH_SHAPE", "synth_batches", "write_synth_npz"]
@@ -100,7 +102,11 @@ def write_synth_npz(path: str | os.PathLike[str], n: int, *, seed: int = 0, nois
 
 
 def _write_npz(path: str | os.PathLike[str], n: int, seed: int, noise: float) -> None:
-    tmp = f"{os.fspath(path)}.tmp"
+    with atomic_paths([Path(path)]) as (tmp,):
+        _write_members(tmp, n, seed, noise)
+
+
+def _write_members(tmp: Path, n: int, seed: int, noise: float) -> None:
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         labels = []  # 8 bytes per sample: small next to the samples, which are streamed
         with zf.open("x.npy", "w", force_zip64=True) as fx:
@@ -115,4 +121,3 @@ def _write_npz(path: str | os.PathLike[str], n: int, seed: int, noise: float) ->
         with zf.open("class_names.npy", "w") as fc:
             fc.write(_npy_header(names.shape, names.dtype))
             fc.write(names.tobytes())
-    os.replace(tmp, path)

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from lmdbstore.config import LoaderConfig
+from lmdbstore.format.dtypes import DTYPES
 from lmdbstore.loader.buffers import (
     EXTRA_SLOTS,
     BatchBuffers,
@@ -34,20 +35,6 @@ from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["BufferedLoader", "LmdbBatchDataset", "make_loader"]
-
-_TORCH_DTYPES = {
-    "<f2": torch.float16,
-    "<f4": torch.float32,
-    "<f8": torch.float64,
-    "|u1": torch.uint8,
-    "|i1": torch.int8,
-    "<i2": torch.int16,
-    "<i4": torch.int32,
-    "<i8": torch.int64,
-    "<u2": torch.uint16,
-    "<u4": torch.uint32,
-    "<u8": torch.uint64,
-}
 
 
 class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -69,7 +56,7 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             meta = self.reader.meta
             self.shape = meta.shape
             self.count = meta.count
-            self.torch_dtype = _TORCH_DTYPES[meta.dtype]
+            self.torch_dtype = getattr(torch, DTYPES[meta.dtype])
             self.add_channel = add_channel
             # the store's compact label table (uint8 up to 256 classes; 50 MB for 50M samples), shared with
             # every worker; widened to int64 per batch only

@@ -23,14 +23,14 @@ from lmdbstore.errors import (
     StoreNotFoundError,
     translate_lmdb_errors,
 )
-from lmdbstore.format.meta import DB_META, MAX_DBS, META_KEY, StoreMeta
+from lmdbstore.format.layout import DB_META, MAX_DBS, META_KEY
+from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import UnsupportedLayout, read_meta_page
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
 WRITER_LOCK_FILE = "writer.lock"
-#: Every LMDB data file starts with two meta pages (at least 4 KiB each).
-MIN_DATA_FILE_BYTES = 2 * 4096
 #: All that creating a store leaves in its directory before the first commit (see :func:`unborn_reason`).
 CREATION_FILES = frozenset({WRITER_LOCK_FILE, DATA_FILE, LOCK_FILE})
 

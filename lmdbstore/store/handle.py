@@ -9,7 +9,7 @@ from pathlib import Path
 import lmdb
 
 from lmdbstore.errors import CorruptStoreError, translate_read_errors
-from lmdbstore.format.meta import DB_CLASSIDX, DB_LABELS, DB_PROGRESS, DB_SAMPLES, encode_key
+from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_PROGRESS, DB_SAMPLES, encode_key
 from lmdbstore.store.env import DATA_FILE, ENVS, begin_read, check_store_dir, open_env, read_meta, resolve_lock
 from lmdbstore.store.positions import PositionTable, PreadEngine, build_table
 

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError
-from lmdbstore.format.meta import StoreMeta, compute_checksum
+from lmdbstore.format.checksums import compute_checksum
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import UnsupportedLayout, read_meta_page, samples_positions
 
 __all__ = ["DEFAULT_IO_THREADS", "PositionTable", "PreadEngine", "build_table"]

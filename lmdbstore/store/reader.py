@@ -20,16 +20,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import ChecksumError, CorruptStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.meta import (
-    DB_CLASSIDX,
-    DB_LABELS,
-    DB_SAMPLES,
-    INDEX_DTYPE,
-    StoreMeta,
-    classidx_key,
-    compute_checksum,
-    encode_key,
-)
+from lmdbstore.format.checksums import compute_checksum
+from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_SAMPLES, INDEX_DTYPE, classidx_key, encode_key
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.positions import DEFAULT_IO_THREADS, PositionTable
 

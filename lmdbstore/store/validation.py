@@ -15,24 +15,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError, ValidationError, clip, preview
-from lmdbstore.format.meta import ALLOWED_DTYPES, label_dtype_for
+from lmdbstore.format.dtypes import label_dtype_for
 
-__all__ = ["check_samples", "label_ids", "normalize_dtype", "parse_progress"]
-
-
-def normalize_dtype(dtype: Any) -> str:
-    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``).
-
-    Raises:
-        ValueError: ``dtype`` is not one a store may hold (see ``format.ALLOWED_DTYPES``).
-    """
-    try:
-        dt = np.dtype(dtype).newbyteorder("<")
-    except TypeError as exc:
-        raise ValueError(f"dtype {dtype!r} is not a numpy dtype") from exc
-    if dt.str not in ALLOWED_DTYPES:
-        raise ValueError(f"dtype {dt} is not supported; use one of {', '.join(ALLOWED_DTYPES)}")
-    return dt.str
+__all__ = ["check_samples", "label_ids", "parse_progress"]
 
 
 def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None = None) -> np.ndarray:

@@ -32,7 +32,9 @@ from lmdbstore.errors import (
     preview,
     translate_lmdb_errors,
 )
-from lmdbstore.format.meta import (
+from lmdbstore.format.checksums import checksum_size, compute_checksum
+from lmdbstore.format.dtypes import normalize_dtype
+from lmdbstore.format.layout import (
     DB_CLASSIDX,
     DB_LABELS,
     DB_META,
@@ -41,15 +43,13 @@ from lmdbstore.format.meta import (
     INDEX_DTYPE,
     MAX_DBS,
     META_KEY,
-    StoreMeta,
-    ValueStats,
-    check_classes,
-    checksum_size,
-    choose_samples_per_value,
     classidx_key,
-    compute_checksum,
     encode_key,
 )
+from lmdbstore.format.limits import LMDB_PAGE_SIZE
+from lmdbstore.format.meta import StoreMeta, check_classes
+from lmdbstore.format.packing import choose_samples_per_value
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.env import (
     DATA_FILE,
     ENVS,
@@ -60,7 +60,7 @@ from lmdbstore.store.env import (
     read_meta,
     to_be_created,
 )
-from lmdbstore.store.validation import check_samples, label_ids, normalize_dtype, parse_progress
+from lmdbstore.store.validation import check_samples, label_ids, parse_progress
 from lmdbstore.version import __version__
 
 __all__ = ["StoreWriter", "open_writer"]
@@ -480,7 +480,7 @@ def open_writer(
         if shape is None or dtype is None or classes is None:
             raise_if_unborn(p)  # an interrupted creation says so, and how to complete it
             raise ValueError("shape, dtype and classes are required to create a store")
-        probe = _new_meta(shape, dtype, classes, config, 4096)  # validate before touching the disk
+        probe = _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
         del probe
         p.mkdir(parents=True, exist_ok=True)
         lock_fd = _acquire_lock(p)  # a creation still running elsewhere holds it: StoreLockedError

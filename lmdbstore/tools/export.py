@@ -45,6 +45,7 @@ from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview, tr
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.util.atomic import atomic_paths, fsync_path, temp_beside
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -205,14 +206,8 @@ def _atomic(paths: list[Path], overwrite: bool) -> Iterator[list[Path]]:
             raise StoreExistsError("output exists", path=p, hint="remove it or pass --force (overwrite=True)")
         if not p.parent.is_dir():
             raise LmdbStoreError("output directory does not exist", path=p.parent)
-    tmps = [p.with_name(f".{p.name}.part-{os.getpid()}") for p in paths]
-    try:
+    with atomic_paths(paths) as tmps:
         yield tmps
-        for t, p in zip(tmps, paths, strict=True):
-            os.replace(t, p)
-    finally:
-        for t in tmps:
-            t.unlink(missing_ok=True)
 
 
 def _write_npy_stream(
@@ -396,17 +391,17 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
                 str(exc.message), path=src, hint="close this process's readers of the store first"
             ) from exc
         raise
-    tmp = dst.parent / f".{dst.name}.copy-{os.getpid()}"
+    tmp = temp_beside(dst, "copy")
     try:
         with translate_lmdb_errors(src, "copy"):
             tmp.mkdir()
             env.copy(str(tmp), compact=compact)
         count = _sample_count(tmp)  # of the snapshot the copy took (a writer may have committed since)
-        _fsync(tmp / DATA_FILE)
+        fsync_path(tmp / DATA_FILE)
         if dst.exists():
             dst.rmdir()
         os.replace(tmp, dst)
-        _fsync(dst.parent)
+        fsync_path(dst.parent)
     finally:
         env.close()
         if tmp.exists():
@@ -436,11 +431,3 @@ def _sample_count(path: Path) -> int:
                 txn.abort()
     finally:
         env.close()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

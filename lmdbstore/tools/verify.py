@@ -42,17 +42,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError
-from lmdbstore.format.meta import (
-    DB_CLASSIDX,
-    DB_LABELS,
-    DB_META,
-    DB_PROGRESS,
-    DB_SAMPLES,
-    INDEX_DTYPE,
-    META_KEY,
-    StoreMeta,
-    compute_checksum,
-)
+from lmdbstore.format.checksums import compute_checksum
+from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, INDEX_DTYPE, META_KEY
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, lock_table_writable, open_env
 from lmdbstore.store.reader import StoreReader
 

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from lmdbstore.errors import LmdbStoreError, ValidationError, preview
-from lmdbstore.format.meta import MAX_CLASSES, MAX_DIM
+from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
 from lmdbstore.training.model import MAX_WIDTH, build_model, input_channels, state_shapes
+from lmdbstore.util.atomic import atomic_paths
 
 __all__ = [
     "BEST_NAME",
@@ -44,9 +45,8 @@ RESUME_KEYS = {"optimizer", "epoch", "history"}  # what resuming needs beyond th
 
 def atomic_save(obj: dict[str, Any], path: Path) -> None:
     """Write a checkpoint next to ``path`` and rename it into place: a crash never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_paths([path]) as (tmp,):
+        torch.save(obj, tmp)
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -35,7 +35,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, ValidationError
-from lmdbstore.format.meta import json_safe
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
@@ -56,7 +55,9 @@ from lmdbstore.training.checkpoint import (
 )
 from lmdbstore.training.distributed import DistInfo, all_reduce, init_distributed, resolve_device
 from lmdbstore.training.model import build_model
+from lmdbstore.util.jsonsafe import json_safe
 from lmdbstore.util.paths import check_output_file, make_output_dir, write_errors
+from lmdbstore.util.progress import progress_bar
 
 __all__ = ["DistInfo", "EpochMetrics", "TrainResult", "evaluate", "load_checkpoint", "train"]
 
@@ -440,11 +441,7 @@ def _train_epoch(
 ) -> EpochMetrics:
     model.train()
     timed = _Timed(iter(loader))
-    bar = None
-    if progress and info.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, desc=f"epoch {epoch + 1}", unit="batch", leave=False, dynamic_ncols=True)
+    bar = progress_bar(f"epoch {epoch + 1}", total=steps, unit="batch") if progress and info.is_main else None
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     n_seen = 0
     t0 = time.perf_counter()

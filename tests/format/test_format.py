@@ -11,18 +11,11 @@ import numpy as np
 import pytest
 
 from lmdbstore import CorruptStoreError, FormatVersionError, StoreMeta
-from lmdbstore.format.meta import (
-    FORMAT_VERSION,
-    ValueStats,
-    _value_cost,
-    checksum_size,
-    choose_samples_per_value,
-    classidx_key,
-    compute_checksum,
-    decode_key,
-    encode_key,
-    label_dtype_for,
-)
+from lmdbstore.format.checksums import checksum_size, compute_checksum
+from lmdbstore.format.dtypes import label_dtype_for
+from lmdbstore.format.layout import FORMAT_VERSION, classidx_key, decode_key, encode_key
+from lmdbstore.format.packing import _value_cost, choose_samples_per_value
+from lmdbstore.format.value_stats import ValueStats
 
 # ----------------------------------------------------------------------------- packing
 

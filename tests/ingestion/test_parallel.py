@@ -18,7 +18,7 @@ import pytest
 from conftest import TESTS
 
 from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, open_writer, write_parallel
-from lmdbstore.format.meta import DB_PROGRESS
+from lmdbstore.format.layout import DB_PROGRESS
 from lmdbstore.ingestion.pool import OrderedPool
 from lmdbstore.tools.verify import verify_store
 

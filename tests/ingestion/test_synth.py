@@ -44,7 +44,7 @@ def test_npz_matches_the_stream(tmp_path: Path) -> None:
     x2, y2 = next(synth_batches(3000, seed=4))
     assert np.array_equal(x, x2) and np.array_equal(y, y2)
     assert names.tolist() == list(SYNTH_CLASSES)
-    assert not (tmp_path / "d.npz.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["d.npz"]  # no temporary left beside it
 
 
 def test_bad_sizes_are_refused(tmp_path: Path) -> None:

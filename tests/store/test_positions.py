@@ -19,7 +19,7 @@ from conftest import CLASSES, TESTS, StoreInfo, build_store, make_data
 from lmdbstore import WriterConfig, open_writer
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format import pages as pages_mod
-from lmdbstore.format.meta import DB_SAMPLES
+from lmdbstore.format.layout import DB_SAMPLES
 from lmdbstore.format.pages import _main_db_entry, _Pages, read_meta_page
 from lmdbstore.store.reader import StoreReader
 

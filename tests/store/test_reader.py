@@ -23,7 +23,7 @@ from lmdbstore import (
     WriterConfig,
     open_reader,
 )
-from lmdbstore.format.meta import DB_SAMPLES, encode_key
+from lmdbstore.format.layout import DB_SAMPLES, encode_key
 
 # ----------------------------------------------------------------------------- reads
 

@@ -36,7 +36,8 @@ from lmdbstore import (
     WriterConfig,
     open_writer,
 )
-from lmdbstore.format.meta import DB_META, DB_SAMPLES, META_KEY, choose_samples_per_value, decode_key
+from lmdbstore.format.layout import DB_META, DB_SAMPLES, META_KEY, decode_key
+from lmdbstore.format.packing import choose_samples_per_value
 from lmdbstore.tools.verify import verify_store
 
 FAST = WriterConfig(sync=False)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from lmdbstore import CorruptStoreError, StoreNotFoundError, StoreReader, WriterConfig, open_writer
-from lmdbstore.format.meta import classidx_key, encode_key
+from lmdbstore.format.layout import classidx_key, encode_key
 from lmdbstore.tools.verify import PROBLEM_KINDS, Problem, VerifyReport, verify_store
 
 #: py-lmdb >= 3.0 ships the offline page walker that verify's structure check uses

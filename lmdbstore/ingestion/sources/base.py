@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lmdbstore.errors import SourceError, ValidationError
-from lmdbstore.format.meta import MAX_CLASS_NAME_CHARS, MAX_CLASSES
+from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS, MAX_CLASSES
 
 Label = str | int
 

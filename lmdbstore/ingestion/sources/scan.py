@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import ValidationError, preview
-from lmdbstore.format.meta import MAX_CLASSES
+from lmdbstore.format.limits import MAX_CLASSES
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.store.writer import check_samples, label_ids
 

@@ -1,0 +1,133 @@
+"""Exact running statistics of every value written to a store (kept in its metadata)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+__all__ = ["MAX_STATS_SCALE", "ValueStats"]
+
+#: Largest magnitude a value may have after scaling by ``2**-scale``: its square (about 2**900) summed
+#: over far more values than any store holds stays below float64's largest finite number (2**1024).
+_STATS_MAX_SCALED_EXP = 450
+#: ``scale`` a store's metadata may claim (finite float64 values lie below 2**1024).
+MAX_STATS_SCALE = 1100
+
+
+@dataclass
+class ValueStats:
+    """Exact running statistics of every value ingested (float64 accumulators).
+
+    ``sum`` and ``sumsq`` are kept for the values divided by ``2**scale`` (``scale`` 0 unless values beyond
+    about 1e135 arrived), so the sum of squares of values up to float64's largest stays finite; powers of
+    two rescale exactly.  ``mean``/``std`` undo the scaling.
+    """
+
+    n: int = 0
+    sum: float = 0.0
+    sumsq: float = 0.0
+    min: float | None = None
+    max: float | None = None
+    nonfinite: int = 0
+    scale: int = 0
+
+    #: Elements folded in per step: float64 temporaries of 2 MiB stay in cache instead of a fresh
+    #: allocation the size of a whole commit (page faults cost more than the arithmetic).
+    CHUNK = 1 << 18
+
+    def update(self, x: np.ndarray) -> None:
+        """Fold a batch of samples in; non-finite values are counted and left out of the moments."""
+        flat = np.asarray(x).reshape(-1)
+        for lo in range(0, flat.size, self.CHUNK):
+            self._update_chunk(flat[lo : lo + self.CHUNK])
+
+    def _rescale(self, scale: int) -> None:
+        """Switch to a larger ``scale`` (exact: powers of two)."""
+        if scale > self.scale:
+            shift = scale - self.scale
+            self.sum, self.sumsq = math.ldexp(self.sum, -shift), math.ldexp(self.sumsq, -2 * shift)
+            self.scale = scale
+
+    def _update_chunk(self, flat: np.ndarray) -> None:
+        if flat.dtype.kind == "f":
+            finite_mask = np.isfinite(flat)
+            n_bad = int(flat.size - np.count_nonzero(finite_mask))
+            if n_bad:
+                self.nonfinite += n_bad
+                flat = flat[finite_mask]
+            if flat.size == 0:
+                return
+        f64 = flat.astype(np.float64)
+        lo, hi = float(f64.min()), float(f64.max())
+        peak = max(abs(lo), abs(hi))
+        if peak > 0:
+            self._rescale(math.frexp(peak)[1] - _STATS_MAX_SCALED_EXP)
+        if self.scale:
+            f64 = np.ldexp(f64, -self.scale)
+        self.n += int(f64.size)
+        self.sum += float(f64.sum())
+        self.sumsq += float(np.einsum("i,i->", f64, f64))  # not np.dot: BLAS threads stall on a busy machine
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+
+    def merge(self, other: ValueStats) -> None:
+        """Fold in statistics computed elsewhere (e.g. in a worker process) over other values."""
+        other = replace(other)
+        self._rescale(other.scale)
+        other._rescale(self.scale)
+        self.n, self.sum, self.sumsq = self.n + other.n, self.sum + other.sum, self.sumsq + other.sumsq
+        self.nonfinite += other.nonfinite
+        self.min = other.min if self.min is None else self.min if other.min is None else min(self.min, other.min)
+        self.max = other.max if self.max is None else self.max if other.max is None else max(self.max, other.max)
+
+    def _unscaled(self, v: float) -> float | None:
+        try:
+            return math.ldexp(v, self.scale)
+        except OverflowError:  # only tampered metadata gets here: the writer keeps it in range
+            return None
+
+    @property
+    def mean(self) -> float | None:
+        return self._unscaled(self.sum / self.n) if self.n else None
+
+    @property
+    def std(self) -> float | None:
+        if not self.n:
+            return None
+        mean = self.sum / self.n
+        return self._unscaled(math.sqrt(max(self.sumsq / self.n - mean * mean, 0.0)))
+
+    def validated(self) -> ValueStats:
+        """These statistics with finite float moments, or ``ValueError`` saying which field is bad."""
+        ints = {"n": self.n, "nonfinite": self.nonfinite, "scale": self.scale}
+        for name, v in ints.items():
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"value_stats {name} must be an integer")
+        if not (0 <= self.n <= 1 << 63 and 0 <= self.nonfinite <= 1 << 63):
+            raise ValueError("value_stats counts must be non-negative integers below 2**63")
+        if not 0 <= self.scale <= MAX_STATS_SCALE:
+            raise ValueError(f"value_stats scale must be in 0..{MAX_STATS_SCALE}")
+        floats: dict[str, float | None] = {}
+        for name in ("sum", "sumsq", "min", "max"):
+            v = getattr(self, name)
+            if v is None and name in ("min", "max"):
+                floats[name] = None
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise ValueError(f"value_stats {name} must be a number{' or null' if name in ('min', 'max') else ''}")
+            try:
+                f = float(v)
+            except OverflowError:
+                raise ValueError(f"value_stats {name} is out of float64 range") from None
+            if not math.isfinite(f):
+                raise ValueError(f"value_stats {name} must be finite")
+            floats[name] = f
+        if (floats["sumsq"] or 0.0) < 0:
+            raise ValueError("value_stats sumsq must not be negative")
+        out = ValueStats(self.n, floats["sum"] or 0.0, floats["sumsq"] or 0.0, floats["min"], floats["max"])
+        out.nonfinite, out.scale = self.nonfinite, self.scale
+        if out.n and (out.mean is None or out.std is None):
+            raise ValueError("value_stats sum/sumsq/scale give a mean or std beyond float64 range")
+        return out
