@@ -8,7 +8,6 @@ status 1; ``verify`` exits 1 when it finds problems.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -20,6 +19,7 @@ import typer
 from lmdbstore import LmdbStoreError, __version__
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
 from lmdbstore.errors import clip, unwrap_worker_message
+from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_bar, progress_factory
 
 app = typer.Typer(
@@ -341,7 +341,7 @@ def train(
         )
         out_dir = out if out is not None else Path("runs") / store.resolve().name
         result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=typer.echo, progress=progress)
-        if os.environ.get("RANK", "0") != "0":
+        if not launch().is_main:
             return  # under torchrun only rank 0 reports
         if result.out_dir is not None and result.epochs:
             typer.echo(f"checkpoints and metrics in {result.out_dir}")

@@ -24,6 +24,7 @@ import numpy as np
 from lmdbstore import errors
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
+from lmdbstore.format.ledger import parallel_key, parallel_prefix
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.store.validation import check_samples, label_ids
@@ -35,7 +36,6 @@ __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel
 #: Results each worker may have produced and not yet had committed (back-pressure bound).
 DEFAULT_IN_FLIGHT = 2
 #: Ledger-key prefix of :func:`write_parallel` runs.
-LEDGER_PREFIX = "parallel:"
 #: Characters of a task's repr quoted in error messages.
 REPR_CHARS = 80
 
@@ -261,7 +261,7 @@ def write_parallel(
     if workers:
         _check_picklable(produce)
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
-    key = f"{LEDGER_PREFIX}{run[:200]}:{tasks_digest(task_list)}"
+    key = parallel_key(run, tasks_digest(task_list))
     config = config or WriterConfig()
     path = Path(store)
     t0 = time.perf_counter()
@@ -301,7 +301,7 @@ def write_parallel(
 def _resume_point(w: StoreWriter, key: str, run: str, n: int) -> int:
     """Tasks of this run already committed; refuses to mix with an unfinished run of other tasks."""
     entries = w.progress_entries()
-    prefix = f"{LEDGER_PREFIX}{run[:200]}:"
+    prefix = parallel_prefix(run)
     for other, entry in entries.items():
         if other != key and other.startswith(prefix) and entry.get("total") != entry["done"]:
             raise ValueError(

@@ -22,13 +22,13 @@ from lmdbstore.config import WriterConfig
 from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import normalize_dtype
 from lmdbstore.format.layout import DB_PROGRESS
+from lmdbstore.format.ledger import parse_entry, synthetic_key
 from lmdbstore.format.meta import check_classes
 from lmdbstore.ingestion.sources import Source, infer_classes, scan_source
 from lmdbstore.ingestion.sources.store import restrict_store_sources
 from lmdbstore.ingestion.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
 from lmdbstore.store.env import to_be_created
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.validation import parse_progress
 from lmdbstore.store.writer import open_writer
 from lmdbstore.util.progress import ProgressFactory, bar_from
 
@@ -85,7 +85,7 @@ def _ledger(path: Path) -> dict[str, int]:
     with StoreReader(path) as r:
         for k, v in r.iter_raw(DB_PROGRESS):
             name = k.decode("utf-8", "replace")
-            out[name] = int(parse_progress(bytes(v), path, name)["done"])
+            out[name] = int(parse_entry(bytes(v), path, name)["done"])
     return out
 
 
@@ -229,7 +229,7 @@ def ingest_synthetic(
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
     path = Path(store)
-    key = f"synthetic:n={n}:seed={seed}"
+    key = synthetic_key(n, seed)
     if exclusive and store_layout(path) is not None:
         other = sorted(k for k in _ledger(path) if k != key)
         with StoreReader(path) as r:

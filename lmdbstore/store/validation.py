@@ -1,4 +1,4 @@
-"""Checks of what is about to be written: sample batches, labels, dtypes, resume-ledger entries.
+"""Checks of what is about to be written: sample batches, labels, dtypes.
 
 One place for the rules the writer, ``ingest`` and ``write_parallel``'s workers all apply, so a batch is
 validated the same way wherever it comes from (shape, dtype or a same-kind cast, finite values, labels
@@ -7,17 +7,16 @@ as ids or class names).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import CorruptStoreError, ValidationError, clip, preview
+from lmdbstore.errors import ValidationError, clip, preview
 from lmdbstore.format.dtypes import label_dtype_for
 
-__all__ = ["check_samples", "label_ids", "parse_progress"]
+__all__ = ["check_samples", "label_ids"]
 
 
 def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None = None) -> np.ndarray:
@@ -96,19 +95,3 @@ def check_samples(
                 f"non-finite value (NaN or inf) in sample {first}", path=path, hint="allow_nonfinite accepts them"
             )
     return arr
-
-
-def parse_progress(raw: bytes, path: Path, name: str) -> dict[str, Any]:
-    """Decode one resume-ledger entry (JSON ``{"done": int, "total": int | None}``).
-
-    Raises:
-        CorruptStoreError: the entry is not such JSON (damaged or foreign data; never unpickled).
-    """
-    try:
-        entry = json.loads(bytes(raw).decode("utf-8"))
-        done = entry["done"]
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
-        raise CorruptStoreError(f"resume-ledger entry is malformed ({exc})", path=path, key=name) from exc
-    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
-        raise CorruptStoreError(f"resume-ledger entry has done={done!r}", path=path, key=name)
-    return dict(entry)

@@ -9,7 +9,6 @@ store exactly as of the last commit, and a rerun can continue from the ledger.
 from __future__ import annotations
 
 import fcntl
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -46,6 +45,7 @@ from lmdbstore.format.layout import (
     classidx_key,
     encode_key,
 )
+from lmdbstore.format.ledger import encode_entry, parse_entry
 from lmdbstore.format.limits import LMDB_PAGE_SIZE
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.packing import choose_samples_per_value
@@ -60,7 +60,7 @@ from lmdbstore.store.env import (
     read_meta,
     to_be_created,
 )
-from lmdbstore.store.validation import check_samples, label_ids, parse_progress
+from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.version import __version__
 
 __all__ = ["StoreWriter", "open_writer"]
@@ -173,7 +173,7 @@ class StoreWriter:
             raw = txn.get(name.encode(), db=self._dbs[DB_PROGRESS])
         if raw is None:
             return 0
-        return int(parse_progress(raw, self.path, name)["done"])
+        return int(parse_entry(raw, self.path, name)["done"])
 
     def progress_entries(self) -> dict[str, dict[str, Any]]:
         """The whole committed resume ledger: name -> {"done": int, "total": int | None}."""
@@ -181,7 +181,7 @@ class StoreWriter:
         with self._env.begin() as txn:
             for k, v in txn.cursor(db=self._dbs[DB_PROGRESS]):
                 name = bytes(k).decode("utf-8", "replace")
-                out[name] = parse_progress(bytes(v), self.path, name)
+                out[name] = parse_entry(bytes(v), self.path, name)
         return out
 
     # ------------------------------------------------------------------ appending
@@ -347,7 +347,7 @@ class StoreWriter:
                     class_tails[c] = idx[len(idx) - n_part :] if n_part else idx[:0]
             # ledger and metadata
             for name, entry in self._pending_progress.items():
-                txn.put(name.encode(), json.dumps(entry).encode(), db=self._dbs[DB_PROGRESS])
+                txn.put(name.encode(), encode_entry(**entry), db=self._dbs[DB_PROGRESS])
             new_meta = m.with_(count=count, class_counts=class_counts, value_stats=stats, updated_at=_now())
             txn.put(META_KEY, new_meta.to_json(), db=self._dbs[DB_META])
         return new_meta, _Tail(new_tail_samples, new_labels_tail.copy(), {c: t.copy() for c, t in class_tails.items()})

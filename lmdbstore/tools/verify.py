@@ -32,7 +32,6 @@ appends checks one consistent snapshot.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -44,6 +43,7 @@ import numpy as np
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format.checksums import compute_checksum
 from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, INDEX_DTYPE, META_KEY
+from lmdbstore.format.ledger import parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, lock_table_writable, open_env
 from lmdbstore.store.reader import StoreReader
@@ -489,12 +489,8 @@ class _Checker:
         for key, value in self._items(DB_PROGRESS):
             self.report.progress_entries_checked += 1
             try:
-                entry = json.loads(bytes(value).decode("utf-8"))
-                done = entry["done"]
-                ok = isinstance(done, int) and not isinstance(done, bool) and done >= 0
-            except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-                ok = False
-            if not ok:
+                parse_entry(value, self.reader.path, repr(key))
+            except CorruptStoreError:
                 self.found.add("progress", None, f"resume-ledger entry {key!r} is not valid JSON with a 'done' count")
 
     def check_stats(self) -> None:

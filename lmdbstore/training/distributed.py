@@ -4,11 +4,12 @@ function is a no-op for the single process."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from lmdbstore.util.launch import launch
 
 __all__ = ["DistInfo", "all_reduce", "init_distributed", "resolve_device"]
 
@@ -32,12 +33,12 @@ class DistInfo:
 
 def init_distributed(device_kind: str) -> DistInfo:
     """Join the process group torchrun describes in the environment (no-op for a single process)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    env = launch()
+    if env.world_size <= 1:
         return DistInfo()
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), env.local_rank)
 
 
 def all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:

@@ -56,6 +56,7 @@ from lmdbstore.training.checkpoint import (
 from lmdbstore.training.distributed import DistInfo, all_reduce, init_distributed, resolve_device
 from lmdbstore.training.model import build_model
 from lmdbstore.util.jsonsafe import json_safe
+from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import check_output_file, make_output_dir, write_errors
 from lmdbstore.util.progress import progress_bar
 
@@ -254,7 +255,7 @@ def train(
         labels = reader.labels()
     classes = list(meta.classes)
     channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
-    if out_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+    if out_dir is not None and launch().is_main:
         make_output_dir(out_dir)  # before any work: a file, a file's child or an unwritable place fails now
     device_kind = (
         "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") else "cpu"

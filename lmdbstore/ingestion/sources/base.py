@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lmdbstore.errors import SourceError, ValidationError
+from lmdbstore.format.ledger import source_key
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS, MAX_CLASSES
 
 Label = str | int
@@ -200,8 +201,7 @@ class Source(ABC):
         """
         blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
         digest = hashlib.sha256(blob).hexdigest()[:32]
-        short = self.path.name.encode()[:100].decode(errors="ignore")
-        return f"{self.kind}:{digest}:{short}"
+        return source_key(self.kind, digest, self.path.name)
 
     def class_names(self) -> list[str] | None:
         """Class names the source implies (a ``label=`` name, the file's ``class_names``, subdirectories) or None."""
