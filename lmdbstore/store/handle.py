@@ -88,9 +88,10 @@ class Handle:
     def forget_after_fork(self) -> None:
         """Let go of a handle inherited through ``fork()`` so that this process can open its own.
 
-        The environment itself is forgotten by :data:`ENVS` (see :meth:`~lmdbstore.store.registry.EnvRegistry._after_fork`); here
-        every reference to it goes, without aborting the transaction (with a reader lock, that would
-        free the *parent's* reader slot).  The position table stays, for :meth:`__init__` to inherit.
+        The environment itself is forgotten by :data:`~lmdbstore.store.registry.ENVS` (see
+        :meth:`~lmdbstore.store.registry.EnvRegistry._after_fork`); here every reference to it goes, without
+        aborting the transaction (with a reader lock, that would free the *parent's* reader slot).  The
+        position table stays, for :meth:`__init__` to inherit.
         """
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
         self.engine = None

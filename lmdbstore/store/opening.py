@@ -168,9 +168,10 @@ def _create(
 ) -> StoreWriter:
     """Create the store in ``p`` (absent, empty or an interrupted creation), holding the writer lock.
 
-    An interrupted creation's ``data.mdb`` has nothing committed (see :func:`~lmdbstore.store.env.unborn_reason`): LMDB
-    initialises an empty one and keeps one with empty meta pages, and this first transaction makes it a
-    store either way.  Until it commits, the directory stays one that a rerun creates afresh.
+    An interrupted creation's ``data.mdb`` has nothing committed (see
+    :func:`~lmdbstore.store.env.unborn_reason`): LMDB initialises an empty one and keeps one with empty meta
+    pages, and this first transaction makes it a store either way.  Until it commits, the directory stays
+    one that a rerun creates afresh.
     """
     ENVS.prepare(p, writable=True)
     with translate_lmdb_errors(p, "create"):

@@ -228,12 +228,10 @@ class ContentChecks:
             return
         next_pos[c] += chunk
         n = min(chunk, n_c - pos)
-        if len(value) != n * layout.INDEX_DTYPE.itemsize:
-            self.add(
-                "classidx-length",
-                pos,
-                f"chunk of class {name!r} at list position {pos} has {len(value)} bytes, expected {n * layout.INDEX_DTYPE.itemsize}",
-            )
+        want_bytes = n * layout.INDEX_DTYPE.itemsize
+        if len(value) != want_bytes:
+            what = f"chunk of class {name!r} at list position {pos}"
+            self.add("classidx-length", pos, f"{what} has {len(value)} bytes, expected {want_bytes}")
             positions.skip_to(pos + n)
             return
         got = np.frombuffer(value, layout.INDEX_DTYPE)
