@@ -39,8 +39,9 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.ingestion.parallel import ParallelReport, write_parallel
 from lmdbstore.ingestion.pipeline import IngestReport, ingest
 from lmdbstore.ingestion.sources import open_sources
+from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader, open_reader
-from lmdbstore.store.writer import StoreWriter, open_writer
+from lmdbstore.store.writer import StoreWriter
 from lmdbstore.tools.export import CopyReport, ExportReport, copy_store, export_store
 from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples

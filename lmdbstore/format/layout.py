@@ -21,13 +21,16 @@ __all__ = [
     "DB_LABELS",
     "DB_META",
     "DB_PROGRESS",
+    "CLASSIDX_KEY_BYTES",
     "DB_SAMPLES",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_DTYPE",
+    "KEY_BYTES",
     "MAX_DBS",
     "META_KEY",
     "classidx_key",
+    "decode_classidx_key",
     "decode_key",
     "encode_key",
 ]
@@ -51,6 +54,10 @@ MAX_DBS = 8
 
 _KEY = struct.Struct(">Q")
 _CLASSIDX_KEY = struct.Struct(">HQ")
+#: Width of a ``samples`` or ``labels`` key (a big-endian uint64 sample index).
+KEY_BYTES = _KEY.size
+#: Width of a ``classidx`` key (a big-endian uint16 class id, then a big-endian uint64 list position).
+CLASSIDX_KEY_BYTES = _CLASSIDX_KEY.size
 #: Per-class index lists are stored as little-endian uint64.
 INDEX_DTYPE = np.dtype("<u8")
 
@@ -70,3 +77,12 @@ def decode_key(key: bytes) -> int:
 def classidx_key(class_id: int, position: int) -> bytes:
     """Key of the chunk of class ``class_id``'s index list that starts at ``position`` in that list."""
     return _CLASSIDX_KEY.pack(class_id, position)
+
+
+def decode_classidx_key(key: bytes) -> tuple[int, int]:
+    """Inverse of :func:`classidx_key`: ``(class_id, position)``; raises ``CorruptStoreError`` for a key of the
+    wrong width."""
+    if len(key) != _CLASSIDX_KEY.size:
+        raise CorruptStoreError(f"key of {len(key)} bytes, expected {_CLASSIDX_KEY.size}", key=key.hex())
+    class_id, position = _CLASSIDX_KEY.unpack(key)
+    return int(class_id), int(position)

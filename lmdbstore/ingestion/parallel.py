@@ -27,8 +27,9 @@ from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
 from lmdbstore.format.ledger import parallel_key, parallel_prefix
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
+from lmdbstore.store.opening import open_writer
 from lmdbstore.store.validation import check_samples, label_ids
-from lmdbstore.store.writer import StoreWriter, open_writer
+from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import progress_bar
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]

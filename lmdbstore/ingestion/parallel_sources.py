@@ -22,7 +22,7 @@ from lmdbstore.ingestion.parallel import DEFAULT_IN_FLIGHT, TaskResults, as_erro
 from lmdbstore.ingestion.pipeline import IngestReport, SourceReport
 from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.sources import Source, scan_source
-from lmdbstore.store.writer import open_writer
+from lmdbstore.store.opening import open_writer
 from lmdbstore.util.progress import ProgressFactory, bar_from
 
 __all__ = ["ingest_parallel"]

@@ -28,8 +28,8 @@ from lmdbstore.ingestion.sources import Source, infer_classes, scan_source
 from lmdbstore.ingestion.sources.store import restrict_store_sources
 from lmdbstore.ingestion.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
 from lmdbstore.store.env import to_be_created
+from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.writer import open_writer
 from lmdbstore.util.progress import ProgressFactory, bar_from
 
 __all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]

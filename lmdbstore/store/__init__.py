@@ -1,3 +1,11 @@
-"""A store on disk: LMDB environments and the writer-lock protocol, the single writer, the reader and its
-position table (reads by file offset), the resume ledger, and the checks applied to everything written.
+"""A store on disk, one module per concern (import from the defining module; this package exports nothing):
+
+* ``env``: what a store directory is, opening its LMDB environment, read transactions, the metadata;
+* ``registry``: one environment per store path and process (``ENVS``), shared by readers and the writer;
+* ``locks``: the writer-lock protocol (the writer's exclusive lock, ``verify``'s shared one, the probe);
+* ``opening``: ``open_writer``, which creates a store when needed; ``writer``: ``StoreWriter``'s appends and
+  commits; ``tail``: the partly filled last pieces a commit rewrites; ``validation``: the checks applied to
+  everything written;
+* ``reader``: ``StoreReader``; ``handle``: its per-process open state; ``positions``: reads by file offset;
+  ``labels``: the label table and the per-class index lists.
 """

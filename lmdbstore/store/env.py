@@ -1,16 +1,15 @@
 """Opening LMDB environments of a store, with the checks that turn hostile paths into clear errors.
 
-Private: the writer and the reader share these helpers so both see the same store layout.
+The writer, the reader, ``verify`` and ``copy_store`` share these helpers so all see the same store layout:
+what a store directory is (and one whose creation was interrupted), opening its environment, beginning
+a read transaction, and reading its metadata.  Sharing one environment per process is
+:mod:`lmdbstore.store.registry`'s; the writer lock is :mod:`lmdbstore.store.locks`'.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import stat
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,24 @@ from lmdbstore.format.layout import DB_META, MAX_DBS, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import UnsupportedLayout, read_meta_page
+from lmdbstore.store.locks import LOCK_FILE, WRITER_LOCK_FILE
 
+__all__ = [
+    "CREATION_FILES",
+    "DATA_FILE",
+    "begin_read",
+    "check_count_fits",
+    "check_file_size",
+    "check_store_dir",
+    "open_env",
+    "raise_if_unborn",
+    "read_meta",
+    "to_be_created",
+    "unborn_reason",
+]
+
+#: The LMDB data file of a store (its one environment is the store directory).
 DATA_FILE = "data.mdb"
-LOCK_FILE = "lock.mdb"
-WRITER_LOCK_FILE = "writer.lock"
 #: All that creating a store leaves in its directory before the first commit (see :func:`unborn_reason`).
 CREATION_FILES = frozenset({WRITER_LOCK_FILE, DATA_FILE, LOCK_FILE})
 
@@ -88,42 +101,6 @@ def to_be_created(path: Path) -> bool:
     if not path.exists():
         return True
     return path.is_dir() and (not any(path.iterdir()) or unborn_reason(path) is not None)
-
-
-def writer_active(path: Path) -> bool:
-    """Whether a writer holds the store's ``writer.lock`` now: a non-blocking shared ``flock`` probe.
-
-    A writer holds an exclusive lock for as long as it is open; ``verify``'s shared lock does not count.
-    ``False`` when there is no lock file or it cannot be opened (no writer could have taken it either).
-    """
-    try:
-        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # releases the probe's shared lock
-    return False
-
-
-def lock_table_writable(path: Path) -> bool:
-    """Whether this process can open LMDB's reader table (``lock.mdb``, created if missing) for writing,
-    which a ``lock=True`` reader needs; a read-only store (or file system) can only be read lock-free."""
-    lock_file = path / LOCK_FILE
-    if lock_file.exists():
-        return os.access(lock_file, os.W_OK)
-    return os.access(path, os.W_OK)
-
-
-def resolve_lock(path: Path, lock: bool | None) -> bool:
-    """A reader's ``lock`` mode: as asked, or for ``None`` (automatic) ``True`` exactly while a writer is
-    active, so the reader's snapshot is registered and its pages cannot be reused under it."""
-    return writer_active(path) if lock is None else lock
 
 
 def check_store_dir(path: Path) -> None:
@@ -264,137 +241,3 @@ def check_count_fits(meta: StoreMeta, path: Path) -> None:
             f"but the data file holds only {size} bytes",
             path=path,
         )
-
-
-# ---------------------------------------------------------------------- one environment per path and process
-class _Entry:
-    """One open environment of a path in this process, and how many users share it."""
-
-    def __init__(self, env: lmdb.Environment, writable: bool, lock: bool):
-        self.env, self.writable, self.lock = env, writable, lock
-        self.refs = 0
-        self.pid = os.getpid()
-
-    def forget_after_fork(self) -> None:
-        """Let go of an environment inherited through ``fork()``.
-
-        A lock-free environment shares nothing with the parent and is closed.  One with a reader table
-        must not be closed here (aborting its transactions would free the *parent's* reader slots and
-        expose its snapshots to a writer); it is only dereferenced, and py-lmdb forgets it, without
-        touching the slots, when the last reference goes.
-        """
-        if not self.lock:
-            with contextlib.suppress(lmdb.Error):
-                self.env.close()
-
-
-class EnvLease:
-    """A share of a process-wide environment: use :attr:`env` while :attr:`valid`, then :meth:`release`."""
-
-    def __init__(self, registry: EnvRegistry, key: str, entry: _Entry):
-        self._registry, self.key, self.entry = registry, key, entry
-        self.released = False
-
-    @property
-    def env(self) -> lmdb.Environment:
-        return self.entry.env
-
-    @property
-    def valid(self) -> bool:
-        """False after a fork, or once the environment was re-opened for a user that needed more."""
-        return self.entry.pid == os.getpid() and self._registry.current(self.key) is self.entry
-
-    def release(self) -> None:
-        """Give the share back; the last user of a path closes its environment.  Idempotent."""
-        if not self.released:
-            self.released = True
-            self._registry.release(self)
-
-
-class EnvRegistry:
-    """Environments shared per path and process (py-lmdb refuses to open one path twice in a process).
-
-    Any number of readers and one writer of a store share one environment, reference-counted.  The first
-    user opens it in the mode it needs; a later user that needs more (a writer beside read-only readers,
-    or a reader table beside lock-free readers) re-opens it in the stronger mode, which invalidates the
-    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs.  After a
-    fork, every inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  This is the one
-    piece of process-wide state in the library, because LMDB's rule it enforces is process-wide.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
-        self._mutex = threading.RLock()
-        self._pid = os.getpid()
-
-    def _after_fork(self) -> None:
-        if self._pid != os.getpid():
-            entries, self._entries = self._entries, {}
-            self._pid = os.getpid()
-            self._mutex = threading.RLock()
-            for e in entries.values():
-                e.forget_after_fork()
-
-    def current(self, key: str) -> _Entry | None:
-        return self._entries.get(key)
-
-    def acquire(self, path: Path, *, writable: bool, lock: bool, opener: Callable[[], lmdb.Environment]) -> EnvLease:
-        """A lease on ``path``'s environment, opened with ``opener()`` unless a sufficient one is open.
-
-        ``opener`` must open with ``readonly=not writable`` and ``lock=lock`` (a writable environment
-        always has a reader table).  Errors come from ``opener`` (already translated).
-        """
-        self.prepare(path, writable=writable, lock=lock)  # re-open in a stronger mode if needed
-        key = os.path.realpath(path)
-        with self._mutex:
-            e = self._entries.get(key)
-            if e is None:
-                self.adopt(path, opener(), writable=writable, lock=lock)
-                e = self._entries[key]
-            else:
-                e.refs += 1
-            return EnvLease(self, key, e)
-
-    def prepare(self, path: Path, *, writable: bool, lock: bool = True) -> None:
-        """Make room to open ``path`` in this mode: close a shared environment of a weaker mode (its users
-        see :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one."""
-        self._after_fork()
-        key = os.path.realpath(path)
-        with self._mutex:
-            e = self._entries.get(key)
-            if e is not None and ((writable and not e.writable) or (lock and not e.lock)):
-                del self._entries[key]
-                e.env.close()
-
-    def adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> lmdb.Environment:
-        """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
-        with self._mutex:
-            e = _Entry(env, writable, lock or writable)
-            e.refs = 1
-            self._entries[os.path.realpath(path)] = e
-        return env
-
-    def release(self, lease: EnvLease) -> None:
-        self._after_fork()
-        e = lease.entry
-        if e.pid != os.getpid():
-            return
-        with self._mutex:
-            e.refs -= 1
-            if e.refs <= 0:
-                if self._entries.get(lease.key) is e:
-                    del self._entries[lease.key]
-                e.env.close()
-
-    def release_env(self, env: lmdb.Environment) -> None:
-        """Release the lease whose environment is ``env`` (closing ``env`` if it was never shared)."""
-        with self._mutex:
-            for key, e in list(self._entries.items()):
-                if e.env is env and e.pid == os.getpid():
-                    self.release(EnvLease(self, key, e))
-                    return
-        env.close()
-
-
-#: The environments of this process (see :class:`EnvRegistry`).
-ENVS = EnvRegistry()

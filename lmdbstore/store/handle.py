@@ -9,9 +9,11 @@ from pathlib import Path
 import lmdb
 
 from lmdbstore.errors import CorruptStoreError, translate_read_errors
-from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_PROGRESS, DB_SAMPLES, encode_key
-from lmdbstore.store.env import DATA_FILE, ENVS, begin_read, check_store_dir, open_env, read_meta, resolve_lock
+from lmdbstore.format.layout import DATA_DBS, DB_SAMPLES, encode_key
+from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
+from lmdbstore.store.locks import resolve_lock
 from lmdbstore.store.positions import PositionTable, PreadEngine, build_table
+from lmdbstore.store.registry import ENVS
 
 
 class Handle:
@@ -31,10 +33,7 @@ class Handle:
             with translate_read_errors(path, "open"):
                 self.txn = begin_read(self.env)
                 self.meta = read_meta(self.env, self.txn, path)
-                self.dbs = {
-                    name: self.env.open_db(name, txn=self.txn, create=False)
-                    for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS)
-                }
+                self.dbs = {name: self.env.open_db(name, txn=self.txn, create=False) for name in DATA_DBS}
                 self.txnid = self.txn.id()
                 self.fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
         except lmdb.NotFoundError as exc:
@@ -89,9 +88,10 @@ class Handle:
     def forget_after_fork(self) -> None:
         """Let go of a handle inherited through ``fork()`` so that this process can open its own.
 
-        The environment itself is forgotten by :data:`ENVS` (see :meth:`EnvRegistry._after_fork`); here
-        every reference to it goes, without aborting the transaction (with a reader lock, that would
-        free the *parent's* reader slot).  The position table stays, for :meth:`__init__` to inherit.
+        The environment itself is forgotten by :data:`~lmdbstore.store.registry.ENVS` (see
+        :meth:`~lmdbstore.store.registry.EnvRegistry._after_fork`); here every reference to it goes, without
+        aborting the transaction (with a reader lock, that would free the *parent's* reader slot).  The
+        position table stays, for :meth:`__init__` to inherit.
         """
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
         self.engine = None

@@ -21,9 +21,10 @@ import numpy as np
 
 from lmdbstore.errors import ChecksumError, CorruptStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.checksums import compute_checksum
-from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_SAMPLES, INDEX_DTYPE, classidx_key, encode_key
+from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.handle import Handle
+from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.positions import DEFAULT_IO_THREADS, PositionTable
 
 __all__ = ["StoreReader", "open_reader"]
@@ -337,21 +338,7 @@ class StoreReader:
     def labels(self) -> np.ndarray:
         """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
         if self._labels is None:
-            h = self._handle()
-            m = h.meta
-            out = np.empty(m.count, m.label_dtype)
-            pos = 0
-            with translate_read_errors(self.path, "read labels"):
-                for first in range(0, m.count, m.label_chunk):
-                    raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
-                    n = min(m.label_chunk, m.count - first)
-                    if raw is None or len(raw) != n * m.label_dtype.itemsize:
-                        raise CorruptStoreError("label chunk missing or of the wrong length", path=self.path, key=first)
-                    out[pos : pos + n] = np.frombuffer(raw, m.label_dtype)
-                    pos += n
-            if m.count and int(out.max()) >= len(m.classes):
-                raise CorruptStoreError("a label is outside the class list", path=self.path)
-            self._labels = out
+            self._labels = read_labels(self._handle())
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
@@ -360,24 +347,7 @@ class StoreReader:
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
-        h = self._handle()
-        m = h.meta
-        if not 0 <= class_id < len(m.classes):
-            raise ValueError(f"class_id must be in 0..{len(m.classes) - 1}, got {class_id}")
-        n_c = m.class_counts[class_id]
-        out = np.empty(n_c, np.int64)
-        with translate_read_errors(self.path, "read class index"):
-            for pos in range(0, n_c, m.label_chunk):
-                raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
-                n = min(m.label_chunk, n_c - pos)
-                if raw is None or len(raw) != n * INDEX_DTYPE.itemsize:
-                    raise CorruptStoreError(
-                        f"class-index chunk of class {m.classes[class_id]!r} missing or of the wrong length",
-                        path=self.path,
-                        key=pos,
-                    )
-                out[pos : pos + n] = np.frombuffer(raw, INDEX_DTYPE)
-        return out
+        return read_class_indices(self._handle(), class_id)
 
     # ------------------------------------------------------------------ internals for stats/verify
     def raw_value(self, first: int) -> bytes | None:
@@ -387,11 +357,13 @@ class StoreReader:
             buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
             return None if buf is None else bytes(buf)
 
-    def iter_raw(self, db_name: bytes) -> Iterator[tuple[bytes, memoryview]]:
-        """Every (key, value) of sub-database ``db_name`` in key order (values are zero-copy views)."""
+    def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
+        """Every (key, value) of sub-database ``db_name`` in key order (values are zero-copy views);
+        ``None``: the main database, whose keys name the sub-databases."""
         h = self._handle()
         with translate_read_errors(self.path, "scan"):
-            cur = h.txn.cursor(db=h.env.open_db(db_name, txn=h.txn, create=False))
+            db = None if db_name is None else h.env.open_db(db_name, txn=h.txn, create=False)
+            cur = h.txn.cursor(db=db)
             for k, v in cur:
                 yield bytes(k), memoryview(v)
 

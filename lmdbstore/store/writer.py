@@ -1,4 +1,4 @@
-"""Writing samples into a store: :func:`open_writer` and :class:`StoreWriter`.
+"""Appending to a store: :class:`StoreWriter` (get one with :func:`lmdbstore.store.opening.open_writer`).
 
 The writer buffers appended samples and commits them in bounded transactions.  Each commit writes,
 in one LMDB transaction: the packed sample values, the label chunks, the per-class index chunks, the
@@ -8,11 +8,6 @@ store exactly as of the last commit, and a rerun can continue from the ledger.
 
 from __future__ import annotations
 
-import fcntl
-import math
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -22,65 +17,38 @@ import lmdb
 import numpy as np
 
 from lmdbstore.config import WriterConfig
-from lmdbstore.errors import (
-    CorruptStoreError,
-    LmdbStoreError,
-    StoreExistsError,
-    StoreFullError,
-    StoreLockedError,
-    preview,
-    translate_lmdb_errors,
-)
-from lmdbstore.format.checksums import checksum_size, compute_checksum
-from lmdbstore.format.dtypes import normalize_dtype
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError, StoreFullError, translate_lmdb_errors
+from lmdbstore.format.checksums import compute_checksum
 from lmdbstore.format.layout import (
+    ALL_DBS,
     DB_CLASSIDX,
     DB_LABELS,
     DB_META,
     DB_PROGRESS,
     DB_SAMPLES,
     INDEX_DTYPE,
-    MAX_DBS,
     META_KEY,
     classidx_key,
     encode_key,
 )
 from lmdbstore.format.ledger import encode_entry, parse_entry
-from lmdbstore.format.limits import LMDB_PAGE_SIZE
-from lmdbstore.format.meta import StoreMeta, check_classes
-from lmdbstore.format.packing import choose_samples_per_value
+from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.env import (
-    DATA_FILE,
-    ENVS,
-    WRITER_LOCK_FILE,
-    check_store_dir,
-    open_env,
-    raise_if_unborn,
-    read_meta,
-    to_be_created,
-)
+from lmdbstore.store.locks import release_lock
+from lmdbstore.store.registry import ENVS
+from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
-from lmdbstore.version import __version__
 
-__all__ = ["StoreWriter", "open_writer"]
+__all__ = ["StoreWriter", "utc_now"]
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current time as the metadata records it (``created_at``, ``updated_at``): UTC, ISO 8601, seconds."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-@dataclass
-class _Tail:
-    """In-memory copy of what the next commit must rewrite: the last, partly filled chunks."""
-
-    samples: bytes = b""  # payload of the last value if it holds fewer than samples_per_value
-    labels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
-    class_tails: dict[int, np.ndarray] = field(default_factory=dict)
-
-
 class StoreWriter:
-    """Appends samples and labels to a store; use :func:`open_writer` to get one.
+    """Appends samples and labels to a store; use :func:`~lmdbstore.store.opening.open_writer` to get one.
 
     Only one writer may hold a store at a time (an exclusive ``flock`` on ``writer.lock``); a second
     one gets :class:`~lmdbstore.errors.StoreLockedError` at once rather than blocking.
@@ -96,16 +64,14 @@ class StoreWriter:
         self._meta = meta
         self._env = env
         self._lock_fd = lock_fd
-        self._dbs = {name: env.open_db(name) for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_META, DB_PROGRESS)}
+        self._dbs = {name: env.open_db(name) for name in ALL_DBS}
         self._checksum = compute_checksum(meta.checksum)
-        self._trailer = checksum_size(meta.checksum)
         self._pending_x: list[np.ndarray] = []
         self._pending_y: list[np.ndarray] = []
         self._pending_stats_of: list[ValueStats | None] = []  # precomputed statistics per pending batch
         self._pending_bytes = 0
         self._pending_progress: dict[str, dict[str, Any]] = {}
-        self._pending_stats = ValueStats()
-        self._tail = self._load_tail()
+        self._tail = load_tail(env, self._dbs, meta, path)
         self._closed = False
 
     # ------------------------------------------------------------------ properties
@@ -127,40 +93,6 @@ class StoreWriter:
     @property
     def classes(self) -> list[str]:
         return list(self._meta.classes)
-
-    # ------------------------------------------------------------------ tail state
-    def _load_tail(self) -> _Tail:
-        """Read the partly filled last value / label chunk / class-index chunks from disk."""
-        m = self._meta
-        tail = _Tail(labels=np.zeros(0, m.label_dtype))
-        with self._env.begin(buffers=False) as txn:
-            n_tail = m.count % m.samples_per_value
-            if n_tail:
-                first = m.count - n_tail
-                raw = txn.get(encode_key(first), db=self._dbs[DB_SAMPLES])
-                if raw is None or len(raw) != m.expected_value_len(first):
-                    raise CorruptStoreError("last value is missing or has the wrong length", path=self.path, key=first)
-                tail.samples = raw[: n_tail * m.sample_bytes]
-            n_lab = m.count % m.label_chunk
-            if n_lab:
-                first = m.count - n_lab
-                raw = txn.get(encode_key(first), db=self._dbs[DB_LABELS])
-                if raw is None or len(raw) != n_lab * m.label_dtype.itemsize:
-                    raise CorruptStoreError(
-                        "last label chunk is missing or has the wrong length", path=self.path, key=first
-                    )
-                tail.labels = np.frombuffer(raw, m.label_dtype).copy()
-            for c, n_c in enumerate(m.class_counts):
-                n_part = n_c % m.label_chunk
-                if n_part:
-                    raw = txn.get(classidx_key(c, n_c - n_part), db=self._dbs[DB_CLASSIDX])
-                    if raw is None or len(raw) != n_part * INDEX_DTYPE.itemsize:
-                        raise CorruptStoreError(
-                            f"last index chunk of class {m.classes[c]!r} is missing or has the wrong length",
-                            path=self.path,
-                        )
-                    tail.class_tails[c] = np.frombuffer(raw, INDEX_DTYPE).copy()
-        return tail
 
     # ------------------------------------------------------------------ resume ledger
     def progress(self, name: str) -> int:
@@ -271,9 +203,7 @@ class StoreWriter:
                 if not isinstance(exc.__cause__, lmdb.MapFullError) or not self._grow_map():
                     raise
         self._meta, self._tail = new_meta, new_tail
-        self._pending_x, self._pending_y, self._pending_bytes = [], [], 0
-        self._pending_stats_of = []
-        self._pending_progress = {}
+        self.abort()  # all of it is committed now
 
     def _grow_map(self) -> bool:
         """Double the map size; False if that would pass ``config.max_map_size``."""
@@ -286,71 +216,91 @@ class StoreWriter:
         self._env.set_mapsize(new)
         return True
 
-    def _write(self, x: np.ndarray, y: np.ndarray, stats: ValueStats) -> tuple[StoreMeta, _Tail]:
+    def _write(self, x: np.ndarray, y: np.ndarray, stats: ValueStats) -> tuple[StoreMeta, Tail]:
+        """Commit ``x``, ``y`` and the pending ledger entries in one transaction; the new metadata and tail.
+
+        The samples, label chunks and class-index chunks each continue their partly filled last piece (the
+        tail kept in memory), and the metadata is rewritten with the new counts and statistics.
+        """
         m = self._meta
-        spv, sb, chunk = m.samples_per_value, m.sample_bytes, m.label_chunk
-        n_new = len(x)
-        count = m.count + n_new
+        count = m.count + len(x)
         with self._env.begin(write=True) as txn:
-            # samples: rewrite the partial last value, then append full values
-            n_tail = len(self._tail.samples) // sb
-            start = m.count - n_tail
-            tail = self._tail.samples
-            xb = memoryview(x.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
-
-            def payload(lo: int, hi: int) -> bytes | memoryview:
-                """Bytes lo..hi of (old partial value + new samples), copying only across the seam."""
-                if hi <= len(tail):
-                    return tail[lo:hi]
-                if lo >= len(tail):
-                    return xb[lo - len(tail) : hi - len(tail)]
-                return tail[lo:] + bytes(xb[: hi - len(tail)])
-
-            db = self._dbs[DB_SAMPLES]
-            pos = 0
-            for first in range(start, count, spv):
-                n = min(spv, count - first)
-                value: bytes | memoryview = payload(pos * sb, (pos + n) * sb)
-                if self._checksum is not None:
-                    value = b"".join((value, self._checksum(value)))
-                if first == start and n_tail:
-                    txn.put(encode_key(first), value, db=db)
-                elif not txn.put(encode_key(first), value, db=db, append=True):
-                    raise CorruptStoreError("append out of key order", path=self.path, key=first)
-                pos += n
-            total = (count - start) * sb
-            new_tail_samples = bytes(payload(total - count % spv * sb, total)) if count % spv else b""
-            # labels
-            labels = np.concatenate([self._tail.labels, y])
-            lab_start = m.count - len(self._tail.labels)
-            self._put_chunks(txn, self._dbs[DB_LABELS], lab_start, labels, chunk, lambda p: encode_key(p))
-            new_labels_tail = labels[len(labels) - count % chunk :] if count % chunk else labels[:0]
-            # per-class index lists
-            class_counts = list(m.class_counts)
-            class_tails = dict(self._tail.class_tails)
-            if n_new:
-                new_idx = np.arange(m.count, count, dtype=INDEX_DTYPE)
-                order = np.argsort(y, kind="stable")
-                bounds = np.searchsorted(y[order], np.arange(len(m.classes) + 1))
-                for c in range(len(m.classes)):
-                    lo, hi = bounds[c], bounds[c + 1]
-                    if lo == hi:
-                        continue
-                    prev = class_tails.get(c, np.zeros(0, INDEX_DTYPE))
-                    idx = np.concatenate([prev, new_idx[order[lo:hi]]])
-                    c_start = class_counts[c] - len(prev)
-                    self._put_chunks(
-                        txn, self._dbs[DB_CLASSIDX], c_start, idx, chunk, lambda p, c=c: classidx_key(c, p)
-                    )
-                    class_counts[c] += int(hi - lo)
-                    n_part = class_counts[c] % chunk
-                    class_tails[c] = idx[len(idx) - n_part :] if n_part else idx[:0]
-            # ledger and metadata
+            samples_tail = self._put_samples(txn, x, count)
+            labels_tail = self._put_labels(txn, y, count)
+            class_counts, class_tails = self._put_class_index(txn, y, count)
             for name, entry in self._pending_progress.items():
                 txn.put(name.encode(), encode_entry(**entry), db=self._dbs[DB_PROGRESS])
-            new_meta = m.with_(count=count, class_counts=class_counts, value_stats=stats, updated_at=_now())
+            new_meta = m.with_(count=count, class_counts=class_counts, value_stats=stats, updated_at=utc_now())
             txn.put(META_KEY, new_meta.to_json(), db=self._dbs[DB_META])
-        return new_meta, _Tail(new_tail_samples, new_labels_tail.copy(), {c: t.copy() for c, t in class_tails.items()})
+        return new_meta, Tail(samples_tail, labels_tail.copy(), {c: t.copy() for c, t in class_tails.items()})
+
+    def _put_samples(self, txn: lmdb.Transaction, x: np.ndarray, count: int) -> bytes:
+        """Rewrite the partial last value, then append full values; returns the new partial value's payload."""
+        m = self._meta
+        spv, sb = m.samples_per_value, m.sample_bytes
+        n_tail = len(self._tail.samples) // sb
+        start = m.count - n_tail
+        tail = self._tail.samples
+        xb = memoryview(x.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
+
+        def payload(lo: int, hi: int) -> bytes | memoryview:
+            """Bytes lo..hi of (old partial value + new samples), copying only across the seam."""
+            if hi <= len(tail):
+                return tail[lo:hi]
+            if lo >= len(tail):
+                return xb[lo - len(tail) : hi - len(tail)]
+            return tail[lo:] + bytes(xb[: hi - len(tail)])
+
+        db = self._dbs[DB_SAMPLES]
+        pos = 0
+        for first in range(start, count, spv):
+            n = min(spv, count - first)
+            value: bytes | memoryview = payload(pos * sb, (pos + n) * sb)
+            if self._checksum is not None:
+                value = b"".join((value, self._checksum(value)))
+            if first == start and n_tail:
+                txn.put(encode_key(first), value, db=db)
+            elif not txn.put(encode_key(first), value, db=db, append=True):
+                raise CorruptStoreError("append out of key order", path=self.path, key=first)
+            pos += n
+        total = (count - start) * sb
+        return bytes(payload(total - count % spv * sb, total)) if count % spv else b""
+
+    def _put_labels(self, txn: lmdb.Transaction, y: np.ndarray, count: int) -> np.ndarray:
+        """Write the label chunks from the partial last one on; returns the new partial chunk's labels."""
+        m = self._meta
+        chunk = m.label_chunk
+        labels = np.concatenate([self._tail.labels, y])
+        lab_start = m.count - len(self._tail.labels)
+        self._put_chunks(txn, self._dbs[DB_LABELS], lab_start, labels, chunk, encode_key)
+        return labels[len(labels) - count % chunk :] if count % chunk else labels[:0]
+
+    def _put_class_index(
+        self, txn: lmdb.Transaction, y: np.ndarray, count: int
+    ) -> tuple[list[int], dict[int, np.ndarray]]:
+        """Extend each class's index list by the new samples of that class; returns the new class counts
+        and each class's partial last chunk."""
+        m = self._meta
+        chunk = m.label_chunk
+        class_counts = list(m.class_counts)
+        class_tails = dict(self._tail.class_tails)
+        if count == m.count:
+            return class_counts, class_tails
+        new_idx = np.arange(m.count, count, dtype=INDEX_DTYPE)
+        order = np.argsort(y, kind="stable")
+        bounds = np.searchsorted(y[order], np.arange(len(m.classes) + 1))
+        for c in range(len(m.classes)):
+            lo, hi = bounds[c], bounds[c + 1]
+            if lo == hi:
+                continue
+            prev = class_tails.get(c, np.zeros(0, INDEX_DTYPE))
+            idx = np.concatenate([prev, new_idx[order[lo:hi]]])
+            c_start = class_counts[c] - len(prev)
+            self._put_chunks(txn, self._dbs[DB_CLASSIDX], c_start, idx, chunk, lambda p, c=c: classidx_key(c, p))
+            class_counts[c] += int(hi - lo)
+            n_part = class_counts[c] % chunk
+            class_tails[c] = idx[len(idx) - n_part :] if n_part else idx[:0]
+        return class_counts, class_tails
 
     @staticmethod
     def _put_chunks(txn: lmdb.Transaction, db: Any, start: int, arr: np.ndarray, chunk: int, key: Any) -> None:
@@ -376,7 +326,7 @@ class StoreWriter:
         finally:
             self._closed = True
             ENVS.release_env(self._env)  # shared with this process's readers of the store
-            os.close(self._lock_fd)
+            release_lock(self._lock_fd)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -391,166 +341,3 @@ class StoreWriter:
         if exc_type is not None:
             self.abort()
         self.close(commit=exc_type is None)
-
-
-def _acquire_lock(path: Path) -> int:
-    try:
-        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:  # a directory named writer.lock, no write permission, a read-only file system
-        raise LmdbStoreError(
-            f"cannot open the writer lock {WRITER_LOCK_FILE} ({exc.strerror or exc})",
-            path=path,
-            hint="a writer needs to create and write this file in the store directory",
-        ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLockedError(
-            "another writer is using this store (or `lmdbstore verify` is checking its file structure)",
-            path=path,
-            hint="wait for it to finish",
-        ) from None
-    return fd
-
-
-def _check_same(meta: StoreMeta, path: Path, shape: Any, dtype: Any, classes: Sequence[str] | None) -> None:
-    if shape is not None and tuple(int(s) for s in shape) != meta.shape:
-        raise StoreExistsError(f"store holds shape {meta.shape}, asked for {tuple(shape)}", path=path)
-    if dtype is not None and normalize_dtype(dtype) != meta.dtype:
-        raise StoreExistsError(f"store holds dtype {meta.dtype}, asked for {np.dtype(dtype)}", path=path)
-    if classes is not None and list(classes) != meta.classes:
-        raise StoreExistsError(f"store has classes {preview(meta.classes)}, asked for {preview(classes)}", path=path)
-
-
-def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig, page_size: int) -> StoreMeta:
-    if shape is None or dtype is None or classes is None:
-        raise ValueError("shape, dtype and classes are required to create a store")
-    shape_t = tuple(int(s) for s in shape)
-    if not 1 <= len(shape_t) <= 4 or any(s < 1 for s in shape_t):
-        raise ValueError(f"shape must have 1..4 positive dimensions, got {tuple(shape)}")
-    classes_l = check_classes(classes)
-    dt = normalize_dtype(dtype)
-    sample_bytes = math.prod(shape_t) * np.dtype(dt).itemsize
-    spv = config.samples_per_value or choose_samples_per_value(sample_bytes, checksum_size(config.checksum), page_size)
-    now = _now()
-    return StoreMeta(
-        shape=shape_t,
-        dtype=dt,
-        classes=classes_l,
-        samples_per_value=spv,
-        checksum=config.checksum,
-        created_by=f"lmdbstore {__version__}",
-        created_at=now,
-        updated_at=now,
-    )
-
-
-def open_writer(
-    path: str | os.PathLike[str],
-    *,
-    shape: Sequence[int] | None = None,
-    dtype: Any = None,
-    classes: Sequence[str] | None = None,
-    config: WriterConfig | None = None,
-) -> StoreWriter:
-    """Open a store for appending, creating it if it does not exist.
-
-    Creating needs ``shape``, ``dtype`` and ``classes``; for an existing store they may be omitted,
-    and when given they must match (appending continues the indices).  A store whose creation was
-    interrupted before its first commit (killed process; nothing stored) is created afresh.
-
-    Example::
-
-        with lmdbstore.open_writer("train.lmdb", shape=(25, 25), dtype="float32",
-                                   classes=["a", "b", "c", "d", "e"]) as w:
-            for x, y in generator():
-                w.append(x, y)
-
-    Raises:
-        ValueError: missing or bad ``shape``/``dtype``/``classes`` when creating.
-        StoreExistsError: the store exists with a different shape, dtype or classes.
-        NotAStoreError: ``path`` holds something that is not a store, or a store whose creation was
-            interrupted and no ``shape``/``dtype``/``classes`` to complete it.
-        StoreLockedError: another writer has the store open (or is still creating it).
-    """
-    config = config or WriterConfig()
-    p = Path(path)
-    if to_be_created(p):
-        if shape is None or dtype is None or classes is None:
-            raise_if_unborn(p)  # an interrupted creation says so, and how to complete it
-            raise ValueError("shape, dtype and classes are required to create a store")
-        probe = _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
-        del probe
-        p.mkdir(parents=True, exist_ok=True)
-        lock_fd = _acquire_lock(p)  # a creation still running elsewhere holds it: StoreLockedError
-        try:
-            if to_be_created(p):  # still, now that no other writer can change it
-                return _create(p, lock_fd, shape, dtype, classes, config)
-            check_store_dir(p)  # another writer created the store meanwhile: open it like any existing store
-        except BaseException:
-            os.close(lock_fd)
-            raise
-    else:
-        check_store_dir(p)
-        lock_fd = _acquire_lock(p)
-    try:
-        size = os.path.getsize(p / DATA_FILE)
-        map_size = max(config.initial_map_size, 2 * size)
-        if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
-            map_size = max(min(map_size, config.max_map_size), size)
-        ENVS.prepare(p, writable=True)
-        env = open_env(
-            p,
-            readonly=False,
-            map_size=map_size,
-            sync=config.sync,
-            metasync=config.sync,
-            meminit=False,
-        )
-        ENVS.adopt(p, env, writable=True)
-        try:
-            with env.begin() as txn:
-                meta = read_meta(env, txn, p)
-            _check_same(meta, p, shape, dtype, classes)
-            return StoreWriter(p, meta, env, lock_fd, config)
-        except BaseException:
-            ENVS.release_env(env)
-            raise
-    except BaseException:
-        os.close(lock_fd)
-        raise
-
-
-def _create(
-    p: Path, lock_fd: int, shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig
-) -> StoreWriter:
-    """Create the store in ``p`` (absent, empty or an interrupted creation), holding the writer lock.
-
-    An interrupted creation's ``data.mdb`` has nothing committed (see :func:`unborn_reason`): LMDB
-    initialises an empty one and keeps one with empty meta pages, and this first transaction makes it a
-    store either way.  Until it commits, the directory stays one that a rerun creates afresh.
-    """
-    ENVS.prepare(p, writable=True)
-    with translate_lmdb_errors(p, "create"):
-        env = lmdb.open(
-            str(p),
-            subdir=True,
-            map_size=config.initial_map_size,
-            max_dbs=MAX_DBS,
-            sync=config.sync,
-            metasync=config.sync,
-            readahead=False,
-            meminit=False,
-        )
-    ENVS.adopt(p, env, writable=True)
-    try:
-        meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])
-        with translate_lmdb_errors(p, "create"), env.begin(write=True) as txn:
-            for name in (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_PROGRESS):
-                env.open_db(name, txn=txn)
-            txn.put(META_KEY, meta.to_json(), db=env.open_db(DB_META, txn=txn))
-    except BaseException:
-        ENVS.release_env(env)
-        raise
-    return StoreWriter(p, meta, env, lock_fd, config)

@@ -26,27 +26,24 @@ format version, truncated data file) are not reported as problems: they propagat
 
 The content checks run in one read transaction with ``lock=True`` (lock-free on a store whose reader table
 is read-only, unless a writer is active), so verifying while a writer
-appends checks one consistent snapshot.
+appends checks one consistent snapshot.  This module is the entry point and the report; the content
+checks themselves are :mod:`lmdbstore.tools.verify_checks`'s, the writer lock :mod:`lmdbstore.store.locks`'.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lmdbstore.errors import CorruptStoreError
-from lmdbstore.format.checksums import compute_checksum
-from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, INDEX_DTYPE, META_KEY
-from lmdbstore.format.ledger import parse_entry
-from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.env import DATA_FILE, ENVS, WRITER_LOCK_FILE, check_store_dir, lock_table_writable, open_env
+from lmdbstore.errors import LmdbStoreError
+from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env
+from lmdbstore.store.locks import hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.registry import ENVS
+from lmdbstore.tools.verify_checks import ContentChecks
 
 __all__ = ["PROBLEM_KINDS", "Problem", "VerifyReport", "verify_store"]
 
@@ -73,9 +70,6 @@ PROBLEM_KINDS: dict[str, str] = {
     "progress": "a malformed resume-ledger entry",
     "stats": "the value statistics do not cover exactly count samples",
 }
-
-_KNOWN_DBS = (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_META, DB_PROGRESS)
-_PROGRESS_EVERY = 1 << 16  # call ``progress`` about every this many samples
 
 
 @dataclass(frozen=True)
@@ -148,6 +142,8 @@ class _Enough(Exception):
 
 
 class _Collector:
+    """The problems found so far; raises :class:`_Enough` when the ``limit``-th is added."""
+
     def __init__(self, limit: int):
         self.items: list[Problem] = []
         self.limit = limit
@@ -191,7 +187,7 @@ def verify_store(
     own = not isinstance(path, StoreReader)
     if own:
         # A registered snapshot where LMDB's reader table can be written; a read-only store is read
-        # lock-free unless a writer is active (see :func:`lmdbstore.store.env.resolve_lock`).
+        # lock-free unless a writer is active (see :func:`lmdbstore.store.locks.resolve_lock`).
         p = Path(path)  # type: ignore[arg-type]
         reader = StoreReader(p, lock=True if lock_table_writable(p) else None)
     else:
@@ -209,7 +205,7 @@ def verify_store(
             raise _Enough
         meta = reader.meta  # open errors propagate from here
         report.count = meta.count
-        _Checker(reader, meta, report, found, checksums, progress).run()
+        ContentChecks(reader, meta, report, found.add, checksums, progress).run()
     except _Enough:
         report.complete = False
         if found.items and found.items[0].kind == "structure":
@@ -237,20 +233,12 @@ def _check_structure(path: Path, report: VerifyReport, found: _Collector) -> Non
         report.notes.append("structure check skipped: this py-lmdb has no lmdb.verify (py-lmdb >= 3.0)")
         return
     try:
-        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        fd = -1
-    except OSError as exc:
-        report.notes.append(f"structure check skipped: cannot open {WRITER_LOCK_FILE} ({exc.strerror})")
+        # A shared lock keeps a writer from starting mid-walk; the walk needs the file at rest.
+        fd = hold_off_writers(path)
+    except LmdbStoreError as exc:  # a writer is appending, or the lock file cannot be opened
+        report.notes.append(f"structure check skipped: {exc.message}")
         return
     try:
-        if fd >= 0:
-            try:
-                # A shared lock keeps a writer from starting mid-walk; the walk needs the file at rest.
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                report.notes.append("structure check skipped: a writer is appending to the store")
-                return
         try:
             errors = lmdb_verify.verify(str(path / DATA_FILE), subdir=False)
         except lmdb_verify.VerifyError as exc:
@@ -259,300 +247,4 @@ def _check_structure(path: Path, report: VerifyReport, found: _Collector) -> Non
         for msg in errors:
             found.add("structure", None, str(msg))
     finally:
-        if fd >= 0:
-            os.close(fd)  # releases the shared lock
-
-
-class _Checker:
-    """The content checks over one read snapshot; problems go to ``found``."""
-
-    def __init__(
-        self,
-        reader: StoreReader,
-        meta: StoreMeta,
-        report: VerifyReport,
-        found: _Collector,
-        checksums: bool,
-        progress: Callable[[int], None] | None,
-    ):
-        self.reader = reader
-        self.meta = meta
-        self.report = report
-        self.found = found
-        self.checksum = compute_checksum(meta.checksum) if checksums else None
-        self.progress = progress
-
-    def run(self) -> None:
-        try:
-            self.check_main_db()
-            self.check_samples()
-            labels = self.check_labels()
-            self.check_class_index(labels)
-            self.check_meta_db()
-            self.check_progress()
-            self.check_stats()
-        except CorruptStoreError as exc:  # LMDB itself reported corruption mid-scan
-            self.found.add("scan", None, str(exc))
-            self.report.complete = False
-
-    def _items(self, db_name: bytes | None) -> Iterator[tuple[bytes, bytes | memoryview]]:
-        if db_name is None:  # the main database, which lists the sub-databases
-            h = self.reader._handle()
-            for k, v in h.txn.cursor():
-                yield bytes(k), v
-        else:
-            yield from self.reader.iter_raw(db_name)
-
-    # ------------------------------------------------------------------ main db, meta db
-    def check_main_db(self) -> None:
-        for key, _ in self._items(None):
-            if key not in _KNOWN_DBS:
-                self.found.add("extra-db", None, f"unknown entry {key!r} in the main database")
-
-    def check_meta_db(self) -> None:
-        for key, _ in self._items(DB_META):
-            if key != META_KEY:
-                self.found.add("extra-meta-key", None, f"unknown key {key!r} in the metadata sub-database")
-
-    # ------------------------------------------------------------------ samples
-    def check_samples(self) -> None:
-        m, rep = self.meta, self.report
-        spv, count, trailer = m.samples_per_value, m.count, m.trailer_bytes
-        expected = 0  # key of the next value we expect
-        next_report = _PROGRESS_EVERY
-        for key, value in self._items(DB_SAMPLES):
-            first = self._decode(key, "samples")
-            if first is None:
-                continue
-            while expected < min(first, count):
-                self.found.add("missing-value", expected, f"value of samples {expected}.. is missing")
-                expected += spv
-            if first != expected or first >= count:
-                why = "beyond the count" if first >= count else f"not a multiple of samples_per_value {spv}"
-                self.found.add("extra-value", first, f"unexpected sample value ({why}; count {count})")
-                continue
-            expected += spv
-            n = min(spv, count - first)
-            want = m.expected_value_len(first)
-            rep.values_checked += 1
-            rep.samples_checked += n
-            if len(value) != want:
-                self.found.add("value-length", first, f"value has {len(value)} bytes, expected {want}")
-            elif self.checksum is not None and trailer:
-                rep.checksums_checked += 1
-                if self.checksum(value[: want - trailer]) != bytes(value[want - trailer :]):
-                    self.found.add("checksum", first, f"{m.checksum} mismatch in the value of samples {first}..")
-            if self.progress is not None and rep.samples_checked >= next_report:
-                self.progress(rep.samples_checked)
-                next_report = rep.samples_checked + _PROGRESS_EVERY
-        while expected < count:
-            self.found.add("missing-value", expected, f"value of samples {expected}.. is missing")
-            expected += spv
-        if self.progress is not None:
-            self.progress(rep.samples_checked)
-
-    def _decode(self, key: bytes, db: str) -> int | None:
-        if len(key) != 8:
-            self.found.add("bad-key", None, f"{db} key {key.hex()} has {len(key)} bytes, expected 8")
-            return None
-        return int.from_bytes(key, "big")
-
-    # ------------------------------------------------------------------ labels
-    def check_labels(self) -> np.ndarray:
-        """Check the label chunks and return the label table (missing chunks filled with an
-        impossible class id where the dtype allows, so the class-index check flags them too)."""
-        m, rep = self.meta, self.report
-        chunk, count, n_classes, ldt = m.label_chunk, m.count, len(m.classes), m.label_dtype
-        labels = np.full(count, np.iinfo(ldt).max, ldt)
-        expected = 0
-        for key, value in self._items(DB_LABELS):
-            first = self._decode(key, "labels")
-            if first is None:
-                continue
-            while expected < min(first, count):
-                self.found.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
-                expected += chunk
-            if first != expected or first >= count:
-                self.found.add(
-                    "extra-label-chunk", first, f"unexpected label chunk (label_chunk {chunk}, count {count})"
-                )
-                continue
-            expected += chunk
-            n = min(chunk, count - first)
-            if len(value) != n * ldt.itemsize:
-                self.found.add(
-                    "label-chunk-length", first, f"label chunk has {len(value)} bytes, expected {n * ldt.itemsize}"
-                )
-                continue
-            part = np.frombuffer(value, ldt)
-            labels[first : first + n] = part
-            rep.label_chunks_checked += 1
-            rep.labels_checked += n
-            bad = np.flatnonzero(part >= n_classes)
-            if bad.size:
-                i = first + int(bad[0])
-                self.found.add("label-range", i, f"label {int(part[bad[0]])} is not a class id (0..{n_classes - 1})")
-        while expected < count:
-            self.found.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
-            expected += chunk
-        per_class = np.bincount(labels[labels < n_classes], minlength=n_classes)
-        for c, (have, want) in enumerate(zip(per_class.tolist(), m.class_counts, strict=True)):
-            if have != want:
-                self.found.add(
-                    "class-count", None, f"class {m.classes[c]!r} has {have} labels but meta.class_counts says {want}"
-                )
-        return labels
-
-    # ------------------------------------------------------------------ class index
-    def check_class_index(self, labels: np.ndarray) -> None:
-        """Walk the class-index chunks in key order (class by class), comparing each with the labels."""
-        n_classes = len(self.meta.classes)
-        next_pos = [0] * n_classes
-        current = 0  # classes below this one are finished
-        positions = _ClassPositions(labels, 0)
-        for key, value in self._items(DB_CLASSIDX):
-            if len(key) != 10:
-                self.found.add("bad-key", None, f"classidx key {key.hex()} has {len(key)} bytes, expected 10")
-                continue
-            c, pos = int.from_bytes(key[:2], "big"), int.from_bytes(key[2:], "big")
-            while current < min(c, n_classes):
-                self._finish_class(current, positions, next_pos)
-                current += 1
-                positions = _ClassPositions(labels, current)
-            if c >= n_classes:
-                self.found.add("extra-classidx-chunk", pos, f"class-index chunk of unknown class id {c}")
-                continue
-            self._class_chunk(c, pos, value, positions, next_pos)
-        while current < n_classes:
-            self._finish_class(current, positions, next_pos)
-            current += 1
-            positions = _ClassPositions(labels, current)
-
-    def _finish_class(self, c: int, positions: _ClassPositions, next_pos: list[int]) -> None:
-        self._missing_class_chunks(c, self.meta.class_counts[c], next_pos)
-        self._class_tail(c, positions)
-
-    def _class_chunk(
-        self, c: int, pos: int, value: bytes | memoryview, positions: _ClassPositions, next_pos: list[int]
-    ) -> None:
-        m = self.meta
-        chunk, n_c, name = m.label_chunk, m.class_counts[c], m.classes[c]
-        self._missing_class_chunks(c, min(pos, n_c), next_pos)
-        if pos != next_pos[c] or pos >= n_c:
-            self.found.add(
-                "extra-classidx-chunk", pos, f"unexpected chunk of class {name!r} (class_counts says {n_c} entries)"
-            )
-            return
-        next_pos[c] += chunk
-        n = min(chunk, n_c - pos)
-        if len(value) != n * INDEX_DTYPE.itemsize:
-            self.found.add(
-                "classidx-length",
-                pos,
-                f"chunk of class {name!r} at list position {pos} has {len(value)} bytes, expected {n * INDEX_DTYPE.itemsize}",
-            )
-            positions.skip_to(pos + n)
-            return
-        got = np.frombuffer(value, INDEX_DTYPE)
-        want = positions.take(pos, n)
-        self.report.class_index_entries_checked += n
-        if len(want) < n or not np.array_equal(got, want):
-            j = _first_difference(got, want)
-            have_j = int(got[j])
-            want_j = f"sample {int(want[j])}" if j < len(want) else "no further sample of this class"
-            self.found.add(
-                "classidx-mismatch",
-                have_j,
-                f"class {name!r} index list position {pos + j} holds sample {have_j}, labels give {want_j}",
-            )
-
-    def _missing_class_chunks(self, c: int, upto: int, next_pos: list[int]) -> None:
-        while next_pos[c] < upto:
-            self.found.add(
-                "missing-classidx-chunk",
-                next_pos[c],
-                f"chunk of class {self.meta.classes[c]!r} at list position {next_pos[c]} is missing",
-            )
-            next_pos[c] += self.meta.label_chunk
-
-    def _class_tail(self, c: int, positions: _ClassPositions) -> None:
-        """Samples labelled ``c`` beyond what the class's (shorter) index list covers."""
-        extra = positions.take(positions.consumed, 1)
-        if len(extra) and self.meta.class_counts[c] == positions.consumed:
-            i = int(extra[0])
-            self.found.add(
-                "classidx-mismatch", i, f"sample {i} is labelled {self.meta.classes[c]!r} but not in that class's list"
-            )
-
-    # ------------------------------------------------------------------ ledger, stats
-    def check_progress(self) -> None:
-        for key, value in self._items(DB_PROGRESS):
-            self.report.progress_entries_checked += 1
-            try:
-                parse_entry(value, self.reader.path, repr(key))
-            except CorruptStoreError:
-                self.found.add("progress", None, f"resume-ledger entry {key!r} is not valid JSON with a 'done' count")
-
-    def check_stats(self) -> None:
-        m = self.meta
-        vs = m.value_stats
-        want = m.count * int(np.prod(m.shape))
-        if vs.n + vs.nonfinite != want:
-            self.found.add(
-                "stats",
-                None,
-                f"value statistics cover {vs.n + vs.nonfinite} values, expected {want} ({m.count} samples)",
-            )
-
-
-class _ClassPositions:
-    """The ascending positions of label ``c`` in ``labels``, produced window by window on demand.
-
-    ``take(pos, n)`` returns entries ``pos..pos+n-1`` of ``np.flatnonzero(labels == c)`` while holding
-    at most one window's worth of positions, so checking every class costs one pass over the label
-    table per class and no memory proportional to the store.
-    """
-
-    WINDOW = 1 << 20
-
-    def __init__(self, labels: np.ndarray, c: int):
-        self.labels = labels
-        self.c = c
-        self.scan = 0  # labels scanned so far
-        self.buf = np.zeros(0, INDEX_DTYPE)
-        self.consumed = 0  # list position of buf[0]
-
-    def _fill(self, need: int) -> None:
-        parts = [self.buf]
-        have = len(self.buf)
-        while have < need and self.scan < len(self.labels):
-            hi = min(self.scan + self.WINDOW, len(self.labels))
-            found = np.flatnonzero(self.labels[self.scan : hi] == self.c).astype(INDEX_DTYPE) + np.uint64(self.scan)
-            parts.append(found)
-            have += len(found)
-            self.scan = hi
-        self.buf = np.concatenate(parts) if len(parts) > 1 else self.buf
-
-    def skip_to(self, pos: int) -> None:
-        self.take(pos, 0)
-
-    def take(self, pos: int, n: int) -> np.ndarray:
-        if pos > self.consumed:
-            self._fill(pos - self.consumed)
-            drop = min(pos - self.consumed, len(self.buf))
-            self.buf = self.buf[drop:]
-            self.consumed += drop
-            if self.consumed < pos:  # fewer positions than pos: nothing to give
-                return self.buf[:0]
-        self._fill(n)
-        out = self.buf[:n].copy()
-        self.buf = self.buf[n:]
-        self.consumed += len(out)
-        return out
-
-
-def _first_difference(got: np.ndarray, want: np.ndarray) -> int:
-    """Index of the first entry where ``got`` and ``want`` differ (``want`` may be shorter)."""
-    n = min(len(got), len(want))
-    diff = np.flatnonzero(got[:n] != want[:n])
-    return int(diff[0]) if diff.size else n
+        release_lock(fd)

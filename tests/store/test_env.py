@@ -1,4 +1,4 @@
-"""One shared environment per path and process (lmdbstore.store.env.EnvRegistry)."""
+"""One shared environment per path and process (lmdbstore.store.registry.EnvRegistry)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 from conftest import StoreInfo, make_data
 
 from lmdbstore import WriterConfig, open_writer
-from lmdbstore.store.env import ENVS
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.registry import ENVS
 from lmdbstore.tools.stats import store_stats
 from lmdbstore.tools.verify import verify_store
 

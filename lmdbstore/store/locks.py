@@ -1,0 +1,139 @@
+"""The writer-lock protocol of a store, in one place.
+
+A store directory holds ``writer.lock``, an empty file whose ``flock`` says who may change the store:
+
+* a writer holds an **exclusive** lock for as long as it is open (:func:`acquire_writer_lock`), so there is
+  at most one writer, and a second one is refused at once rather than blocking;
+* ``verify``'s page walk holds a **shared** lock (:func:`hold_off_writers`), so no writer can start while it
+  reads the file at rest (and it does not walk a file a writer is changing);
+* a reader probes the lock (:func:`writer_active`) to choose its LMDB ``lock`` mode (:func:`resolve_lock`):
+  lock-free while nobody writes, a registered snapshot while a writer is active.
+
+LMDB's own reader table, ``lock.mdb``, is a different file: :func:`lock_table_writable` says whether a
+``lock=True`` reader can use it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from lmdbstore.errors import LmdbStoreError, StoreLockedError
+
+__all__ = [
+    "LOCK_FILE",
+    "WRITER_LOCK_FILE",
+    "acquire_writer_lock",
+    "hold_off_writers",
+    "lock_table_writable",
+    "release_lock",
+    "resolve_lock",
+    "writer_active",
+]
+
+#: The store's writer lock (see the module docstring).
+WRITER_LOCK_FILE = "writer.lock"
+#: LMDB's reader table, created beside ``data.mdb`` by an environment opened with ``lock=True``.
+LOCK_FILE = "lock.mdb"
+
+
+def acquire_writer_lock(path: Path) -> int:
+    """Take the writer's exclusive lock on ``path/writer.lock`` (created if missing) without blocking.
+
+    Returns:
+        The lock's file descriptor; the lock is held until :func:`release_lock` closes it.
+
+    Raises:
+        LmdbStoreError: the lock file cannot be opened or created (a directory of that name, no write
+            permission, a read-only file system).
+        StoreLockedError: another writer holds the store (or ``verify`` is walking its file structure).
+    """
+    try:
+        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a directory named writer.lock, no write permission, a read-only file system
+        raise LmdbStoreError(
+            f"cannot open the writer lock {WRITER_LOCK_FILE} ({exc.strerror or exc})",
+            path=path,
+            hint="a writer needs to create and write this file in the store directory",
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError(
+            "another writer is using this store (or `lmdbstore verify` is checking its file structure)",
+            path=path,
+            hint="wait for it to finish",
+        ) from None
+    return fd
+
+
+def hold_off_writers(path: Path) -> int:
+    """Take a shared lock on ``path/writer.lock`` without blocking, so that no writer can start meanwhile.
+
+    Returns:
+        The lock's file descriptor, to give to :func:`release_lock`; ``-1`` when the store has no lock file
+        (there is nothing to hold: no writer has opened the store).
+
+    Raises:
+        StoreLockedError: a writer holds the store now ("a writer is appending to the store").
+        LmdbStoreError: the lock file exists but cannot be opened ("cannot open writer.lock (<reason>)").
+    """
+    try:
+        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+    except OSError as exc:
+        raise LmdbStoreError(f"cannot open {WRITER_LOCK_FILE} ({exc.strerror})", path=path) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLockedError("a writer is appending to the store", path=path) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    """Release a lock taken by :func:`acquire_writer_lock` or :func:`hold_off_writers` (``-1``: none)."""
+    if fd >= 0:
+        os.close(fd)
+
+
+def writer_active(path: Path) -> bool:
+    """Whether a writer holds the store's ``writer.lock`` now: a non-blocking shared ``flock`` probe.
+
+    A writer holds an exclusive lock for as long as it is open; ``verify``'s shared lock does not count.
+    ``False`` when there is no lock file or it cannot be opened (no writer could have taken it either).
+    """
+    try:
+        fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the probe's shared lock
+    return False
+
+
+def lock_table_writable(path: Path) -> bool:
+    """Whether this process can open LMDB's reader table (``lock.mdb``, created if missing) for writing,
+    which a ``lock=True`` reader needs; a read-only store (or file system) can only be read lock-free."""
+    lock_file = path / LOCK_FILE
+    if lock_file.exists():
+        return os.access(lock_file, os.W_OK)
+    return os.access(path, os.W_OK)
+
+
+def resolve_lock(path: Path, lock: bool | None) -> bool:
+    """A reader's ``lock`` mode: as asked, or for ``None`` (automatic) ``True`` exactly while a writer is
+    active, so the reader's snapshot is registered and its pages cannot be reused under it."""
+    return writer_active(path) if lock is None else lock
