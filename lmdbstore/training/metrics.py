@@ -19,6 +19,7 @@ __all__ = [
     "EpochMetrics",
     "Log",
     "append_metrics",
+    "clear_metrics",
     "epoch_line",
     "history_from_json",
     "history_to_json",
@@ -72,6 +73,11 @@ def history_from_json(text: str) -> list[EpochMetrics]:
         ValueError, TypeError: not such a JSON list (the caller words the error).
     """
     return [EpochMetrics(**m) for m in json.loads(text)]
+
+
+def clear_metrics(out: Path) -> None:
+    """Remove ``out/metrics.jsonl`` left by an earlier run (a new run, not a resumed one, starts it afresh)."""
+    (out / METRICS_NAME).unlink(missing_ok=True)
 
 
 def append_metrics(out: Path, m: EpochMetrics) -> None:

@@ -38,7 +38,7 @@ from lmdbstore.training.data import TrainData, check_inputs, make_loaders, make_
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
 from lmdbstore.training.loop import TrainRun, run_epochs
-from lmdbstore.training.metrics import METRICS_NAME, EpochMetrics, Log, write_summary
+from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, write_summary
 from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.util.launch import launch
@@ -113,14 +113,10 @@ def train(
     state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
     scheduler = _one_cycle(optimizer, cfg, steps, state.start_epoch)
     if out is not None and info.is_main and not resume:  # made before any work (make_output_dir above)
-        (out / METRICS_NAME).unlink(missing_ok=True)  # a fresh run: an older run's metrics are not this run's
+        clear_metrics(out)  # a fresh run: an older run's metrics are not this run's
     train_loader, val_loader = make_loaders(data, sampler, val_idx, lcfg, info, device)
-    say(
-        f"training on {device} ({info.world_size} process(es)): {len(train_idx)} train / {len(val_idx)} val samples, "
-        f"batch {lcfg.batch_size}, {steps} steps/epoch, {lcfg.workers} workers, shuffle "
-        f"{'balanced' if lcfg.balanced else lcfg.shuffle}"
-    )
     run = TrainRun(cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say)
+    say(_plan_line(run, len(train_idx), len(val_idx)))
     conf = run_epochs(run, state, sampler, train_loader, val_loader)
     if state.history and state.start_epoch < cfg.epochs:  # not for a finished run resumed
         _report(run, conf, state, has_val=val_loader is not None)
@@ -139,6 +135,16 @@ def _build_model(
     if not info.active:
         return model, model
     return model, DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _plan_line(run: TrainRun, n_train: int, n_val: int) -> str:
+    """The line that says what the run is about to do."""
+    lcfg = run.lcfg
+    return (
+        f"training on {run.device} ({run.info.world_size} process(es)): {n_train} train / {n_val} val samples, "
+        f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {lcfg.workers} workers, shuffle "
+        f"{'balanced' if lcfg.balanced else lcfg.shuffle}"
+    )
 
 
 def _resume(
