@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["concat_runs", "deal_batches", "epoch_rng", "runs", "shuffle_runs"]
+__all__ = ["STREAM_BALANCED", "STREAM_WINDOW", "concat_runs", "deal_batches", "epoch_rng", "runs", "shuffle_runs"]
+
+#: :func:`epoch_rng` streams besides the plain epoch order (0): class-balanced draws (plus the rank: each
+#: rank draws its own batches) and the windowed order.
+STREAM_BALANCED = 1
+STREAM_WINDOW = 7
 
 
 def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:

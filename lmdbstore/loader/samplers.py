@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbstore.config import ShuffleMode
-from lmdbstore.loader.orders import concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
+from lmdbstore.loader.orders import STREAM_BALANCED, concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
 
 __all__ = [
     "BalancedBatchSampler",
@@ -206,7 +206,7 @@ class BalancedBatchSampler:
         return self.num_batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        rng = epoch_rng(self.seed, self.epoch, 1 + self.rank)
+        rng = epoch_rng(self.seed, self.epoch, STREAM_BALANCED + self.rank)
         for _ in range(self.num_batches):
             counts = rng.multinomial(self.batch_size, self.weights)
             parts = [

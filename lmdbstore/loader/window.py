@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmdbstore.loader.orders import deal_batches, epoch_rng, shuffle_runs
+from lmdbstore.loader.orders import STREAM_WINDOW, deal_batches, epoch_rng, shuffle_runs
 from lmdbstore.loader.samplers import EpochBatchSampler
 
 __all__ = [
@@ -191,7 +191,7 @@ class WindowBatchSampler(EpochBatchSampler):
 
     def plan(self) -> WindowPlan:
         """This epoch's windowed order (identical on every rank)."""
-        rng = epoch_rng(self.seed, self.epoch, 7)
+        rng = epoch_rng(self.seed, self.epoch, STREAM_WINDOW)
         return window_order(
             self.indices,
             self.samples_per_value,
