@@ -368,7 +368,7 @@ def eval_cmd(
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
     with _errors():
-        from lmdbstore.training.trainer import evaluate, format_confusion
+        from lmdbstore.training.evaluate import evaluate, format_confusion
 
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
         if as_json:
@@ -396,7 +396,7 @@ def demo(
     with _errors():
         from lmdbstore.ingestion.pipeline import ingest_synthetic
         from lmdbstore.tools.stats import format_stats, store_stats
-        from lmdbstore.training.trainer import evaluate
+        from lmdbstore.training.evaluate import evaluate
         from lmdbstore.training.trainer import train as run_train
 
         workdir.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,17 @@ Public API (everything else is internal)::
     verify_store                   check every value, label chunk, index entry and the metadata
     export_store / copy_store      data back out to .npy/.npz/HDF5; a consistent (compacted) copy
     show_samples / plot_runs / plot_stats   PNG pictures (matplotlib, the ``viz`` extra)
+    stratified_split               the seeded per-class train/validation split ``train`` uses (numpy only)
     WriterConfig, LoaderConfig, TrainConfig
     LmdbStoreError and subclasses  every deliberate error
-    LmdbBatchDataset, make_loader, EpochBatchSampler, WindowBatchSampler, evaluate   (torch;
-                                   the trainer is ``lmdbstore.training.trainer.train``, as the module has that name)
+    train / TrainResult            train the CNN on a store (one process or torchrun), resumable   (torch)
+    evaluate                       score a store with a checkpoint of ``train``                    (torch)
+    LmdbBatchDataset, make_loader  batches of a store through DataLoader workers                   (torch)
+    EpochBatchSampler, BalancedBatchSampler, WindowBatchSampler   epoch orders, DDP shares         (torch)
 
 The torch names are resolved on first use (module ``__getattr__``), so ``import lmdbstore`` and writing a
-store do not import torch.
+store do not import torch.  (The trainer's package is ``lmdbstore.training``; ``lmdbstore.train`` is the
+function.)
 """
 
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
@@ -39,6 +43,7 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.ingestion.parallel import ParallelReport, write_parallel
 from lmdbstore.ingestion.pipeline import IngestReport, ingest
 from lmdbstore.ingestion.sources import open_sources
+from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader, open_reader
 from lmdbstore.store.writer import StoreWriter
@@ -54,7 +59,8 @@ _TORCH_NAMES = {
     "EpochBatchSampler": "loader.samplers",
     "BalancedBatchSampler": "loader.samplers",
     "WindowBatchSampler": "loader.window",
-    "evaluate": "training.trainer",
+    "evaluate": "training.evaluate",
+    "train": "training.trainer",
     "TrainResult": "training.trainer",
 }
 
@@ -88,6 +94,8 @@ __all__ = [
     "plot_runs",
     "plot_stats",
     "show_samples",
+    "stratified_split",
+    "train",
     "verify_store",
     "ChecksumError",
     "CorruptStoreError",

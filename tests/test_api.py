@@ -44,3 +44,25 @@ def test_import_and_writing_do_not_import_torch_or_matplotlib(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_train_is_the_trainer_function_and_evaluate_its_scorer() -> None:
+    from lmdbstore.training.evaluate import evaluate
+    from lmdbstore.training.trainer import TrainResult, train
+
+    assert lmdbstore.train is train and callable(lmdbstore.train)
+    assert lmdbstore.evaluate is evaluate
+    assert lmdbstore.TrainResult is TrainResult
+
+
+def test_stratified_split_is_public_and_torch_free() -> None:
+    code = (
+        "import sys\n"
+        "from lmdbstore import stratified_split\n"
+        "import numpy as np\n"
+        "train, val = stratified_split(np.repeat(np.arange(4), 25), 0.2, seed=1)\n"
+        "print(len(train), len(val), 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["80", "20", "False"]

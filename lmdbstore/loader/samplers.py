@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbstore.config import ShuffleMode
+from lmdbstore.loader.orders import STREAM_BALANCED, concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
 
 __all__ = [
     "BalancedBatchSampler",
@@ -25,16 +26,6 @@ __all__ = [
     "shard_batches",
     "stratified_split",
 ]
-
-
-def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
-    return np.random.default_rng([seed, epoch, stream])
-
-
-def _concat_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``concatenate([src[a:a+n] for a, n in zip(starts, lengths)])`` without a Python loop."""
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return src[np.repeat(starts, lengths) + offsets]
 
 
 def block_order(
@@ -52,45 +43,31 @@ def block_order(
     idx = np.sort(np.asarray(indices, dtype=np.int64))
     if idx.size == 0:
         return idx
-    groups = idx // samples_per_value
-    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    lengths = np.diff(np.r_[starts, idx.size])
-    perm = rng.permutation(len(starts))
-    order = _concat_runs(idx, starts[perm], lengths[perm])
+    order, _, g_len = shuffle_runs(idx, idx // samples_per_value, rng)
     if block_buffer <= 1:
         return order
     # cut every group (now contiguous in ``order``) into up to block_buffer pieces
-    g_len = lengths[perm]
     g_start = np.cumsum(g_len) - g_len
     piece = np.repeat(np.arange(len(g_len)) * block_buffer, g_len) + (
         (np.arange(idx.size) - np.repeat(g_start, g_len)) * block_buffer // np.repeat(g_len, g_len)
     )
-    p_start = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]])
-    p_len = np.diff(np.r_[p_start, idx.size])
+    p_start, p_len = runs(piece)
     window = np.asarray(p_start // max(1, block_buffer * batch_size))
     shuffled = np.lexsort((rng.random(len(p_start)), window))  # pieces shuffled inside their window
-    return _concat_runs(order, p_start[shuffled], p_len[shuffled])
+    return concat_runs(order, p_start[shuffled], p_len[shuffled])
 
 
 def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
-    """Cut an epoch order into batches and return rank ``rank``'s share.
+    """Cut an epoch order into batches and return rank ``rank``'s share (every ``world_size``-th batch of
+    :func:`~lmdbstore.loader.orders.deal_batches`: consecutive batches for one process, nearly equal ones
+    and the same number of steps on every rank under DDP; every sample exactly once, no padding).
 
-    With one process this is plain consecutive batches of ``batch_size`` (the last one shorter).  With
-    ``world_size`` ranks the order is split into ``steps * world_size`` nearly equal batches (sizes
-    differ by at most one, none above ``batch_size``) dealt round-robin, so every rank runs the same
-    number of steps -- DDP needs that -- and every sample is read exactly once per epoch, with no
-    padding and no dropped tail.
+    Raises:
+        ValueError: ``rank`` outside ``0..world_size-1``.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in 0..world_size-1, got rank={rank}, world_size={world_size}")
-    n = len(order)
-    if n == 0:
-        return []
-    if world_size == 1:
-        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
-    steps = -(-n // (batch_size * world_size))
-    chunks = np.array_split(order, steps * world_size)
-    return [c for c in chunks[rank::world_size]]
+    return deal_batches(order, batch_size, world_size)[rank::world_size]
 
 
 class EpochBatchSampler:
@@ -143,19 +120,24 @@ class EpochBatchSampler:
 
     def epoch_order(self) -> np.ndarray:
         """The whole epoch's order, before sharding (identical on every rank)."""
-        rng = _rng(self.seed, self.epoch)
+        rng = epoch_rng(self.seed, self.epoch)
         if self.shuffle == "random":
             return self.indices[rng.permutation(len(self.indices))]
         if self.shuffle == "block":
             return block_order(self.indices, self.samples_per_value, self.batch_size, self.block_buffer, rng)
         return self.indices.copy()
 
+    def whole_steps(self, order: np.ndarray) -> np.ndarray:
+        """``order`` cut to whole steps of every rank when ``drop_last`` (a per-rank drop would leave the
+        ranks unequal); unchanged otherwise."""
+        if not self.drop_last:
+            return order
+        step = self.batch_size * self.world_size
+        return order[: len(order) // step * step]
+
     def batches(self) -> list[np.ndarray]:
-        order = self.epoch_order()
-        if self.drop_last:  # whole steps only: a per-rank drop would leave the ranks unequal
-            step = self.batch_size * self.world_size
-            order = order[: len(order) // step * step]
-        out = shard_batches(order, self.batch_size, self.rank, self.world_size)
+        """This rank's batches of the current epoch."""
+        out = shard_batches(self.whole_steps(self.epoch_order()), self.batch_size, self.rank, self.world_size)
         if self.shuffle == "block":
             # A batch is a set for SGD; sorted, its runs of consecutive indices are contiguous, and the
             # reader copies each run with one memcpy straight into place.
@@ -224,7 +206,7 @@ class BalancedBatchSampler:
         return self.num_batches
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        rng = _rng(self.seed, self.epoch, 1 + self.rank)
+        rng = epoch_rng(self.seed, self.epoch, STREAM_BALANCED + self.rank)
         for _ in range(self.num_batches):
             counts = rng.multinomial(self.batch_size, self.weights)
             parts = [

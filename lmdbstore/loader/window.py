@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lmdbstore.loader.samplers import EpochBatchSampler, _concat_runs, _rng, shard_batches
+from lmdbstore.loader.orders import STREAM_WINDOW, deal_batches, epoch_rng, shuffle_runs
+from lmdbstore.loader.samplers import EpochBatchSampler
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -119,20 +120,16 @@ def window_order(
     new_val = np.r_[True, vals[1:] != vals[:-1]]
     val_rank = np.cumsum(new_val) - 1  # 0.. number of distinct values - 1
     per_chunk = max(1, -(-chunk_samples // samples_per_value))
-    chunk = val_rank // per_chunk
-    starts = np.flatnonzero(np.r_[True, chunk[1:] != chunk[:-1]])
-    lengths = np.diff(np.r_[starts, idx.size])
-    perm = rng.permutation(len(starts))
-    order = _concat_runs(idx, starts[perm], lengths[perm])
+    order, starts, lengths = shuffle_runs(idx, val_rank // per_chunk, rng)  # whole chunks, shuffled
     chunk_len = max(1, per_chunk * samples_per_value)
     per_window = max(1, window_samples // chunk_len)
     first = per_window if first_window_samples is None else min(per_window, max(1, first_window_samples // chunk_len))
-    cum = np.r_[0, np.cumsum(lengths[perm])]
+    cum = np.r_[0, np.cumsum(lengths)]
     bounds = np.r_[0, np.arange(first, len(starts), per_window), len(starts)]  # in chunks
     bounds = np.unique(bounds)
     win_starts = cum[bounds]
-    lo_all = idx[starts[perm]]
-    hi_all = idx[starts[perm] + lengths[perm] - 1] + 1
+    lo_all = idx[starts]
+    hi_all = idx[starts + lengths - 1] + 1
     chunk_lo, chunk_hi = [], []
     for w in range(len(win_starts) - 1):
         a, b = int(win_starts[w]), int(win_starts[w + 1])
@@ -140,17 +137,6 @@ def window_order(
         chunk_lo.append(np.sort(lo_all[bounds[w] : bounds[w + 1]]))
         chunk_hi.append(np.sort(hi_all[bounds[w] : bounds[w + 1]]))
     return WindowPlan(order, win_starts.astype(np.int64), chunk_lo, chunk_hi)
-
-
-def _all_shards(order: np.ndarray, batch_size: int, world_size: int) -> list[np.ndarray]:
-    """Every rank's batches, interleaved: batch ``j`` belongs to rank ``j % world_size`` (as
-    :func:`~lmdbstore.loader.samplers.shard_batches` deals them)."""
-    if len(order) == 0:
-        return []
-    if world_size == 1:
-        return shard_batches(order, batch_size)
-    steps = -(-len(order) // (batch_size * world_size))
-    return list(np.array_split(order, steps * world_size))
 
 
 class WindowBatchSampler(EpochBatchSampler):
@@ -205,7 +191,7 @@ class WindowBatchSampler(EpochBatchSampler):
 
     def plan(self) -> WindowPlan:
         """This epoch's windowed order (identical on every rank)."""
-        rng = _rng(self.seed, self.epoch, 7)
+        rng = epoch_rng(self.seed, self.epoch, STREAM_WINDOW)
         return window_order(
             self.indices,
             self.samples_per_value,
@@ -220,11 +206,7 @@ class WindowBatchSampler(EpochBatchSampler):
 
     def __iter__(self) -> Iterator[np.ndarray]:
         plan = self.plan()
-        order = plan.order
-        if self.drop_last:
-            step = self.batch_size * self.world_size
-            order = order[: len(order) // step * step]
-        batches = _all_shards(order, self.batch_size, self.world_size)
+        batches = deal_batches(self.whole_steps(plan.order), self.batch_size, self.world_size)
         starts = np.r_[0, np.cumsum([len(b) for b in batches])][:-1]
         n_win = len(plan.chunk_lo)
         if self.prefetch is not None and n_win:

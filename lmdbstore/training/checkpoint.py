@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmdbstore.config import MAX_WIDTH
 from lmdbstore.errors import LmdbStoreError, ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
-from lmdbstore.training.model import MAX_WIDTH, build_model, input_channels, state_shapes
+from lmdbstore.training.model import build_model, input_channels, state_shapes
 from lmdbstore.util.atomic import atomic_paths
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "RESUME_KEYS",
     "atomic_save",
     "check_checkpoint",
+    "first_line",
     "is_int",
     "load_checkpoint",
     "load_weights",
@@ -74,6 +76,13 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.devi
 def is_int(v: object) -> bool:
     """A real int (``bool`` is not one here)."""
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its type's name when it has none: the cause a one-line
+    checkpoint error quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
@@ -157,8 +166,7 @@ def load_weights(model: nn.Module, ckpt: dict[str, Any], ckpt_path: Path) -> Non
     try:
         model.load_state_dict(ckpt["model"])
     except (RuntimeError, KeyError, TypeError) as exc:  # a checkpoint whose weights do not fit this model
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LmdbStoreError(f"checkpoint weights do not fit the model ({first})", path=ckpt_path) from exc
+        raise LmdbStoreError(f"checkpoint weights do not fit the model ({first_line(exc)})", path=ckpt_path) from exc
 
 
 def model_from_checkpoint(ckpt: dict[str, Any], ckpt_path: Path) -> nn.Module:

@@ -9,35 +9,36 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lmdbstore.util.launch import launch
+from lmdbstore.util.launch import Launch, launch
 
-__all__ = ["DistInfo", "all_reduce", "init_distributed", "resolve_device"]
+__all__ = ["DistInfo", "all_reduce", "device_kind", "init_distributed", "resolve_device"]
 
 
 @dataclass(frozen=True)
-class DistInfo:
-    """Where this process stands: rank, world size, local rank (all 0/1/0 without torchrun)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+class DistInfo(Launch):
+    """Where this process stands in the process group: rank, world size, local rank (0/1/0 without
+    torchrun), as :class:`~lmdbstore.util.launch.Launch` reads them, once the group is joined."""
 
     @property
     def active(self) -> bool:
+        """More than one process: reductions and DistributedDataParallel are needed."""
         return self.world_size > 1
 
 
-def init_distributed(device_kind: str) -> DistInfo:
-    """Join the process group torchrun describes in the environment (no-op for a single process)."""
+def device_kind(spec: str) -> str:
+    """``"cuda"`` or ``"cpu"``: the kind of device ``spec`` (as :func:`resolve_device` takes it) ends up on,
+    known before the process group is joined (it picks NCCL or gloo)."""
+    return "cuda" if (spec == "auto" and torch.cuda.is_available()) or spec.startswith("cuda") else "cpu"
+
+
+def init_distributed(kind: str) -> DistInfo:
+    """Join the process group torchrun describes in the environment: NCCL for ``kind`` ``"cuda"``, gloo
+    otherwise (no-op for a single process)."""
     env = launch()
     if env.world_size <= 1:
         return DistInfo()
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_kind == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo")
     return DistInfo(dist.get_rank(), dist.get_world_size(), env.local_rank)
 
 

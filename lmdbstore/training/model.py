@@ -23,7 +23,7 @@ from torch import nn
 
 from lmdbstore.config import MAX_WIDTH
 
-__all__ = ["MAX_WIDTH", "MIN_SPATIAL", "SmallCNN", "build_model", "input_channels", "state_shapes"]
+__all__ = ["MIN_SPATIAL", "SmallCNN", "build_model", "input_channels", "state_shapes"]
 
 #: Smallest height and width the two 2x max-pools can take.
 MIN_SPATIAL = 4

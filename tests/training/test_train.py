@@ -17,16 +17,12 @@ from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.ingestion.pipeline import ingest_synthetic
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.training.batches import to_device
+from lmdbstore.training.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
+from lmdbstore.training.evaluate import evaluate
+from lmdbstore.training.metrics import METRICS_NAME
 from lmdbstore.training.model import build_model
-from lmdbstore.training.trainer import (
-    BEST_NAME,
-    CHECKPOINT_NAME,
-    METRICS_NAME,
-    _to_device,
-    evaluate,
-    load_checkpoint,
-    train,
-)
+from lmdbstore.training.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -193,11 +189,11 @@ def test_train_and_evaluate_other_dtypes_and_channels(
 def test_batches_move_in_the_store_dtype_and_convert_on_the_device() -> None:
     """float32 images pass without a copy on the CPU; other dtypes become float32 channels-last there."""
     x = torch.randn(8, 1, 25, 25)
-    xd, _ = _to_device(x, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
+    xd, _ = to_device(x, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
     assert xd.data_ptr() == x.data_ptr()
     for dt in (torch.float16, torch.float64, torch.int16, torch.uint8):
         x3 = torch.ones(8, 3, 16, 16, dtype=dt)
-        xd, _ = _to_device(x3, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
+        xd, _ = to_device(x3, torch.zeros(8, dtype=torch.int64), torch.device("cpu"))
         assert xd.dtype == torch.float32 and xd.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(xd, x3.float())
 
