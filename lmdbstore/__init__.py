@@ -41,7 +41,8 @@ from lmdbstore.ingestion.pipeline import IngestReport, ingest
 from lmdbstore.ingestion.sources import open_sources
 from lmdbstore.store.reader import StoreReader, open_reader
 from lmdbstore.store.writer import StoreWriter, open_writer
-from lmdbstore.tools.export import CopyReport, ExportReport, copy_store, export_store
+from lmdbstore.tools.copy import CopyReport, copy_store
+from lmdbstore.tools.export import ExportReport, export_store
 from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples
 from lmdbstore.version import __version__
