@@ -110,15 +110,9 @@ def ingest(
                 h5_y=y_key,
                 sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
             )
+            names = parse_names(classes)
             report = run_ingest(
-                store,
-                srcs,
-                classes=parse_names(classes),
-                dtype=dtype,
-                config=config,
-                cast=cast,
-                progress=bars,
-                workers=workers,
+                store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars, workers=workers
             )
         for s in report.sources:
             note = f" ({s.skipped:,} already in the store)" if s.skipped else ""

@@ -84,24 +84,16 @@ def train(
             require_pyplot()  # fail before training, not after, when matplotlib is missing
         from lmdbstore.training.trainer import train as run_train
 
+        # a few fields a line (fmt: skip): one a line would be a long column of name=name
         tcfg = TrainConfig(
-            epochs=epochs,
-            lr=lr,
-            val_fraction=val_fraction,
-            width=width,
-            device=device,
-            amp=amp,
-            max_steps_per_epoch=max_steps,
-        )
+            epochs=epochs, lr=lr, val_fraction=val_fraction, width=width,
+            device=device, amp=amp, max_steps_per_epoch=max_steps,
+        )  # fmt: skip
         lcfg = LoaderConfig(
-            batch_size=batch,
-            shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
-            block_buffer=block_buffer,
-            window_mb=window_mb,
-            workers=workers,
-            seed=seed,
-            balanced=balanced,
-        )
+            batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
+            block_buffer=block_buffer, window_mb=window_mb,
+            workers=workers, seed=seed, balanced=balanced,
+        )  # fmt: skip
         out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / store.resolve().name
         result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=typer.echo, progress=progress)
         if not launch().is_main:
