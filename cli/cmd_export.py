@@ -1,4 +1,5 @@
-"""``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store (see lmdbstore.tools.export)."""
+"""``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store
+(see lmdbstore.tools.export and lmdbstore.tools.copy)."""
 
 from __future__ import annotations
 
@@ -7,41 +8,48 @@ from typing import Annotated
 
 import typer
 
+from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_PROGRESS
+from lmdbstore.tools.export_formats import EXPORT_FORMATS
 from lmdbstore.util.progress import progress_bar
+
+from .common import LOADER, TRAIN, cli_errors, or_list, parse_names
+
+__all__ = ["copy", "export"]
 
 
 def export(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
     out: Annotated[Path, typer.Argument(help="Output file: .npy (+ .labels.npy, .classes.json), .npz or .h5/.hdf5.")],
-    fmt: Annotated[str | None, typer.Option("--format", help="npy, npz or h5 (default: from OUT's suffix).")] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", help=f"{or_list(list(EXPORT_FORMATS))} (default: from OUT's suffix).")
+    ] = None,
     classes: Annotated[str | None, typer.Option(help="Comma-separated classes to export (default: all).")] = None,
     split: Annotated[
         str | None, typer.Option(help="train or val: that part of the split `lmdbstore train` uses.")
     ] = None,
-    val_fraction: Annotated[float, typer.Option(help="Validation share of every class, for --split.")] = 0.1,
-    seed: Annotated[int, typer.Option(help="Seed of the split, for --split.")] = 0,
+    val_fraction: Annotated[
+        float, typer.Option(help="Validation share of every class, for --split.")
+    ] = TRAIN.val_fraction,
+    seed: Annotated[int, typer.Option(help="Seed of the split, for --split.")] = LOADER.seed,
     indices: Annotated[
         Path | None, typer.Option(help="Export only these sample indices (.npy, or text with one per line).")
     ] = None,
-    compress: Annotated[bool, typer.Option(help="Deflate .npz members / gzip HDF5 samples.")] = False,
+    compress: Annotated[bool, typer.Option(help="Deflate .npz members / gzip HDF5 samples.")] = DEFAULT_COMPRESS,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = DEFAULT_PROGRESS,
 ) -> None:
     """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again."""
-    from .main import _errors
-
-    with _errors():
+    with cli_errors():
         from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None
-        names = [c.strip() for c in classes.split(",")] if classes else None
         bar = progress_bar("export") if progress else None
         try:
             rep = export_store(
                 store,
                 out,
                 fmt=fmt,
-                classes=names,
+                classes=parse_names(classes),
                 split=split,
                 val_fraction=val_fraction,
                 seed=seed,
@@ -65,19 +73,11 @@ def copy(
     compact: Annotated[bool, typer.Option("--compact", help="Leave out free pages (smaller; slower).")] = False,
 ) -> None:
     """Copy STORE to DEST with LMDB's consistent copy: safe while readers and a writer run."""
-    from .main import _errors
-
-    with _errors():
-        from lmdbstore.tools.export import copy_store
+    with cli_errors():
+        from lmdbstore.tools.copy import copy_store
 
         rep = copy_store(store, dest, compact=compact)
         typer.echo(
             f"copied {rep.samples:,} samples to {rep.dest}{' (compacted)' if rep.compact else ''}: "
             f"{rep.source_bytes:,} -> {rep.dest_bytes:,} bytes in {rep.seconds:.1f} s"
         )
-
-
-def register(app: typer.Typer) -> None:
-    """Add the commands to the ``lmdbstore`` app."""
-    app.command()(export)
-    app.command()(copy)

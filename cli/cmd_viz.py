@@ -7,21 +7,25 @@ from typing import Annotated
 
 import typer
 
+from lmdbstore.config import DEFAULT_DPI, DEFAULT_PER_CLASS, DEFAULT_RUN_PNG, DEFAULT_SAMPLE_SEED, DEFAULT_SAMPLES_PNG
+
+from .common import cli_errors
+
+__all__ = ["plot", "show"]
+
 
 def show(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path("samples.png"),
-    per_class: Annotated[int, typer.Option(help="Samples drawn per class (seeded).")] = 8,
+    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path(DEFAULT_SAMPLES_PNG),
+    per_class: Annotated[int, typer.Option(help="Samples drawn per class (seeded).")] = DEFAULT_PER_CLASS,
     indices: Annotated[
         str | None, typer.Option(help="Show these sample indices instead (comma-separated, or a .npy/.txt file).")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the samples drawn.")] = 0,
-    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the samples drawn.")] = DEFAULT_SAMPLE_SEED,
+    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = DEFAULT_DPI,
 ) -> None:
     """Draw a grid of samples of STORE, one row per class, titled with class names and sample indices."""
-    from .main import _errors
-
-    with _errors():
+    with cli_errors():
         from lmdbstore.tools.viz import show_samples
 
         idx = _parse_indices(indices) if indices is not None else None
@@ -31,13 +35,11 @@ def show(
 
 def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (`train --out`) or metrics.jsonl files.")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path("run.png"),
-    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = 100,
+    out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path(DEFAULT_RUN_PNG),
+    dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = DEFAULT_DPI,
 ) -> None:
     """Plot loss, validation accuracy and samples/s per epoch of one or more training runs (overlaid)."""
-    from .main import _errors
-
-    with _errors():
+    with cli_errors():
         from lmdbstore.tools.viz import plot_runs
 
         pic = plot_runs(runs, out, dpi=dpi)
@@ -54,9 +56,3 @@ def _parse_indices(text: str) -> list[int] | object:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
         raise ValueError(f"indices: expected comma-separated integers or a file, got {text!r}") from None
-
-
-def register(app: typer.Typer) -> None:
-    """Add the commands to the ``lmdbstore`` app."""
-    app.command()(show)
-    app.command()(plot)

@@ -47,7 +47,8 @@ from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader, open_reader
 from lmdbstore.store.writer import StoreWriter
-from lmdbstore.tools.export import CopyReport, ExportReport, copy_store, export_store
+from lmdbstore.tools.copy import CopyReport, copy_store
+from lmdbstore.tools.export import ExportReport, export_store
 from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples
 from lmdbstore.version import __version__

@@ -2,6 +2,11 @@
 
 Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the offending
 parameter, so a bad value fails where it is given rather than deep inside a worker process.
+
+Defaults that belong to no dataclass (a command's or a tool's: picture dpi, the synthetic dataset's size,
+export chunks, ...) are named constants at the end of this module.  The command line shows exactly these
+values (``lmdbstore_cli`` reads them here and defines none of its own), and the library functions that
+take the same parameter default to the same constant, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,10 +17,32 @@ from typing import Literal
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
 
 __all__ = [
+    "DEFAULT_CAST",
     "DEFAULT_COMMIT_BYTES",
+    "DEFAULT_COMPRESS",
+    "DEFAULT_DEMO_DIR",
+    "DEFAULT_DPI",
+    "DEFAULT_EXPORT_CHUNK",
+    "DEFAULT_HIST_BINS",
+    "DEFAULT_HIST_SAMPLES",
+    "DEFAULT_INGEST_WORKERS",
     "DEFAULT_INITIAL_MAP_SIZE",
     "DEFAULT_LABEL_CHUNK",
+    "DEFAULT_MAX_PROBLEMS",
     "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_PER_CLASS",
+    "DEFAULT_PROGRESS",
+    "DEFAULT_RUNS_DIR",
+    "DEFAULT_RUN_PNG",
+    "DEFAULT_SAMPLES_PNG",
+    "DEFAULT_SAMPLE_SEED",
+    "DEFAULT_SYNTH_SAMPLES",
+    "DEFAULT_SYNTH_SEED",
+    "DEFAULT_VERIFY_CHECKSUMS",
+    "DEFAULT_VERIFY_STRUCTURE",
+    "DEFAULT_X_KEY",
+    "DEFAULT_Y_KEY",
+    "SAMPLE_READ_CHUNK",
     "ChecksumKind",
     "LoaderConfig",
     "ShuffleMode",
@@ -181,3 +208,61 @@ class TrainConfig:
             raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
+
+
+# ------------------------------------------------------------------------ defaults of commands and tools
+# (values no dataclass above holds; the CLI shows them, the library functions default to them)
+
+#: Show progress bars (commands' ``--progress/--no-progress``).
+DEFAULT_PROGRESS = True
+
+#: Samples of the built-in synthetic dataset ``lmdbstore synth`` writes and ``lmdbstore demo`` ingests.
+DEFAULT_SYNTH_SAMPLES = 100_000
+#: Seed of the built-in synthetic dataset (``synth``, ``ingest --synthetic``).
+DEFAULT_SYNTH_SEED = 0
+
+#: Name of the sample array in an ``.npz`` source and of the sample dataset in an HDF5 source.
+DEFAULT_X_KEY = "x"
+#: Name of the label array in an ``.npz`` source and of the label dataset in an HDF5 source.
+DEFAULT_Y_KEY = "y"
+#: Convert ingested samples of another dtype of the same kind (off: such sources are refused).
+DEFAULT_CAST = False
+#: Processes that read and validate ingest sources (0: the ingesting process itself).
+DEFAULT_INGEST_WORKERS = 0
+
+#: ``verify``: check per-value checksums (when the store has them).
+DEFAULT_VERIFY_CHECKSUMS = True
+#: ``verify``: check LMDB's page structure first.
+DEFAULT_VERIFY_STRUCTURE = True
+#: ``verify``: problems listed before it stops listing.
+DEFAULT_MAX_PROBLEMS = 20
+
+#: Samples an export reads and writes per step (64 Ki samples of 25x25 float32 = 160 MiB would be too
+#: much; 16 Ki = 40 MiB).
+DEFAULT_EXPORT_CHUNK = 16384
+#: Deflate exported ``.npz`` members / gzip exported HDF5 samples (off: stored, as ``np.savez``).
+DEFAULT_COMPRESS = False
+
+#: Samples read per step when a tool reads a random sample (``stats --sample``, the histogram of
+#: ``plot_stats``), so memory stays at one chunk.
+SAMPLE_READ_CHUNK = 4096
+#: Seed of the random samples ``stats --sample`` reads and the pictures draw.
+DEFAULT_SAMPLE_SEED = 0
+
+#: Pixels per inch of the PNG pictures (``show``, ``plot``, ``stats --plot``).
+DEFAULT_DPI = 100
+#: Samples per class ``show`` draws.
+DEFAULT_PER_CLASS = 8
+#: Random samples behind the value histogram of ``plot_stats`` (``stats --plot``).
+DEFAULT_HIST_SAMPLES = 20_000
+#: Bins of that histogram.
+DEFAULT_HIST_BINS = 100
+#: The PNG ``show`` writes.
+DEFAULT_SAMPLES_PNG = "samples.png"
+#: The PNG ``plot`` writes, and ``train --plot`` writes into the run directory.
+DEFAULT_RUN_PNG = "run.png"
+
+#: ``train`` puts a run in ``DEFAULT_RUNS_DIR/<store name>`` unless given ``--out``.
+DEFAULT_RUNS_DIR = "runs"
+#: Where ``demo`` puts its store and its run.
+DEFAULT_DEMO_DIR = "demo_out"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 
 import pytest
 
+from lmdbstore import config
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
 
 
@@ -41,3 +44,18 @@ def test_defaults_and_frozen() -> None:
 def test_bad_values_name_the_parameter(cls: type, kwargs: dict[str, object], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         cls(**kwargs)
+
+
+def test_every_named_default_is_exported_and_documented() -> None:
+    """Each module-level constant of config.py is in ``__all__`` and has a ``#:`` comment saying what it is for."""
+    source = inspect.getsource(config)
+    lines = source.splitlines()
+    names = [
+        (node.targets[0].id, node.lineno)
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id.isupper()
+    ]
+    assert {"DEFAULT_DPI", "DEFAULT_SYNTH_SAMPLES", "DEFAULT_EXPORT_CHUNK"} <= {n for n, _ in names}
+    undocumented = [n for n, line in names if not lines[line - 2].startswith("#:")]
+    assert not undocumented
+    assert not [n for n, _ in names if n.startswith("DEFAULT_") and n not in config.__all__]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 
@@ -24,7 +25,9 @@ def _sampled_stats(reader: StoreReader, sample: int, seed: int) -> dict[str, Any
     k = min(sample, n)
     idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
     vals = (
-        np.concatenate([reader.read_batch(idx[i : i + 8192]).reshape(-1) for i in range(0, k, 8192)])
+        np.concatenate(
+            [reader.read_batch(idx[i : i + SAMPLE_READ_CHUNK]).reshape(-1) for i in range(0, k, SAMPLE_READ_CHUNK)]
+        )
         if k
         else np.zeros(0)
     )
@@ -40,12 +43,15 @@ def _sampled_stats(reader: StoreReader, sample: int, seed: int) -> dict[str, Any
     }
 
 
-def store_stats(path: str | os.PathLike[str], *, sample: int | None = None, seed: int = 0) -> dict[str, Any]:
+def store_stats(
+    path: str | os.PathLike[str], *, sample: int | None = None, seed: int = DEFAULT_SAMPLE_SEED
+) -> dict[str, Any]:
     """Describe the store at ``path``.
 
     Value statistics are exact: the writer accumulates count/sum/sum of squares/min/max of every value
     (in float64) in the metadata as it commits.  With ``sample=N`` they are instead recomputed from N
-    random samples read back from the store (a check of what is actually on disk).
+    random samples drawn with ``seed`` (default ``DEFAULT_SAMPLE_SEED``, 0) and read back from the store
+    (a check of what is actually on disk).
 
     Raises:
         ValueError: ``sample`` below 1.

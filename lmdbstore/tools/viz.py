@@ -20,6 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from lmdbstore.config import (
+    DEFAULT_DPI,
+    DEFAULT_HIST_BINS,
+    DEFAULT_HIST_SAMPLES,
+    DEFAULT_PER_CLASS,
+    DEFAULT_SAMPLE_SEED,
+    SAMPLE_READ_CHUNK,
+)
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.store.reader import StoreReader
 
@@ -30,8 +38,6 @@ VIZ_EXTRA = "viz"
 METRICS_FILE = "metrics.jsonl"
 #: Inches per sample panel in :func:`show_samples`.
 CELL_IN = 1.3
-#: Samples read per step while building the value histogram.
-HIST_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -131,18 +137,19 @@ def show_samples(
     store: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    per_class: int = 8,
+    per_class: int = DEFAULT_PER_CLASS,
     indices: Any = None,
-    seed: int = 0,
-    dpi: int = 100,
+    seed: int = DEFAULT_SAMPLE_SEED,
+    dpi: int = DEFAULT_DPI,
 ) -> Picture:
     """Draw a grid of samples, one row per class, and save it as a PNG.
 
-    Each row holds ``per_class`` samples of its class drawn with ``seed`` (fewer if the class is
-    smaller), or, with ``indices``, the given samples grouped by class.  Rows are labelled with the
+    Each row holds ``per_class`` samples (default ``DEFAULT_PER_CLASS``, 8) of its class drawn with
+    ``seed`` (default 0; fewer if the class is smaller), or, with ``indices``, the given samples grouped
+    by class.  Rows are labelled with the
     class name, panels with the sample index.  All panels share one colour scale (see the colour bar):
     symmetric about zero for signed data such as z-scored arrays.  Size: ``(cols * 1.3 + 1.2) x
-    (rows * 1.3 + 0.7)`` inches at ``dpi``.
+    (rows * 1.3 + 0.7)`` inches at ``dpi`` (default ``DEFAULT_DPI``, 100).
 
     Raises:
         ValueError / IndexError: bad ``per_class``, ``dpi`` or ``indices``; an empty store.
@@ -217,9 +224,11 @@ def _series(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [e for e, _ in pts], [v for _, v in pts]
 
 
-def plot_runs(runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, dpi: int = 100) -> Picture:
+def plot_runs(
+    runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, dpi: int = DEFAULT_DPI
+) -> Picture:
     """Plot training and validation loss, validation accuracy and samples/s per epoch of one or more
-    runs (overlaid, labelled by directory name) and save a PNG of 15 x 4.2 inches at ``dpi``.
+    runs (overlaid, labelled by directory name) and save a PNG of 15 x 4.2 inches at ``dpi`` (default 100).
 
     Raises:
         ValueError: no runs, bad ``dpi``.  LmdbStoreError: a run without metrics, matplotlib missing.
@@ -252,13 +261,14 @@ def plot_stats(
     store: str | os.PathLike[str],
     out: str | os.PathLike[str],
     *,
-    sample: int = 20000,
-    bins: int = 100,
-    seed: int = 0,
-    dpi: int = 100,
+    sample: int = DEFAULT_HIST_SAMPLES,
+    bins: int = DEFAULT_HIST_BINS,
+    seed: int = DEFAULT_SAMPLE_SEED,
+    dpi: int = DEFAULT_DPI,
 ) -> Picture:
-    """Draw the class counts and a histogram of the values of ``sample`` random samples (seeded, read in
-    chunks, so memory stays flat) and save a PNG of 12 x 4.2 inches at ``dpi``.
+    """Draw the class counts and a histogram of the values of ``sample`` random samples (default
+    ``DEFAULT_HIST_SAMPLES``, 20,000; drawn with ``seed``, read in chunks, so memory stays flat) in ``bins``
+    bins (default 100) and save a PNG of 12 x 4.2 inches at ``dpi`` (default 100).
 
     The histogram spans the mean +/- 6 standard deviations (from the writer's exact statistics),
     clipped to the exact minimum and maximum; values outside are counted in the title.
@@ -285,8 +295,8 @@ def plot_stats(
             edges = np.linspace(lo, hi, bins + 1)
             k = min(sample, n)
             idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
-            for a in range(0, k, HIST_CHUNK):
-                vals = r.read_batch(idx[a : a + HIST_CHUNK]).reshape(-1).astype(np.float64)
+            for a in range(0, k, SAMPLE_READ_CHUNK):
+                vals = r.read_batch(idx[a : a + SAMPLE_READ_CHUNK]).reshape(-1).astype(np.float64)
                 h, _ = np.histogram(vals, edges)
                 hist += h
                 outside += int(vals.size - h.sum())

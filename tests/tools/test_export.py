@@ -17,7 +17,9 @@ from lmdbstore import LmdbStoreError, StoreExistsError, open_reader
 from lmdbstore.ingestion.pipeline import ingest
 from lmdbstore.ingestion.sources import open_sources
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.tools.export import copy_store, export_paths, export_store, load_indices
+from lmdbstore.tools.copy import copy_store
+from lmdbstore.tools.export import export_store, load_indices
+from lmdbstore.tools.export_formats import export_paths
 from lmdbstore.tools.verify import verify_store
 
 

@@ -1,0 +1,136 @@
+"""``lmdbstore ingest`` and ``lmdbstore synth``: data into a store (see lmdbstore.ingestion)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lmdbstore.config import (
+    DEFAULT_CAST,
+    DEFAULT_INGEST_WORKERS,
+    DEFAULT_PROGRESS,
+    DEFAULT_SYNTH_SAMPLES,
+    DEFAULT_SYNTH_SEED,
+    DEFAULT_X_KEY,
+    DEFAULT_Y_KEY,
+    WriterConfig,
+)
+from lmdbstore.format.checksums import CHECKSUM_KINDS
+from lmdbstore.util.progress import progress_factory
+
+from .common import WRITER, cli_errors, or_list, parse_names, parse_shape
+
+__all__ = ["ingest", "synth"]
+
+
+def ingest(
+    store: Annotated[Path, typer.Argument(help="Store directory (created if it does not exist).")],
+    sources: Annotated[
+        list[Path] | None, typer.Argument(help=".npy, .npz, .h5/.hdf5 files or ROOT/<class>/*.npy directories.")
+    ] = None,
+    label: Annotated[
+        str | None, typer.Option(help="Class of every sample of the sources (needed for plain .npy files).")
+    ] = None,
+    classes: Annotated[
+        str | None, typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
+    ] = None,
+    x_key: Annotated[str, typer.Option(help="Sample array name in .npz / dataset name in HDF5.")] = DEFAULT_X_KEY,
+    y_key: Annotated[str, typer.Option(help="Label array name in .npz / dataset name in HDF5.")] = DEFAULT_Y_KEY,
+    sample_shape: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-sample shape of directory sources, e.g. 25,25: whether their files are samples or stacks "
+            "(default: the store's, else the shape most files share)."
+        ),
+    ] = None,
+    dtype: Annotated[str | None, typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
+    cast: Annotated[
+        bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
+    ] = DEFAULT_CAST,
+    allow_nonfinite: Annotated[
+        bool, typer.Option("--allow-nonfinite", help="Accept NaN and inf values.")
+    ] = WRITER.allow_nonfinite,
+    checksum: Annotated[
+        str, typer.Option(help=f"Per-value checksum of a new store: {or_list(CHECKSUM_KINDS)}.")
+    ] = WRITER.checksum,
+    samples_per_value: Annotated[
+        int | None,
+        typer.Option(help="Samples packed per LMDB value in a new store (default: chosen to fill pages)."),
+    ] = WRITER.samples_per_value,
+    commit_mb: Annotated[
+        int, typer.Option(help="Commit (and fsync) every this many MiB of samples.")
+    ] = WRITER.commit_bytes >> 20,
+    synthetic: Annotated[
+        int | None,
+        typer.Option(help="Instead of sources, generate this many samples of the built-in 5-class dataset."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = DEFAULT_SYNTH_SEED,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = DEFAULT_PROGRESS,
+    workers: Annotated[
+        int, typer.Option(min=0, help="Read and validate sources in N processes (order kept).")
+    ] = DEFAULT_INGEST_WORKERS,
+) -> None:
+    """Validate SOURCES and append them to STORE.
+
+    Every source is checked completely (shape, dtype, finite values, known labels) before anything is
+    written, so a bad source leaves the store exactly as it was.  Samples are committed in bounded
+    batches; if an ingest is interrupted, run the same command again: sources already in the store
+    are skipped and a partly written one continues where its last commit ended.
+    """
+    with cli_errors():
+        config = WriterConfig(
+            samples_per_value=samples_per_value,
+            checksum=checksum,  # type: ignore[arg-type]
+            commit_bytes=commit_mb << 20,
+            allow_nonfinite=allow_nonfinite,
+        )
+        bars = progress_factory(progress)
+        if synthetic is not None:
+            if sources:
+                raise ValueError("give either SOURCES or --synthetic, not both")
+            from lmdbstore.ingestion.pipeline import ingest_synthetic
+
+            report = ingest_synthetic(store, synthetic, seed=seed, config=config, progress=bars)
+        else:
+            if not sources:
+                raise ValueError("no SOURCES given (or use --synthetic N)")
+            from lmdbstore.ingestion.pipeline import ingest as run_ingest
+            from lmdbstore.ingestion.pipeline import store_layout
+            from lmdbstore.ingestion.sources.opening import open_sources
+
+            layout = store_layout(store)
+            srcs = open_sources(
+                sources,
+                label=label,
+                x_key=x_key,
+                y_key=y_key,
+                h5_x=x_key,
+                h5_y=y_key,
+                sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
+            )
+            names = parse_names(classes)
+            report = run_ingest(
+                store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars, workers=workers
+            )
+        for s in report.sources:
+            note = f" ({s.skipped:,} already in the store)" if s.skipped else ""
+            typer.echo(f"  {s.name}: {s.written:,} samples written{note}")
+        typer.echo(
+            f"{'created' if report.created else 'appended to'} {report.store}: +{report.added:,} samples "
+            f"({report.samples_per_s:,.0f} samples/s), {report.total:,} in total"
+        )
+
+
+def synth(
+    out: Annotated[Path, typer.Argument(help="Output .npz (arrays x, y, class_names).")],
+    n: Annotated[int, typer.Option("-n", "--samples", help="Number of samples.")] = DEFAULT_SYNTH_SAMPLES,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = DEFAULT_SYNTH_SEED,
+) -> None:
+    """Write the built-in learnable 5-class dataset of z-scored 25x25 float32 arrays to an .npz."""
+    with cli_errors():
+        from lmdbstore.ingestion.synth import write_synth_npz
+
+        write_synth_npz(out, n, seed=seed)
+        typer.echo(f"wrote {n:,} samples to {out}")

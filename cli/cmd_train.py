@@ -1,0 +1,178 @@
+"""``lmdbstore train``, ``lmdbstore eval`` and ``lmdbstore demo``: the CNN on a store
+(see lmdbstore.training.trainer and lmdbstore.training.evaluate)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from lmdbstore.config import (
+    DEFAULT_DEMO_DIR,
+    DEFAULT_PROGRESS,
+    DEFAULT_RUN_PNG,
+    DEFAULT_RUNS_DIR,
+    DEFAULT_SYNTH_SAMPLES,
+    LoaderConfig,
+    TrainConfig,
+)
+from lmdbstore.util.launch import launch
+from lmdbstore.util.progress import progress_factory
+
+from .common import LOADER, TRAIN, cli_errors, to_json
+
+__all__ = ["demo", "eval_cmd", "train"]
+
+
+def train(
+    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = LOADER.batch_size,
+    epochs: Annotated[int, typer.Option(help="Epochs.")] = TRAIN.epochs,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
+    val_fraction: Annotated[
+        float, typer.Option(help="Share of every class held out for validation.")
+    ] = TRAIN.val_fraction,
+    balanced: Annotated[
+        bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")
+    ] = LOADER.balanced,
+    shuffle: Annotated[
+        str,
+        typer.Option(
+            help="auto: random if the store fits in memory, else window; random: new permutation per epoch; "
+            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs."
+        ),
+    ] = LOADER.shuffle,
+    window_mb: Annotated[
+        int | None, typer.Option(help="Window shuffle: window size in MiB (default: 1/8 of available memory).")
+    ] = LOADER.window_mb,
+    block_buffer: Annotated[
+        int,
+        typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
+    ] = LOADER.block_buffer,
+    seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = LOADER.seed,
+    out: Annotated[
+        Path | None,
+        typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
+    ] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt.")] = False,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = TRAIN.device,
+    width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = TRAIN.width,
+    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = TRAIN.amp,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Cut every epoch after this many steps.")
+    ] = TRAIN.max_steps_per_epoch,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar per epoch.")] = DEFAULT_PROGRESS,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON at the end.")] = False,
+    plot: Annotated[
+        bool, typer.Option("--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.")
+    ] = False,
+) -> None:
+    """Train the CNN on STORE.
+
+    Reads batches with lock-free random reads from DataLoader workers; uses the GPU when there is one.
+    Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
+    waiting for data; metrics.jsonl, checkpoint.pt (every epoch) and best.pt go to --out.
+    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.
+    """
+    with cli_errors():
+        if plot:
+            from lmdbstore.tools.viz import require_pyplot
+
+            require_pyplot()  # fail before training, not after, when matplotlib is missing
+        from lmdbstore.training.trainer import train as run_train
+
+        # a few fields a line (fmt: skip): one a line would be a long column of name=name
+        tcfg = TrainConfig(
+            epochs=epochs, lr=lr, val_fraction=val_fraction, width=width,
+            device=device, amp=amp, max_steps_per_epoch=max_steps,
+        )  # fmt: skip
+        lcfg = LoaderConfig(
+            batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
+            block_buffer=block_buffer, window_mb=window_mb,
+            workers=workers, seed=seed, balanced=balanced,
+        )  # fmt: skip
+        out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / store.resolve().name
+        result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=typer.echo, progress=progress)
+        if not launch().is_main:
+            return  # under torchrun only rank 0 reports
+        if result.out_dir is not None and result.epochs:
+            typer.echo(f"checkpoints and metrics in {result.out_dir}")
+        if plot and result.out_dir is not None and result.epochs:
+            from lmdbstore.tools.viz import plot_runs
+
+            pic = plot_runs([result.out_dir], result.out_dir / DEFAULT_RUN_PNG)
+            typer.echo(f"wrote {pic.path}", err=as_json)
+        if as_json and result.epochs:
+            final = {"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes}
+            typer.echo(to_json(final, None))
+
+
+def eval_cmd(
+    store: Annotated[Path, typer.Argument(help="Store directory to score.")],
+    checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or best.pt from `lmdbstore train`.")],
+    batch: Annotated[int, typer.Option(help="Samples per batch.")] = LOADER.batch_size,
+    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = TRAIN.device,
+    predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
+    with cli_errors():
+        from lmdbstore.training.evaluate import evaluate, format_confusion
+
+        r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
+        if as_json:
+            typer.echo(to_json(r))
+            return
+        typer.echo(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
+        for name, acc in r["per_class_accuracy"].items():
+            typer.echo(f"  {name:<16} {'-' if acc is None else f'{acc:.4f}'}")
+        typer.echo(format_confusion(r["confusion"], r["classes"]))
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option("--dir", help="Where the store and the run go.")] = Path(DEFAULT_DEMO_DIR),
+    n: Annotated[int, typer.Option("-n", "--samples", help="Synthetic samples.")] = DEFAULT_SYNTH_SAMPLES,
+    epochs: Annotated[int, typer.Option(help="Training epochs.")] = TRAIN.epochs,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = LOADER.batch_size,
+    workers: Annotated[int, typer.Option(help="DataLoader workers.")] = LOADER.workers,
+) -> None:
+    """The main job end to end on built-in data: synthesize+ingest -> stats -> train -> eval.
+
+    Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
+    """
+    with cli_errors():
+        from lmdbstore.ingestion.pipeline import ingest_synthetic
+        from lmdbstore.tools.stats import format_stats, store_stats
+        from lmdbstore.training.evaluate import evaluate
+        from lmdbstore.training.trainer import train as run_train
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        store = workdir / "store"
+        typer.echo(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
+        rep = ingest_synthetic(store, n, progress=progress_factory(True), exclusive=True)
+        note = " (already in the store)" if rep.sources[0].skipped == n else ""
+        typer.echo(
+            f"      +{rep.added:,} samples{note} ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store"
+        )
+        typer.echo("[2/4] stats")
+        typer.echo(format_stats(store_stats(store)))
+        typer.echo(f"[3/4] training {epochs} epochs, batch {batch}")
+        res = run_train(
+            store,
+            workdir / "run",
+            TrainConfig(epochs=epochs),
+            LoaderConfig(batch_size=batch, workers=workers),
+            log=typer.echo,
+        )
+        best = workdir / "run" / "best.pt"
+        typer.echo(f"[4/4] scoring the whole store with {best}")
+        r = evaluate(store, best, batch_size=batch, workers=workers)
+        typer.echo(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")
+        typer.echo(
+            f"done: validation accuracy {res.final.val_accuracy:.4f} after {len(res.epochs)} epochs; "
+            f"checkpoints and metrics in {workdir / 'run'}"
+        )

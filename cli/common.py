@@ -1,0 +1,96 @@
+"""What every command of the ``lmdbstore`` CLI shares: errors as one line, JSON output, option parsing.
+
+The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`, :data:`LOADER` and
+:data:`TRAIN` are the default configurations whose fields the options default to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+
+from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+from lmdbstore.errors import LmdbStoreError, clip, unwrap_worker_message
+from lmdbstore.version import __version__
+
+__all__ = [
+    "LOADER",
+    "MAX_ERROR_CHARS",
+    "TRAIN",
+    "WRITER",
+    "cli_errors",
+    "fail",
+    "or_list",
+    "parse_names",
+    "parse_shape",
+    "show_version",
+    "to_json",
+]
+
+#: Longest error line the CLI prints (messages are short by construction; this is a backstop).
+MAX_ERROR_CHARS = 1000
+
+#: The default configurations: the options of ``ingest``, ``train``, ``eval`` and ``demo`` default to their fields.
+WRITER = WriterConfig()
+LOADER = LoaderConfig()
+TRAIN = TrainConfig()
+
+
+def fail(msg: str, code: int = 1) -> None:
+    """Print ``error: MSG`` as one clipped line on stderr and exit with status ``code``."""
+    typer.echo(f"error: {clip(unwrap_worker_message(str(msg)), MAX_ERROR_CHARS)}", err=True)  # one line
+    raise typer.Exit(code)
+
+
+@contextmanager
+def cli_errors(code: int = 1) -> Iterator[None]:
+    """Turn deliberate errors (``LmdbStoreError``, ``ValueError``, ``IndexError``) into one line on stderr and
+    exit status ``code`` (default 1); Ctrl-C into one line and status 130."""
+    try:
+        yield
+    except LmdbStoreError as exc:
+        fail(str(exc), code)
+    except (ValueError, IndexError) as exc:
+        fail(str(exc), code)
+    except KeyboardInterrupt:
+        fail("interrupted; committed batches are kept (rerun the same command to resume)", 130)
+
+
+def to_json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as valid JSON: non-finite floats (a NaN loss, say) become ``null``."""
+    from lmdbstore.util.jsonsafe import json_safe
+
+    return json.dumps(json_safe(obj), indent=indent, allow_nan=False)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``--sample-shape 25,25`` as a tuple.
+
+    Raises:
+        ValueError: a part is not an integer.
+    """
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--sample-shape must be comma-separated sizes such as 25,25, got {text!r}") from None
+
+
+def parse_names(text: str | None) -> list[str] | None:
+    """A comma-separated list of names (``--classes a,b``), stripped; ``None`` for no option or an empty one."""
+    return [c.strip() for c in text.split(",")] if text else None
+
+
+def or_list(items: tuple[str, ...] | list[str]) -> str:
+    """``a, b or c``: choices in help texts."""
+    return f"{', '.join(items[:-1])} or {items[-1]}" if len(items) > 1 else "".join(items)
+
+
+def show_version(value: bool) -> None:
+    """``--version``: print the version and exit."""
+    if value:
+        typer.echo(f"lmdbstore {__version__}")
+        raise typer.Exit()
