@@ -64,6 +64,7 @@ def ingest(
         workers: read and validate in this many processes (``lmdbstore.ingestion.parallel_sources``); 0: in this one.
 
     Raises:
+        ValueError: no sources, or a bad ``classes`` list.
         ValidationError / SourceError: a source is unusable; nothing has been written.
         StoreExistsError, NotAStoreError, StoreLockedError, StoreFullError, CorruptStoreError.
     """

@@ -39,7 +39,12 @@ Layout = tuple[tuple[int, ...], str, list[str]]  # (shape, dtype, classes) of a 
 
 def store_layout(path: Path) -> Layout | None:
     """(shape, dtype, classes) of an existing store, or None when it does not exist yet (or its creation
-    was interrupted before the first commit: the writer creates it afresh)."""
+    was interrupted before the first commit: the writer creates it afresh).
+
+    Raises:
+        NotAStoreError, CorruptStoreError, FormatVersionError...: the path holds something else, as
+            :class:`~lmdbstore.store.reader.StoreReader` reports it.
+    """
     if to_be_created(path):
         return None
     with StoreReader(path) as r:  # closed again before the writer opens the same path
