@@ -40,9 +40,10 @@ from lmdbstore.errors import (
 )
 from lmdbstore.format.layout import FORMAT_VERSION
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.ingestion.parallel import ParallelReport, write_parallel
-from lmdbstore.ingestion.pipeline import IngestReport, ingest
-from lmdbstore.ingestion.sources import open_sources
+from lmdbstore.ingestion.parallel import write_parallel
+from lmdbstore.ingestion.pipeline import ingest
+from lmdbstore.ingestion.reports import IngestReport, ParallelReport
+from lmdbstore.ingestion.sources.opening import open_sources
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader, open_reader

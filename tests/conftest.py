@@ -385,3 +385,89 @@ def edit_meta_text(path: Path, edit: Callable[[str], str]) -> None:
         db = env.open_db(DB_META, txn=txn, create=False)
         raw = bytes(txn.get(b"meta", db=db)).decode()
         txn.put(b"meta", edit(raw).encode(), db=db)
+
+
+# ---------------------------------------------------------------------------------------------- ingest sources
+# Shared by tests/ingestion/test_sources_*.py (one file per source module).
+from lmdbstore.ingestion.sources import Source  # noqa: E402 - this block's own import
+
+try:
+    import h5py
+except ImportError:  # pragma: no cover - h5py is a dev dependency
+    h5py = None
+#: Marks a test that needs the optional h5py (``lmdbstore[hdf5]``).
+needs_h5py = pytest.mark.skipif(h5py is None, reason="h5py (lmdbstore[hdf5]) is not installed")
+
+#: Per-sample shape and sample count of the arrays the source tests write (:func:`make_x`).
+SOURCE_SHAPE = (4, 3)
+SOURCE_N = 157
+#: Batch sizes :func:`assert_roundtrip` reads with.
+SOURCE_BATCHES = [1, 7, 64, 1000]
+
+
+def make_x(n: int = SOURCE_N, shape: tuple[int, ...] = SOURCE_SHAPE, dtype: Any = "f4", seed: int = 0) -> np.ndarray:
+    """Deterministic samples: standard normal for float ``dtype``, integers 0..99 otherwise."""
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal((n, *shape)).astype(dtype)
+    return rng.integers(0, 100, (n, *shape)).astype(dtype)
+
+
+def collect(src: Source, batch: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """All (x, y) from ``start``, checking the batch contract on the way."""
+    xs, ys = [], []
+    for x, y in src.iter_batches(batch, start):
+        assert x.dtype == src.dtype and x.shape[1:] == src.shape
+        assert 1 <= len(x) <= batch and len(y) == len(x) and y.ndim == 1
+        assert x.flags.c_contiguous and x.flags.writeable
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        return np.zeros((0, *src.shape), src.dtype), np.zeros(0)
+    return np.concatenate(xs).astype(src.dtype), np.concatenate(ys)  # concatenate drops byte order
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same shape, dtype and bytes."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def assert_roundtrip(src: Source, x: np.ndarray, y: np.ndarray) -> None:
+    """Every batch size and several start offsets give exactly x[start:], y[start:]."""
+    assert len(src) == len(x)
+    for batch in SOURCE_BATCHES:
+        for start in (0, 5, len(x) - 1, len(x)):
+            got_x, got_y = collect(src, batch, start)
+            assert same_bits(got_x, x[start:]), (batch, start)
+            assert got_y.tolist() == y[start:].tolist(), (batch, start)
+
+
+def one_line(err: pytest.ExceptionInfo[Any], *names: str | Path) -> str:
+    """The raised error's text, checked to be one line naming every one of ``names``."""
+    text = str(err.value)
+    assert "\n" not in text
+    for name in names:
+        assert str(name) in text, (name, text)
+    return text
+
+
+def write_dir(root: Path, x: np.ndarray) -> dict[str, np.ndarray]:
+    """b_dog: 3 stacks (one of them a single-row stack); a_cat: 20 single-sample files; c_eel: empty."""
+    (root / "b_dog").mkdir(parents=True)
+    (root / "a_cat").mkdir()
+    (root / "c_eel").mkdir()  # a class with no files: still a class name, no source
+    (root / ".hidden").mkdir()
+    np.save(root / "b_dog" / "s2.npy", x[20:50])
+    np.save(root / "b_dog" / "s1.npy", x[50:51])  # stack of one: shape (1, *SHAPE)
+    np.save(root / "b_dog" / "s0.npy", x[51:90])
+    (root / "b_dog" / "notes.txt").write_text("ignored")
+    for i in range(20):
+        np.save(root / "a_cat" / f"{i:03d}.npy", x[i])
+    # files sorted by name: b_dog is s0, s1, s2
+    return {"a_cat": x[:20], "b_dog": np.concatenate([x[51:90], x[50:51], x[20:50]])}
+
+
+def truncate_file(path: Path, keep: float) -> None:
+    """Cut the file at ``path`` to the fraction ``keep`` of its bytes."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])

@@ -1,4 +1,5 @@
-"""Producers for tests/test_parallel.py, in their own module so spawned workers import them cheaply.
+"""Producers for tests/ingestion/test_parallel.py and the task functions of tests/ingestion/test_pool.py, in
+their own module so spawned workers import them cheaply.
 
 Every producer is deterministic per task.  ``x[k, 0, 0]`` encodes ``task_seed * 1000 + k``, so a test can
 tell which task and which sample each stored sample came from.
@@ -10,6 +11,7 @@ Run as a script (``python parallel_tasks.py STORE N_TASKS WORKERS PRODUCER``) it
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -124,6 +126,34 @@ def mark_task(task: tuple[str, int]) -> int:
     """Task ``(directory, i)``: leaves ``task-<i>`` in the directory when it starts; returns ``2 * i``."""
     Path(task[0], f"task-{task[1]}").touch()
     return task[1] * 2
+
+
+def square_after(task: tuple[int, float]) -> int:
+    """Task ``(i, seconds)``: waits ``seconds``, then returns ``i * i`` (later tasks may finish first)."""
+    time.sleep(task[1])
+    return task[0] * task[0]
+
+
+def raise_at_3(task: int) -> int:
+    """Returns ``task``; task 3 raises ValueError."""
+    if task == 3:
+        raise ValueError("task three is bad")
+    return task
+
+
+def worker_pid(task: int) -> int:
+    """The id of the process running the task (after a short wait, so every worker gets tasks)."""
+    time.sleep(0.05)
+    return os.getpid()
+
+
+def kill_self_at_4(task: int) -> int:
+    """Returns ``task``; the worker running task 4 kills itself with SIGKILL (as the OOM killer would).
+
+    With a pool ``limit`` of 4, task 4 is handed out only after task 0's result was taken."""
+    if task == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task
 
 
 def main() -> int:

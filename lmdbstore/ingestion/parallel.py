@@ -27,7 +27,7 @@ from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
 from lmdbstore.format.ledger import parallel_key, parallel_prefix
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
-from lmdbstore.store.opening import open_writer
+from lmdbstore.ingestion.reports import ParallelReport, writing
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import progress_bar
@@ -36,27 +36,10 @@ __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel
 
 #: Results each worker may have produced and not yet had committed (back-pressure bound).
 DEFAULT_IN_FLIGHT = 2
-#: Ledger-key prefix of :func:`write_parallel` runs.
 #: Characters of a task's repr quoted in error messages.
 REPR_CHARS = 80
 
 Ledger = Callable[[int], tuple[str, int, int | None]]  # task index -> (ledger key, done, total) after it
-
-
-@dataclass
-class ParallelReport:
-    """What :func:`write_parallel` did: tasks in the call, tasks skipped (already in the store), samples."""
-
-    store: str
-    tasks: int
-    skipped: int
-    added: int
-    total: int
-    seconds: float
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.added / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -266,8 +249,7 @@ def write_parallel(
     config = config or WriterConfig()
     path = Path(store)
     t0 = time.perf_counter()
-    with open_writer(path, shape=shape, dtype=dtype, classes=classes, config=config) as w:
-        start_count = w.committed
+    with writing(path, t0, shape=shape, dtype=dtype, classes=classes, config=config) as (w, outcome):
         start = _resume_point(w, key, run, len(task_list))
         m = w.meta
         producer = TaskResults(produce, m.shape, m.dtype, tuple(m.classes), config.allow_nonfinite, cast)
@@ -294,9 +276,7 @@ def write_parallel(
                 )
         finally:
             bar.close()
-        w.commit()
-        total = w.count
-    return ParallelReport(str(path), n, start, total - start_count, total, time.perf_counter() - t0)
+    return ParallelReport(str(path), n, start, outcome.added, outcome.total, outcome.seconds)
 
 
 def _resume_point(w: StoreWriter, key: str, run: str, n: int) -> int:

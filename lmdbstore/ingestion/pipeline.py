@@ -5,88 +5,36 @@ through validation (shape, dtype, finite values, known labels) before a single s
 The writing pass records each source's position in the store's resume ledger, keyed by the source's
 fingerprint (path, size, modification time, options), in the same transaction as the samples: after
 an interruption, running the same command again skips what was committed and continues.
+
+The layout and resume points are settled in :mod:`lmdbstore.ingestion.plan` (whose :func:`store_layout`
+is re-exported here), the report types live in :mod:`lmdbstore.ingestion.reports`, and ``workers=``
+hands both passes to :mod:`lmdbstore.ingestion.parallel_sources`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lmdbstore.config import WriterConfig
-from lmdbstore.errors import ValidationError, preview
-from lmdbstore.format.dtypes import normalize_dtype
-from lmdbstore.format.layout import DB_PROGRESS
-from lmdbstore.format.ledger import parse_entry, synthetic_key
-from lmdbstore.format.meta import check_classes
-from lmdbstore.ingestion.sources import Source, infer_classes, scan_source
-from lmdbstore.ingestion.sources.store import restrict_store_sources
+from lmdbstore.errors import ValidationError
+from lmdbstore.format.ledger import synthetic_key
+from lmdbstore.ingestion.parallel_sources import ingest_parallel
+from lmdbstore.ingestion.plan import IngestPlan, plan_ingest, read_ledger, store_layout
+from lmdbstore.ingestion.reports import IngestReport, SourceReport, writing
+from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.synth import SYNTH_CLASSES, SYNTH_SHAPE, synth_batches
-from lmdbstore.store.env import to_be_created
-from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import ProgressFactory, bar_from
 
 __all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
 
 #: Rows read per batch from a source while validating and writing.
 DEFAULT_READ_BATCH = 16384
-
-
-@dataclass
-class SourceReport:
-    name: str
-    samples: int
-    written: int
-    skipped: int  # already in the store from an earlier (interrupted) run
-
-
-@dataclass
-class IngestReport:
-    store: str
-    created: bool
-    added: int
-    total: int
-    seconds: float
-    sources: list[SourceReport] = field(default_factory=list)
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.added / self.seconds if self.seconds > 0 else 0.0
-
-
-def store_layout(path: Path) -> tuple[tuple[int, ...], str, list[str]] | None:
-    """(shape, dtype, classes) of an existing store, or None when it does not exist yet (or its creation
-    was interrupted before the first commit: the writer creates it afresh)."""
-    if to_be_created(path):
-        return None
-    with StoreReader(path) as r:  # closed again before the writer opens the same path
-        m = r.meta
-        return m.shape, m.dtype, list(m.classes)
-
-
-def _classes_from(sources: Sequence[Source]) -> list[str]:
-    """Classes of a new store: the sources' own ordered list when they all carry the same one
-    (e.g. an npz ``class_names``, so the file's ids keep their meaning), else :func:`infer_classes`."""
-    lists = [src.class_names() for src in sources]
-    if all(lst is not None for lst in lists) and len({tuple(lst) for lst in lists if lst is not None}) == 1:
-        return list(lists[0] or [])
-    return infer_classes(sources)
-
-
-def _ledger(path: Path) -> dict[str, int]:
-    """Committed position of every producer in the store's resume ledger (validated like the writer does)."""
-    out: dict[str, int] = {}
-    with StoreReader(path) as r:
-        for k, v in r.iter_raw(DB_PROGRESS):
-            name = k.decode("utf-8", "replace")
-            out[name] = int(parse_entry(bytes(v), path, name)["done"])
-    return out
 
 
 def ingest(
@@ -116,79 +64,37 @@ def ingest(
         workers: read and validate in this many processes (``lmdbstore.ingestion.parallel_sources``); 0: in this one.
 
     Raises:
+        ValueError: no sources, or a bad ``classes`` list.
         ValidationError / SourceError: a source is unusable; nothing has been written.
         StoreExistsError, NotAStoreError, StoreLockedError, StoreFullError, CorruptStoreError.
     """
-    if not sources:
-        raise ValueError("sources must not be empty")
-    config = config or WriterConfig()
-    path = Path(store)
-    if classes is not None:
-        classes = check_classes(classes)  # before any source is read: a bad list fails at once
-    sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
-    layout = store_layout(path)
-    first = sources[0]
-    if layout is None:
-        shape = tuple(first.shape)
-        dtype = normalize_dtype(dtype if dtype is not None else first.dtype)
-        names = list(classes) if classes is not None else check_classes(_classes_from(sources))
-    else:
-        if dtype is not None and normalize_dtype(dtype) != layout[1]:
-            raise ValidationError(f"store holds dtype {layout[1]}, --dtype gave {np.dtype(dtype)}", path=path)
-        shape, dtype, names = layout
-        if classes is not None and list(classes) != names:
-            raise ValidationError(f"store has classes {preview(names)}, --classes gave {preview(classes)}", path=path)
-    t0 = time.perf_counter()
-    ledger = _ledger(path) if layout is not None else {}
+    plan = plan_ingest(
+        store, sources, classes=classes, dtype=dtype, config=config or WriterConfig(), cast=cast, batch=batch
+    )
     if workers:  # the same two passes, in worker processes
-        from lmdbstore.ingestion.parallel_sources import ingest_parallel
+        return ingest_parallel(plan, workers=workers, progress=progress)
+    _validate(plan, progress)
+    with plan.writing() as (w, run):
+        reports = [_write_source(w, src, plan.batch, plan.cast, progress) for src in plan.sources]
+    return plan.report(run, reports)
 
-        return ingest_parallel(
-            path,
-            sources,
-            ledger,
-            shape=tuple(shape),
-            dtype=dtype,
-            classes=names,
-            config=config,
-            cast=cast,
-            batch=batch,
-            progress=progress,
-            workers=workers,
-            created=layout is None,
-            t0=t0,
-        )
-    for src in sources:
-        done = min(ledger.get(src.fingerprint(), 0), len(src))  # what an earlier run already committed
+
+def _validate(plan: IngestPlan, progress: ProgressFactory | None) -> None:
+    """The validation pass: every row of every source not yet in the store, through the writer's checks."""
+    for src, done in zip(plan.sources, plan.done, strict=True):
         if done == len(src):
             continue
         bar = bar_from(progress, f"validate {src.name}", len(src) - done)
         try:
-            scan_source(
-                src,
-                shape=shape,
-                dtype=np.dtype(dtype),
-                classes=names,
-                start=done,
-                allow_nonfinite=config.allow_nonfinite,
-                cast=cast,
-                batch=batch,
-                progress=bar.update,
-            )
+            plan.validate(src, start=done, batch=plan.batch, progress=bar.update)
         finally:
             bar.close()
-    reports: list[SourceReport] = []
-    with open_writer(path, shape=shape, dtype=dtype, classes=names, config=config) as w:
-        start_count = w.committed
-        for src in sources:
-            reports.append(_write_source(w, src, batch, cast, progress))
-        w.commit()
-        total = w.count
-    seconds = time.perf_counter() - t0
-    return IngestReport(str(path), layout is None, total - start_count, total, seconds, reports)
 
 
-def _write_source(w: Any, src: Source, batch: int, cast: bool, progress: ProgressFactory | None) -> SourceReport:
+def _write_source(
+    w: StoreWriter, src: Source, batch: int, cast: bool, progress: ProgressFactory | None
+) -> SourceReport:
+    """Append the rows of ``src`` the store does not hold yet, each batch with its ledger entry."""
     key = src.fingerprint()
     done = w.progress(key)
     n = len(src)
@@ -231,33 +137,42 @@ def ingest_synthetic(
     path = Path(store)
     key = synthetic_key(n, seed)
     if exclusive and store_layout(path) is not None:
-        other = sorted(k for k in _ledger(path) if k != key)
-        with StoreReader(path) as r:
-            count = r.meta.count
-        if other or count > n:
-            raise ValidationError(
-                f"the store holds other data than the {n} synthetic samples of seed {seed} "
-                f"({count} samples{', from ' + other[0] if other else ''})",
-                path=path,
-                hint="use another store directory, or delete this one",
-            )
+        _refuse_other_data(path, n, seed, key)
     t0 = time.perf_counter()
-    with open_writer(path, shape=SYNTH_SHAPE, dtype="float32", classes=SYNTH_CLASSES, config=config) as w:
-        start_count, done = w.committed, w.progress(key)
-        created = start_count == 0 and done == 0
+    with writing(path, t0, shape=SYNTH_SHAPE, dtype="float32", classes=SYNTH_CLASSES, config=config) as (w, run):
+        done = w.progress(key)
+        created = run.start == 0 and done == 0
         bar = bar_from(progress, "synthesize+ingest", n - done)
-        pos = 0
         try:
-            for x, y in synth_batches(n, seed=seed, batch=batch):
-                pos += len(x)
-                if pos <= done:
-                    continue  # regenerate deterministically, skip what was committed
-                keep = min(len(x), pos - done)
-                w.append(x[-keep:], y[-keep:], progress=(key, pos), progress_total=n)
-                bar.update(keep)
+            _append_synthetic(w, key, n, seed, batch, done, bar.update)
         finally:
             bar.close()
-        w.commit()
-        total = w.count
-    report = SourceReport(key, n, n - done, done)
-    return IngestReport(str(path), created, total - start_count, total, time.perf_counter() - t0, [report])
+    return IngestReport(str(path), created, run.added, run.total, run.seconds, [SourceReport(key, n, n - done, done)])
+
+
+def _refuse_other_data(path: Path, n: int, seed: int, key: str) -> None:
+    """Refuse a store holding anything but (part of) the ``n`` synthetic samples of ``seed`` (ledger ``key``)."""
+    other = sorted(k for k in read_ledger(path) if k != key)
+    with StoreReader(path) as r:
+        count = r.meta.count
+    if other or count > n:
+        raise ValidationError(
+            f"the store holds other data than the {n} synthetic samples of seed {seed} "
+            f"({count} samples{', from ' + other[0] if other else ''})",
+            path=path,
+            hint="use another store directory, or delete this one",
+        )
+
+
+def _append_synthetic(
+    w: StoreWriter, key: str, n: int, seed: int, batch: int, done: int, report: Callable[[int], Any]
+) -> None:
+    """Append the synthetic samples after the first ``done`` (regenerated deterministically and skipped)."""
+    pos = 0
+    for x, y in synth_batches(n, seed=seed, batch=batch):
+        pos += len(x)
+        if pos <= done:
+            continue  # regenerate deterministically, skip what was committed
+        keep = min(len(x), pos - done)
+        w.append(x[-keep:], y[-keep:], progress=(key, pos), progress_total=n)
+        report(keep)

@@ -1,5 +1,6 @@
 """write_parallel: same store for any worker count, resume after kills and Ctrl-C, errors naming the task,
-validation, back-pressure, no orphan processes.  Real spawned workers and real stores throughout."""
+validation, no orphan processes.  Real spawned workers and real stores throughout (the pool on its own:
+test_pool.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from conftest import TESTS
 
 from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, open_writer, write_parallel
 from lmdbstore.format.layout import DB_PROGRESS
-from lmdbstore.ingestion.pool import OrderedPool
 from lmdbstore.tools.verify import verify_store
 
 SCRIPT = TESTS / "parallel_tasks.py"
@@ -162,21 +162,6 @@ def test_a_dying_worker_stops_the_run(tmp_path: Path) -> None:
 
 def _started(pid_dir: Path) -> set[int]:
     return {int(p.name) for p in pid_dir.iterdir() if p.name.isdigit()}
-
-
-def test_back_pressure_bounds_the_tasks_ahead_of_the_consumer(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    monkeypatch.setenv(pt.PID_DIR_ENV, str(marks))
-    pool = OrderedPool(pt.mark_task, workers=2, limit=3)
-    tasks = [(str(marks), i) for i in range(12)]
-    seen = []
-    for index, out in pool.results(tasks):
-        time.sleep(0.15)  # a slow consumer: workers would run ahead without back-pressure
-        started = [int(p.name.split("-")[1]) for p in marks.glob("task-*")]
-        assert max(started) <= index + 3, (index, sorted(started))
-        seen.append((index, out))
-    assert seen == [(i, i * 2) for i in range(12)]
 
 
 def _alive(pid: int) -> bool:

@@ -27,22 +27,21 @@ directory ``ROOT/<class>/*.npy``
 for ``.npz``/HDF5 it replaces the file's own label array, which then need not exist.
 
 Before anything is written, :func:`scan_source` streams a source through the writer's own checks
-(:func:`~lmdbstore.store.writer.check_samples`, :func:`~lmdbstore.store.writer.label_ids`) so bad data fails
+(:func:`~lmdbstore.store.validation.check_samples`, :func:`~lmdbstore.store.validation.label_ids`) so bad data fails
 up front with the file and the sample index named.  Every error is a one-line
 :class:`~lmdbstore.errors.SourceError` (cannot read the file) or
 :class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable).
 
-Layout: :mod:`.base` (the :class:`Source` interface, shared checks and label helpers),
-:mod:`.npyio` (``.npy`` headers and reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.directory`
-(one module per kind), :mod:`.opening` (:func:`open_source`, :func:`open_sources`) and :mod:`.scan`
-(:func:`scan_source`, :func:`infer_classes`).  Import the names from this package.
+Layout: :mod:`.base` (the :class:`Source` interface, :class:`~.base.FileSource` and the label helpers),
+:mod:`.checks` (the argument checks and read errors every kind shares), :mod:`.npyio` (``.npy`` headers and
+reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.directory`, :mod:`.store` (one module per kind),
+:mod:`.opening` (:func:`open_source`, :func:`open_sources`) and :mod:`.scan` (:func:`scan_source`,
+:func:`infer_classes`).  Users import the names from this package; the library's own modules import them
+from the module that defines them.
 """
 
-from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY as CLASS_NAMES_KEY
-from lmdbstore.ingestion.sources.base import Label as Label
-from lmdbstore.ingestion.sources.base import Source
-from lmdbstore.ingestion.sources.base import _check_label as _check_label
-from lmdbstore.ingestion.sources.base import _check_range as _check_range
+from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, Source
+from lmdbstore.ingestion.sources.checks import Label
 from lmdbstore.ingestion.sources.directory import DirectoryClassSource
 from lmdbstore.ingestion.sources.h5 import H5Source
 from lmdbstore.ingestion.sources.npy import NpySource
@@ -51,8 +50,10 @@ from lmdbstore.ingestion.sources.opening import open_source, open_sources
 from lmdbstore.ingestion.sources.scan import infer_classes, scan_source
 
 __all__ = [
+    "CLASS_NAMES_KEY",
     "DirectoryClassSource",
     "H5Source",
+    "Label",
     "NpySource",
     "NpzSource",
     "Source",

@@ -1,9 +1,10 @@
-"""The :class:`Source` interface and the checks and label helpers every source kind shares.
+"""The :class:`Source` interface, :class:`FileSource` (a source read from one file) and the label helpers.
 
 A source is a sequence of samples with labels, streamed in batches; the kinds (``npy``, ``npz``,
 ``h5``, ``dir`` and, in :mod:`lmdbstore.ingestion.sources.store`, ``store``) subclass :class:`Source`.  The
-argument checks (:func:`_check_range`, :func:`_check_label`) and label conversions live here so
-that every kind raises the same one-line errors for the same mistakes.
+conversions of a file's own labels (ids through its ``class_names``, names, bounded ids) live here, next
+to :class:`FileSource` which applies them, so that every kind raises the same errors for the same labels;
+the argument checks are in :mod:`lmdbstore.ingestion.sources.checks`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zipfile
-import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,65 +22,19 @@ import numpy as np
 from lmdbstore.errors import SourceError, ValidationError
 from lmdbstore.format.ledger import source_key
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS, MAX_CLASSES
+from lmdbstore.ingestion.sources.checks import Label
 
-Label = str | int
+__all__ = ["CLASS_NAMES_KEY", "FileSource", "Source", "const_labels"]
 
 #: Name of the optional array/dataset listing the class names that integer labels index.
 CLASS_NAMES_KEY = "class_names"
-#: Errors that mean "this file's bytes are bad or unreadable" while reading it.
-_READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, zipfile.BadZipFile)
 
 
-def _one_line(exc: BaseException) -> str:
-    """``Type: message`` on one line, for embedding a caught exception in a :class:`SourceError`."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------- argument checks
-def _const_labels(label: Label, n: int) -> np.ndarray:
+def const_labels(label: Label, n: int) -> np.ndarray:
     """``n`` copies of the ``label=`` option, as a ``str`` array (a name) or int64 ids."""
     if isinstance(label, str):
         return np.full(n, label)
     return np.full(n, label, np.int64)
-
-
-def _check_range(batch: int, start: int, n: int) -> None:
-    """Refuse a ``batch`` below 1 or a ``start`` outside ``0..n`` (the :meth:`Source.iter_batches` contract)."""
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
-    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= n:
-        raise ValueError(f"start must be an integer in 0..{n}, got {start!r}")
-
-
-def _check_label(label: Any) -> Label | None:
-    """Validate the ``label=`` option: a non-empty class name or a class id >= 0 (or None)."""
-    if label is None:
-        return None
-    if isinstance(label, bool) or not isinstance(label, (str, int, np.integer)):
-        raise ValueError(f"label must be a class name (str) or class id (int), got {label!r}")
-    if isinstance(label, str):
-        if not label.strip():
-            raise ValueError("label must not be an empty class name")
-        return label
-    if label < 0:
-        raise ValueError(f"label must be a class id >= 0, got {label}")
-    return int(label)
-
-
-def _stat_file(path: Path) -> os.stat_result:
-    """Stat a source file; refuse missing, non-regular and empty files."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise SourceError("no such file or directory", path=path) from None
-    except OSError as exc:
-        raise SourceError(f"cannot access ({_one_line(exc)})", path=path) from exc
-    if not path.is_file():
-        raise SourceError("not a regular file", path=path)
-    if st.st_size == 0:
-        raise SourceError("file is empty (0 bytes)", path=path)
-    return st
 
 
 # ---------------------------------------------------------------------------------------------- labels in files
@@ -229,7 +182,7 @@ class Source(ABC):
         return self.path, index
 
 
-class _FileSource(Source):
+class FileSource(Source):
     """A source read from one file (``.npy``, ``.npz``, HDF5), identified by the file's stat at opening.
 
     :meth:`describe` lists the kind, resolved path, size, mtime, the member-name options named in

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.base import Label, Source, _check_range, _one_line
-from lmdbstore.ingestion.sources.npyio import _check_sample_dtype, _check_size, _Header, _pread_into, _read_header
+from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.ingestion.sources.checks import Label, check_range, one_line
+from lmdbstore.ingestion.sources.npyio import NpyHeader, check_sample_dtype, check_size, pread_into, read_header
 
 #: Bytes read to peek at a directory file's header (covers every header numpy writes for ndim <= 4).
 _PEEK_BYTES = 4096
@@ -33,9 +34,9 @@ class _HeaderCache:
     """Parses directory-file headers, reusing the parse for byte-identical headers (tiny files share one)."""
 
     def __init__(self) -> None:
-        self._parsed: dict[bytes, _Header] = {}
+        self._parsed: dict[bytes, NpyHeader] = {}
 
-    def read(self, path: str) -> _Header:
+    def read(self, path: str) -> NpyHeader:
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -43,14 +44,14 @@ class _HeaderCache:
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise SourceError(f"cannot read ({_one_line(exc)})", path=path) from exc
+            raise SourceError(f"cannot read ({one_line(exc)})", path=path) from exc
         key = self._header_bytes(head)
         if key is not None and key in self._parsed:
             return self._parsed[key]
         if key is None and len(head) == _PEEK_BYTES:  # huge header: parse from the file itself
             with open(path, "rb") as f:
-                return _read_header(f, path)
-        h = _read_header(io.BytesIO(head), path)
+                return read_header(f, path)
+        h = read_header(io.BytesIO(head), path)
         if key is not None:
             self._parsed[key] = h
         return h
@@ -74,7 +75,7 @@ class _DirFile:
     """One ``.npy`` file of a class subdirectory, as found when the directory was opened."""
 
     path: str
-    header: _Header
+    header: NpyHeader
     size: int
     mtime_ns: int
 
@@ -92,7 +93,7 @@ def _scan_class_dir(d: Path) -> list[tuple[str, str, int, int]]:
                     st = e.stat()
                     out.append((e.name, e.path, st.st_size, st.st_mtime_ns))
     except OSError as exc:
-        raise SourceError(f"cannot list ({_one_line(exc)})", path=d) from exc
+        raise SourceError(f"cannot list ({one_line(exc)})", path=d) from exc
     out.sort()
     return out
 
@@ -178,7 +179,7 @@ def _decide_sample_shape(root: Path, files: list[_DirFile], sample_shape: tuple[
     raise SourceError(f"cannot tell the sample shape: the files disagree ({listed}{more})", path=root, hint=_SHAPE_HINT)
 
 
-def _open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...] | None) -> list[Source]:
+def open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...] | None) -> list[Source]:
     """Check every file of ``ROOT/<class>/*.npy`` (headers, sizes, one shape and dtype) and return a source per class."""
     if label is not None:
         raise SourceError(
@@ -189,7 +190,7 @@ def _open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ..
             (e for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")), key=lambda e: e.name
         )
     except OSError as exc:
-        raise SourceError(f"cannot list ({_one_line(exc)})", path=root) from exc
+        raise SourceError(f"cannot list ({one_line(exc)})", path=root) from exc
     if not class_dirs:
         raise SourceError(
             "directory has no class subdirectories", path=root, hint="lay it out as ROOT/<class_name>/*.npy"
@@ -203,12 +204,12 @@ def _open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ..
             if size == 0:
                 raise SourceError("file is empty (0 bytes)", path=p)
             h = cache.read(p)
-            _check_sample_dtype(h.dtype, p, "the array")
+            check_sample_dtype(h.dtype, p, "the array")
             if len(h.shape) == 0 or math.prod(h.shape) == 0:
                 raise SourceError(f"the array has shape {h.shape}; expected a sample or a stack of samples", path=p)
             if h.fortran and len(h.shape) > 1:
                 raise SourceError("the array is stored in Fortran order; save it C-ordered", path=p)
-            _check_size(h, size, p, "the array")
+            check_size(h, size, p, "the array")
             files.append(_DirFile(p, h, size, mtime))
         if files:
             per_class.append((name, files))
@@ -275,7 +276,7 @@ class DirectoryClassSource(Source):
         return Path(self._paths[j]), index - int(self._starts[j])
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         row = math.prod(self.shape) * self.dtype.itemsize
         starts = self._starts.tolist()
         j = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -288,7 +289,7 @@ class DirectoryClassSource(Source):
             while filled < k:
                 local = pos + filled - starts[j]
                 take = min(starts[j + 1] - starts[j] - local, k - filled)
-                _pread_into(
+                pread_into(
                     self._paths[j], self._offsets[j] + local * row, mv[filled * row : (filled + take) * row], local
                 )
                 filled += take
@@ -298,6 +299,6 @@ class DirectoryClassSource(Source):
             pos += k
 
     def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         for a in range(start, self._n, batch):
             yield np.full(min(batch, self._n - a), self.class_name)

@@ -13,17 +13,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import PREVIEW_ITEMS, SourceError, preview
-from lmdbstore.ingestion.sources.base import (
-    _READ_ERRORS,
-    CLASS_NAMES_KEY,
-    Label,
-    _check_range,
-    _const_labels,
-    _FileSource,
-    _one_line,
-    _stat_file,
-)
-from lmdbstore.ingestion.sources.npyio import _check_stack, _Header
+from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.npyio import NpyHeader, check_stack
 
 
 def _import_h5py(path: Path) -> Any:
@@ -53,7 +45,7 @@ def _h5_dataset_names(f: Any) -> str:
     return preview(names, total=total) or "none"
 
 
-class H5Source(_FileSource):
+class H5Source(FileSource):
     """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), optional ``class_names``."""
 
     kind = "h5"
@@ -61,14 +53,14 @@ class H5Source(_FileSource):
     _member_word = "dataset"
 
     def __init__(self, path: Path, *, label: Label | None, h5_x: str, h5_y: str) -> None:
-        self._stat = _stat_file(path)
+        self._stat = stat_file(path)
         self.path, self.label, self.h5_x, self.h5_y = path, label, h5_x, h5_y
         self.name = f"{path}[{h5_x}]"
         self._names: list[str] | None = None
         self._y_is_str = False
         with self._open() as f:
             x = self._dataset(f, h5_x, "samples", "--h5-x")
-            _check_stack(_Header(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
+            check_stack(NpyHeader(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
             self.shape, self.dtype, self._n = tuple(int(s) for s in x.shape[1:]), np.dtype(x.dtype), int(x.shape[0])
             if label is None:
                 y = self._dataset(f, h5_y, "labels", "--h5-y or label all samples with --label CLASS")
@@ -80,8 +72,8 @@ class H5Source(_FileSource):
                 self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str)
                 try:
                     arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
-                except (*_READ_ERRORS, TypeError) as exc:
-                    raise SourceError(f"cannot read dataset {CLASS_NAMES_KEY!r} ({_one_line(exc)})", path=path) from exc
+                except (*READ_ERRORS, TypeError) as exc:
+                    raise SourceError(f"cannot read dataset {CLASS_NAMES_KEY!r} ({one_line(exc)})", path=path) from exc
                 self._set_names(arr.astype(str))
 
     def _open(self) -> Any:
@@ -89,7 +81,7 @@ class H5Source(_FileSource):
         try:
             return self._h5py.File(self.path, "r")
         except (OSError, ValueError) as exc:
-            raise SourceError(f"not a readable HDF5 file ({_one_line(exc)})", path=self.path) from exc
+            raise SourceError(f"not a readable HDF5 file ({one_line(exc)})", path=self.path) from exc
 
     def _dataset(self, f: Any, key: str, what: str, option: str) -> Any:
         ds = f.get(key)
@@ -106,16 +98,16 @@ class H5Source(_FileSource):
         return self._labels(arr, a)
 
     def _slices(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         with self._open() as f:
             x, y = f[self.h5_x], (f[self.h5_y] if self.label is None else None)
             for a in range(start, self._n, batch):
                 b = min(a + batch, self._n)
                 try:
                     xb = np.ascontiguousarray(x[a:b]) if with_x else None
-                    yb = _const_labels(self.label, b - a) if y is None else self._read_labels(y, a, b)  # type: ignore[arg-type]
-                except (*_READ_ERRORS, RuntimeError, KeyError) as exc:
-                    raise SourceError(f"read failed ({_one_line(exc)})", path=self.path, key=a) from exc
+                    yb = const_labels(self.label, b - a) if y is None else self._read_labels(y, a, b)  # type: ignore[arg-type]
+                except (*READ_ERRORS, RuntimeError, KeyError) as exc:
+                    raise SourceError(f"read failed ({one_line(exc)})", path=self.path, key=a) from exc
                 yield xb, yb
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:

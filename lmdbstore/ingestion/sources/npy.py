@@ -8,25 +8,18 @@ from pathlib import Path
 import numpy as np
 
 from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.base import (
-    _READ_ERRORS,
-    Label,
-    _check_range,
-    _const_labels,
-    _FileSource,
-    _one_line,
-    _stat_file,
-)
-from lmdbstore.ingestion.sources.npyio import _check_size, _check_stack, _read_header, _read_into
+from lmdbstore.ingestion.sources.base import FileSource, const_labels
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_into
 
 
-class NpySource(_FileSource):
+class NpySource(FileSource):
     """A ``.npy`` stack ``(N, *shape)``, all samples labelled ``label``."""
 
     kind = "npy"
 
     def __init__(self, path: Path, *, label: Label | None) -> None:
-        st = _stat_file(path)
+        st = stat_file(path)
         if label is None:
             raise SourceError(
                 "an .npy file holds no labels; say which class its samples belong to",
@@ -34,15 +27,15 @@ class NpySource(_FileSource):
                 hint="pass --label CLASS (label=)",
             )
         with open(path, "rb") as f:
-            h = _read_header(f, path)
-        _check_stack(h, path, "the array")
-        _check_size(h, st.st_size, path, "the array")
+            h = read_header(f, path)
+        check_stack(h, path, "the array")
+        check_size(h, st.st_size, path, "the array")
         self.path, self.name, self.label = path, str(path), label
         self.shape, self.dtype, self._n = h.shape[1:], h.dtype, h.shape[0]
         self._header, self._stat = h, st
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         assert self.label is not None
         h = self._header
         if h.fortran:
@@ -52,13 +45,13 @@ class NpySource(_FileSource):
         try:
             f = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed in the finally below
         except OSError as exc:
-            raise SourceError(f"cannot open ({_one_line(exc)})", path=self.path) from exc
+            raise SourceError(f"cannot open ({one_line(exc)})", path=self.path) from exc
         try:
             f.seek(h.offset + start * row)
             for a in range(start, self._n, batch):
                 x = np.empty((min(batch, self._n - a), *self.shape), self.dtype)
-                _read_into(f, x, self.path, a)
-                yield x, _const_labels(self.label, len(x))
+                read_into(f, x, self.path, a)
+                yield x, const_labels(self.label, len(x))
         finally:
             f.close()
 
@@ -67,8 +60,8 @@ class NpySource(_FileSource):
         assert self.label is not None
         try:
             mm = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        except _READ_ERRORS as exc:
-            raise SourceError(f"cannot map the array ({_one_line(exc)})", path=self.path) from exc
+        except READ_ERRORS as exc:
+            raise SourceError(f"cannot map the array ({one_line(exc)})", path=self.path) from exc
         for a in range(start, self._n, batch):
             x = np.ascontiguousarray(mm[a : a + batch])
-            yield x, _const_labels(self.label, len(x))
+            yield x, const_labels(self.label, len(x))

@@ -17,7 +17,9 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.base import _READ_ERRORS, _one_line
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, one_line
+
+__all__ = ["NpyHeader", "check_sample_dtype", "check_size", "check_stack", "pread_into", "read_header", "read_into"]
 
 #: Largest single read; bounds the temporary copies a zip stream makes for one ``readinto``.
 _READ_CHUNK = 16 << 20
@@ -27,7 +29,7 @@ _SAMPLE_KINDS = "biuf"
 
 # ---------------------------------------------------------------------------------------------- .npy headers
 @dataclass(frozen=True)
-class _Header:
+class NpyHeader:
     """What an .npy header says: array shape, dtype, memory order, and where the data starts."""
 
     shape: tuple[int, ...]
@@ -37,11 +39,16 @@ class _Header:
 
     @property
     def data_bytes(self) -> int:
+        """Bytes of array data the header promises after ``offset``."""
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _read_header(fp: Any, path: str | Path, what: str = "the file") -> _Header:
-    """Parse the .npy header at the current position of ``fp`` (a file or a zip member stream)."""
+def read_header(fp: Any, path: str | Path, what: str = "the file") -> NpyHeader:
+    """Parse the .npy header at the current position of ``fp`` (a file or a zip member stream).
+
+    Raises:
+        SourceError: not an .npy header, or a format version other than 1.0 and 2.0 (``what`` names the array).
+    """
     try:
         version = npformat.read_magic(fp)
         if version == (1, 0):
@@ -53,13 +60,17 @@ def _read_header(fp: Any, path: str | Path, what: str = "the file") -> _Header:
         offset = fp.tell()
     except SourceError:
         raise
-    except _READ_ERRORS as exc:
-        raise SourceError(f"{what} is not a valid .npy array ({_one_line(exc)})", path=path) from exc
-    return _Header(tuple(int(s) for s in shape), np.dtype(dtype), bool(fortran), int(offset))
+    except READ_ERRORS as exc:
+        raise SourceError(f"{what} is not a valid .npy array ({one_line(exc)})", path=path) from exc
+    return NpyHeader(tuple(int(s) for s in shape), np.dtype(dtype), bool(fortran), int(offset))
 
 
-def _check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> None:
-    """Samples must be plain numbers: no Python objects, no structured dtypes."""
+def check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> None:
+    """Samples must be plain numbers: no Python objects, no structured dtypes.
+
+    Raises:
+        SourceError: ``dtype`` holds objects, has fields, or is not bool, int, unsigned or float.
+    """
     if dtype.hasobject:
         raise SourceError(
             f"{what} holds Python objects (dtype {dtype}); samples must be numeric",
@@ -70,9 +81,13 @@ def _check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> No
         raise SourceError(f"{what} has dtype {dtype}; samples must be numeric (bool, int or float)", path=path)
 
 
-def _check_stack(h: _Header, path: str | Path, what: str) -> None:
-    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1."""
-    _check_sample_dtype(h.dtype, path, what)
+def check_stack(h: NpyHeader, path: str | Path, what: str) -> None:
+    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1, samples not empty.
+
+    Raises:
+        SourceError: any of those does not hold.
+    """
+    check_sample_dtype(h.dtype, path, what)
     if len(h.shape) < 2:
         raise SourceError(
             f"{what} has shape {h.shape}; expected a stack of samples (N, *sample_shape) with ndim >= 2", path=path
@@ -83,8 +98,12 @@ def _check_stack(h: _Header, path: str | Path, what: str) -> None:
         raise SourceError(f"{what} has empty samples (shape {h.shape})", path=path)
 
 
-def _check_size(h: _Header, have: int, path: str | Path, what: str) -> None:
-    """The bytes present must be exactly header + data (a short file is truncated)."""
+def check_size(h: NpyHeader, have: int, path: str | Path, what: str) -> None:
+    """The bytes present must be exactly header + data.
+
+    Raises:
+        SourceError: ``have`` is less than header + data (truncated) or more (malformed).
+    """
     want = h.offset + h.data_bytes
     if have < want:
         raise SourceError(
@@ -98,8 +117,12 @@ def _check_size(h: _Header, have: int, path: str | Path, what: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- reading helpers
-def _read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
-    """Fill ``out`` (C-contiguous) from ``fp``; a short read is a truncated file."""
+def read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
+    """Fill ``out`` (C-contiguous) from ``fp``, in reads of at most 16 MiB.
+
+    Raises:
+        SourceError: the read failed, or ``fp`` ended early (``key``: the first row not read in full).
+    """
     mv = out.reshape(-1).view(np.uint8).data
     total, got = len(mv), 0
     try:
@@ -108,15 +131,19 @@ def _read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
             if not n:
                 break
             got += n
-    except _READ_ERRORS as exc:
-        raise SourceError(f"read failed ({_one_line(exc)})", path=path, key=first) from exc
+    except READ_ERRORS as exc:
+        raise SourceError(f"read failed ({one_line(exc)})", path=path, key=first) from exc
     if got < total:
         row = out.nbytes // max(len(out), 1)
         raise SourceError("file ended early (truncated while reading)", path=path, key=first + got // max(row, 1))
 
 
-def _pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:
-    """Read ``len(mv)`` bytes of file ``path`` at ``offset`` into ``mv`` (cheap for many tiny files)."""
+def pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:
+    """Read ``len(mv)`` bytes of file ``path`` at ``offset`` into ``mv`` (cheap for many tiny files).
+
+    Raises:
+        SourceError: the file cannot be read, or ended early (``key`` is ``first``).
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -134,6 +161,6 @@ def _pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise SourceError(f"read failed ({_one_line(exc)})", path=path, key=first) from exc
+        raise SourceError(f"read failed ({one_line(exc)})", path=path, key=first) from exc
     if got < len(mv):
         raise SourceError("file ended early (truncated since it was opened)", path=path, key=first)

@@ -16,17 +16,9 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from lmdbstore.errors import SourceError, preview
-from lmdbstore.ingestion.sources.base import (
-    _READ_ERRORS,
-    CLASS_NAMES_KEY,
-    Label,
-    _check_range,
-    _const_labels,
-    _FileSource,
-    _one_line,
-    _stat_file,
-)
-from lmdbstore.ingestion.sources.npyio import _check_size, _check_stack, _read_header, _read_into
+from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_into
 
 
 class _ZipMember:
@@ -37,22 +29,22 @@ class _ZipMember:
         try:
             info = zf.getinfo(member)
             with zf.open(info) as fp:
-                self.header = _read_header(fp, path, what)
+                self.header = read_header(fp, path, what)
         except SourceError:
             raise
-        except (*_READ_ERRORS, RuntimeError, NotImplementedError) as exc:
-            raise SourceError(f"cannot read {what} ({_one_line(exc)})", path=path) from exc
+        except (*READ_ERRORS, RuntimeError, NotImplementedError) as exc:
+            raise SourceError(f"cannot read {what} ({one_line(exc)})", path=path) from exc
         if self.header.dtype.hasobject:
             raise SourceError(f"{what} holds pickled Python objects; save a numeric or string array", path=path)
-        _check_size(self.header, info.file_size, path, what)
+        check_size(self.header, info.file_size, path, what)
 
     def read_all(self, zf: zipfile.ZipFile, path: Path) -> np.ndarray:
         """Load the whole member (only for small arrays such as ``class_names``)."""
         try:
             with zf.open(self.member) as fp:
                 return npformat.read_array(fp, allow_pickle=False)
-        except (*_READ_ERRORS, RuntimeError) as exc:
-            raise SourceError(f"cannot read {self.what} ({_one_line(exc)})", path=path) from exc
+        except (*READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"cannot read {self.what} ({one_line(exc)})", path=path) from exc
 
     def rows(self, zf: zipfile.ZipFile, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
         """Stream rows ``start..n`` of the member in arrays of ``batch`` rows."""
@@ -60,19 +52,19 @@ class _ZipMember:
         row = h.data_bytes // h.shape[0]
         try:
             fp = zf.open(self.member)
-        except (*_READ_ERRORS, RuntimeError) as exc:
-            raise SourceError(f"cannot open {self.what} ({_one_line(exc)})", path=path) from exc
+        except (*READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"cannot open {self.what} ({one_line(exc)})", path=path) from exc
         try:
             try:
                 fp.seek(h.offset + start * row)
-            except _READ_ERRORS as exc:
-                raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=start) from exc
+            except READ_ERRORS as exc:
+                raise SourceError(f"read failed in {self.what} ({one_line(exc)})", path=path, key=start) from exc
             if self._strided:
                 yield from self._fortran_rows(fp, path, batch, start, n)
                 return
             for a in range(start, n, batch):
                 out = np.empty((min(batch, n - a), *h.shape[1:]), h.dtype)
-                _read_into(fp, out, path, a)
+                read_into(fp, out, path, a)
                 yield out
         finally:
             fp.close()
@@ -99,21 +91,21 @@ class _ZipMember:
             try:
                 for c in range(columns):
                     fp.seek(h.offset + (c * total + a) * size)
-                    _read_into(fp, buf[c], path, a)
-            except _READ_ERRORS as exc:
-                raise SourceError(f"read failed in {self.what} ({_one_line(exc)})", path=path, key=a) from exc
+                    read_into(fp, buf[c], path, a)
+            except READ_ERRORS as exc:
+                raise SourceError(f"read failed in {self.what} ({one_line(exc)})", path=path, key=a) from exc
             # buf holds the C-order array of shape (*reversed(shape[1:]), k); transposing gives (k, *shape[1:])
             yield np.ascontiguousarray(buf.reshape(*h.shape[:0:-1], k).transpose())
 
 
-class NpzSource(_FileSource):
+class NpzSource(FileSource):
     """An ``.npz`` archive: samples ``x_key``, labels ``y_key`` (or ``label``), optional ``class_names``."""
 
     kind = "npz"
     _key_options = ("x_key", "y_key")
 
     def __init__(self, path: Path, *, label: Label | None, x_key: str, y_key: str) -> None:
-        self._stat = _stat_file(path)
+        self._stat = stat_file(path)
         self.path, self.label, self.x_key, self.y_key = path, label, x_key, y_key
         self.name = f"{path}[{x_key}]"
         with self._open_zip() as zf:
@@ -124,7 +116,7 @@ class NpzSource(_FileSource):
                     f"no array {x_key!r} in the archive; it holds: {present}", path=path, hint="choose one with --x-key"
                 )
             self._x = _ZipMember(zf, members[x_key], path, f"array {x_key!r}")
-            _check_stack(self._x.header, path, f"array {x_key!r}")
+            check_stack(self._x.header, path, f"array {x_key!r}")
             self.shape, self.dtype, self._n = self._x.header.shape[1:], self._x.header.dtype, self._x.header.shape[0]
             self._y: _ZipMember | None = None
             if label is None:
@@ -146,28 +138,28 @@ class NpzSource(_FileSource):
     def _open_zip(self) -> zipfile.ZipFile:
         try:
             return zipfile.ZipFile(self.path)
-        except (*_READ_ERRORS, RuntimeError) as exc:
-            raise SourceError(f"not a readable .npz (zip) archive ({_one_line(exc)})", path=self.path) from exc
+        except (*READ_ERRORS, RuntimeError) as exc:
+            raise SourceError(f"not a readable .npz (zip) archive ({one_line(exc)})", path=self.path) from exc
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         with self._open_zip() as zf:
             xs = self._x.rows(zf, self.path, batch, start, self._n)
             if self._y is None:
                 assert self.label is not None
                 for x in xs:
-                    yield x, _const_labels(self.label, len(x))
+                    yield x, const_labels(self.label, len(x))
                 return
             ys = self._y.rows(zf, self.path, batch, start, self._n)
             for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=True):
                 yield x, self._labels(y, a)
 
     def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         if self._y is None:
             assert self.label is not None
             for a in range(start, self._n, batch):
-                yield _const_labels(self.label, min(batch, self._n - a))
+                yield const_labels(self.label, min(batch, self._n - a))
             return
         with self._open_zip() as zf:
             for a, y in zip(

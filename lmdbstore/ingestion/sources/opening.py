@@ -1,8 +1,7 @@
 """Opening paths as sources: the path's kind (store, directory, file suffix) picks the source class.
 
-The suffix -> kind decision is the one table :data:`_FILE_OPENERS`; a directory holding ``data.mdb``
-is another store (opened through :mod:`lmdbstore.ingestion.sources.store`, imported lazily: that module
-imports this package).
+The suffix -> kind decision is the one table :data:`_FILE_OPENERS`; a directory holding LMDB's data file
+is another store (:mod:`lmdbstore.ingestion.sources.store`), any other directory a ``ROOT/<class>/*.npy`` tree.
 """
 
 from __future__ import annotations
@@ -14,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.base import Label, Source, _check_label
-from lmdbstore.ingestion.sources.directory import _open_directory
+from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.ingestion.sources.checks import Label, check_label
+from lmdbstore.ingestion.sources.directory import open_directory
 from lmdbstore.ingestion.sources.h5 import H5Source
 from lmdbstore.ingestion.sources.npy import NpySource
 from lmdbstore.ingestion.sources.npz import NpzSource
+from lmdbstore.ingestion.sources.store import is_store_dir, open_store_source
+
+__all__ = ["open_source", "open_sources"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def open_source(
         ValueError: a bad argument (``label``, keys, ``sample_shape``).
     """
     p = Path(path)
-    lab = _check_label(label)
+    lab = check_label(label)
     for opt, val in (("x_key", x_key), ("y_key", y_key), ("h5_x", h5_x), ("h5_y", h5_y)):
         if val is not None and (not isinstance(val, str) or not val):
             raise ValueError(f"{opt} must be a non-empty string, got {val!r}")
@@ -81,12 +84,10 @@ def open_source(
             raise ValueError(f"sample_shape must be positive dimensions, got {tuple(sample_shape)}")
     if not p.exists():
         raise SourceError("no such file or directory", path=p)
-    if p.is_dir() and (p / "data.mdb").is_file():  # a store is a source too (lmdbstore.ingestion.sources.store)
-        from lmdbstore.ingestion.sources.store import open_store_source
-
+    if is_store_dir(p):  # a store is a source too
         return open_store_source(p, label=lab)
     if p.is_dir():
-        return _open_directory(p, lab, shape)
+        return open_directory(p, lab, shape)
     suffix = p.suffix.lower()
     opener = _FILE_OPENERS.get(suffix)
     if opener is not None:

@@ -1,7 +1,7 @@
 """Validating sources before anything is written, and inferring a new store's classes from them.
 
 :func:`scan_source` streams a source through the writer's own checks
-(:func:`~lmdbstore.store.writer.check_samples`, :func:`~lmdbstore.store.writer.label_ids`), so bad data fails up
+(:func:`~lmdbstore.store.validation.check_samples`, :func:`~lmdbstore.store.validation.label_ids`), so bad data fails up
 front with the file and the sample index named; :func:`infer_classes` derives the class list.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES
 from lmdbstore.ingestion.sources.base import Source
-from lmdbstore.store.writer import check_samples, label_ids
+from lmdbstore.store.validation import check_samples, label_ids
 
 
 def _first_nonfinite(x: np.ndarray) -> int | None:
@@ -52,8 +52,8 @@ def scan_source(
 ) -> None:
     """Validate every sample and label of ``src`` (from ``start``) against a store, writing nothing.
 
-    Each batch goes through the writer's own :func:`~lmdbstore.store.writer.check_samples` and
-    :func:`~lmdbstore.store.writer.label_ids`, so what passes here is what ``StoreWriter.append`` accepts.
+    Each batch goes through the writer's own :func:`~lmdbstore.store.validation.check_samples` and
+    :func:`~lmdbstore.store.validation.label_ids`, so what passes here is what ``StoreWriter.append`` accepts.
     ``progress(n)`` is called with the number of samples checked after each batch (an increment,
     as ``tqdm.update`` takes).
 

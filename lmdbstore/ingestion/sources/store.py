@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import LmdbStoreError, SourceError, clip, preview
-from lmdbstore.ingestion.sources import Label, Source, _check_range
+from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.ingestion.sources.checks import Label, check_range
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 
@@ -105,7 +106,7 @@ class StoreSource(Source):
         return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         names = np.asarray(self._store_classes)
         r = StoreReader(self.path)
         try:
@@ -125,7 +126,7 @@ class StoreSource(Source):
             r.close()
 
     def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        _check_range(batch, start, self._n)
+        check_range(batch, start, self._n)
         if self.label is not None:
             for lo in range(start, self._n, batch):
                 yield np.full(min(batch, self._n - lo), self.label)
