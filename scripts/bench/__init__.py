@@ -7,7 +7,9 @@
 * ``parallel``  ``write_parallel``'s producer scaling, and the single writer against ``np.save``
 * ``peers``     lmdbstore beside MosaicML streaming, litdata and webdataset
 
-Shared, not benchmarks: ``common`` (progress lines, tables, data, timing, goals), ``machine`` (host facts, the
-page cache, the machine's own limits), ``formats`` and ``other_formats`` (the storage-format adapters),
-``storage_report`` (the storage benchmark's rows and report).  No benchmark imports another.
+Shared, not benchmarks: ``common`` (progress lines, tables and files, data and the store builder, timing,
+goals) and ``machine`` (host facts, the page cache, the machine's own limits: memmap copy and ``pread`` rates).
+Adapters: ``formats`` and ``other_formats`` (storage formats), ``peer_formats`` (the peer libraries).  A
+benchmark too large for one module keeps its parts beside it: ``storage_report``, ``loader_runs`` and
+``loader_report``, ``ooc_runs``.  No benchmark imports another; tests import them as ``bench.<name>``.
 """

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from bench.common import build_store
 from bench.machine import allocated_bytes, files_under, flush_to_disk
-
 from lmdbstore.store.reader import StoreReader
 
 
 @dataclass
 class BuildStats:
+    """What building a format cost: samples, seconds (final flush included), allocated disk bytes."""
+
     n: int
     seconds: float
     disk_bytes: int
@@ -57,19 +59,22 @@ class Format:
 
     # ----- to implement
     def _build(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Write ``(x, y)`` into the empty directory ``self.dir`` (the flush to disk follows)."""
         raise NotImplementedError
 
     def _open(self) -> Any:
+        """Open the handles ``read_xy`` uses (called in the process that reads)."""
         raise NotImplementedError
 
     def _close(self, h: Any) -> None:
-        pass
+        """Close the handles ``_open`` returned."""
 
     def read_xy(self, idx: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
         """Samples and labels at ``idx`` (in that order) using read method ``mode``."""
         raise NotImplementedError
 
     def used_bytes(self) -> int | None:
+        """Bytes of pages in use, for formats that allocate pages ahead (LMDB); ``None`` for the others."""
         return None
 
     # ----- shared
@@ -87,23 +92,28 @@ class Format:
         return BuildStats(len(x), seconds, allocated_bytes(self.dir), self.used_bytes())
 
     def files(self) -> list[Path]:
+        """Every file of the format (whose pages a cold read drops)."""
         return files_under(self.dir)
 
     def handles(self) -> Any:
+        """This process's handles, opened on first use and again after a fork."""
         if self._h is None or self._pid != os.getpid():
             self._h = self._open()  # an inherited handle belongs to the parent: drop it unclosed
             self._pid = os.getpid()
         return self._h
 
     def open(self) -> None:
+        """Open the handles now (outside a timing)."""
         self.handles()
 
     def close(self) -> None:
+        """Close this process's handles (an inherited one is only forgotten)."""
         if self._h is not None and self._pid == os.getpid():
             self._close(self._h)
         self._h = None
 
     def remove(self) -> None:
+        """Close and delete the format's files."""
         self.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -24,13 +24,14 @@ from typing import Any
 
 import lmdb
 import numpy as np
+
 from bench.common import WRITE_CHUNK, make_log
 from bench.formats import Format, LmdbstoreFormat, MemmapFormat
 
 #: Every format, in the order the storage benchmark measures and reports them.
 FORMAT_ORDER = ("memmap", "lmdbstore", "lmdb_naive", "h5py_contig", "h5py_chunked", "sqlite", "npy_files")
 
-log = make_log("bench")
+log = make_log("storage")
 
 
 class LmdbNaiveFormat(Format):

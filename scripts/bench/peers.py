@@ -130,10 +130,12 @@ def measure(peer: Peer, x: np.ndarray, y: np.ndarray, args: argparse.Namespace) 
 
 
 def _r(a: float | None, b: float | None) -> str:
+    """`` (a/b x)`` after a peer's rate: lmdbstore's rate over it (empty when either is missing)."""
     return "" if a is None or b is None or b <= 0 else f" ({a / b:.1f}x)"
 
 
 def _v(v: float | None, fmt: str = "{:,.0f}") -> str:
+    """A table cell: ``v`` formatted, or ``n/a``."""
     return "n/a" if v is None else fmt.format(v)
 
 
@@ -169,6 +171,7 @@ def format_table(results: list[Result], n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:
+    """Run the benchmark; returns one result per peer (bad options exit with status 2 and a message)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("-n", "--samples", type=int, default=1_000_000)
     p.add_argument("--dir", type=Path, default=Path("/tmp/lmdbstore_bench_peers"), help="scratch directory")

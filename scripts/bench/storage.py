@@ -282,6 +282,7 @@ def run(s: Settings, formats: Sequence[str], out: Path, data: Path, args: argpar
 
 
 def _jsonable(d: Any) -> Any:
+    """``d`` with every dict key a string (LMDB's statistics are keyed by bytes)."""
     if isinstance(d, dict):
         return {str(k): _jsonable(v) for k, v in d.items()}
     return d

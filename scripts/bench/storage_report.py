@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from bench.common import Goal, fmt_ratio, human, ratio
 
 
