@@ -287,17 +287,14 @@ def one_error_line(result: Any) -> str:
 
 
 def load_script(name: str) -> Any:
-    """Import ``scripts/<name>.py`` as module ``lmdbstore_<name>`` (the scripts are not a package)."""
-    import importlib.util
+    """Import the benchmark module ``scripts/bench/<name>.py`` as ``bench.<name>`` (``scripts/`` goes on
+    ``sys.path``: the benchmarks import their shared helpers as ``bench.common``, ``bench.machine``, ...)."""
+    import importlib
     import sys
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"lmdbstore_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.insert(0, str(REPO / "scripts"))
+    return importlib.import_module(f"bench.{name}")
 
 
 @dataclass(frozen=True)

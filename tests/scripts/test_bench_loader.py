@@ -1,4 +1,4 @@
-"""Smoke tests of ``scripts/bench_loader.py``: a tiny run works end to end and writes sane numbers.
+"""Smoke tests of ``scripts/bench/loader.py``: a tiny run works end to end and writes sane numbers.
 
 Speed is never asserted (the machine is shared); only that every configured measurement exists, its rates
 are positive and finite, and the trainer's metrics are in range.
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import build_store, load_script, make_data
 
-bench = load_script("bench_loader")
+loader = load_script("loader")
+loader_report = load_script("loader_report")
+loader_runs = load_script("loader_runs")
 
 
 def _positive(v: object) -> bool:
@@ -23,11 +25,11 @@ def _positive(v: object) -> bool:
 
 def test_quick_run_writes_every_measurement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
-    assert bench.main(["--quick", "--n", "3000", "--batch", "256", "--out", str(out), "--workdir", str(work)]) == 0
+    assert loader.main(["--quick", "--n", "3000", "--batch", "256", "--out", str(out), "--workdir", str(work)]) == 0
 
     payload = json.loads((out / "bench_loader.json").read_text())
     rows = payload["rows"]
-    modes = set(bench.MODES)
+    modes = set(loader_runs.MODES)
     assert {(r["kind"], r["label"].split(",")[-1].strip()) for r in rows if r["kind"] == "memmap"} == {
         ("memmap", "unsorted indices"),
         ("memmap", "sorted indices (baseline)"),
@@ -39,9 +41,9 @@ def test_quick_run_writes_every_measurement(tmp_path: Path, capsys: pytest.Captu
         assert _positive(r["ratio"]), r
         assert r["rate"] >= r["mean_rate"] * 0.999, r  # best window is never below the mean
         if r["kind"] == "loader":
-            assert r["cores"] == 1 and r["goal"] == bench.GOALS[r["mode"]] and isinstance(r["met"], bool)
+            assert r["cores"] == 1 and r["goal"] == loader_report.GOALS[r["mode"]] and isinstance(r["met"], bool)
             assert r["met"] == (r["ratio"] >= r["goal"])
-            if bench.psutil is not None:
+            if loader_runs.psutil is not None:
                 assert _positive(r["cpu_rate"]), r
     baseline = next(r for r in rows if r["label"].endswith("(baseline)"))
     assert baseline["ratio"] == pytest.approx(1.0)
@@ -66,7 +68,7 @@ def test_reuses_a_given_store_and_exports_its_npy(tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", x, y)
     out, work = tmp_path / "out", tmp_path / "work"
     args = ["--quick", "--store", str(store), "--modes", "block1", "--workers", "0", "--train-workers", ""]
-    assert bench.main([*args, "--batch", "128", "--out", str(out), "--workdir", str(work), "--keep"]) == 0
+    assert loader.main([*args, "--batch", "128", "--out", str(out), "--workdir", str(work), "--keep"]) == 0
     payload = json.loads((out / "bench_loader.json").read_text())
     assert payload["args"]["n"] == 700 and payload["train"] == []
     assert {(r["kind"], r["mode"]) for r in payload["rows"]} == {
@@ -86,6 +88,6 @@ def test_reuses_a_given_store_and_exports_its_npy(tmp_path: Path) -> None:
 )
 def test_bad_arguments_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
+        loader.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""scripts/bench_parallel.py runs end to end (--quick) and reports every measurement."""
+"""scripts/bench/parallel.py runs end to end (--quick) and reports every measurement."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_quick_run_reports_every_measurement(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_parallel.py"),
+            str(ROOT / "scripts" / "bench" / "parallel.py"),
             "--quick",
             "--workers",
             "1,2",

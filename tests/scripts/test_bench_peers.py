@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py: the table exists with the baseline rows; each peer round-trips when installed.
+"""scripts/bench/peers.py: the table exists with the baseline rows; each peer round-trips when installed.
 
 The peer libraries are an optional extra that CI does not install: their tests skip when a library is
 missing.  Speed is never asserted (the machine is shared); only that the numbers exist and are sane.
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from conftest import load_script
 
-bp = load_script("bench_peers")
+bp = load_script("peers")
+common = load_script("common")
+peer_formats = load_script("peer_formats")
 N = 4096 + 904  # one full batch and a partial one
 
 
@@ -41,8 +43,8 @@ def test_unknown_peer_is_refused(tmp_path: Path) -> None:
 def test_peer_round_trip(name: str, module: str, tmp_path: Path) -> None:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed (optional 'peers' extra)")
-    x, y = bp.bench.make_data(N, (25, 25), 5, seed=1)
-    peer = bp.PEER_CLASSES[name](tmp_path, N)
+    x, y = common.make_data(N, (25, 25), 5, seed=1)
+    peer = peer_formats.PEER_CLASSES[name](tmp_path, N)
     peer.prepare()
     peer.build(x, y)
     try:

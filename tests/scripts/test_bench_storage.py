@@ -1,4 +1,5 @@
-"""The benchmark script's own checks: every format adapter round-trips bit for bit, and a tiny run works.
+"""The storage and scaling benchmarks' own checks: every format adapter round-trips bit for bit, and a tiny
+run works.
 
 Speed is never asserted here (the machine is shared); only that the numbers exist and are sane.
 """
@@ -16,18 +17,22 @@ from conftest import load_script
 N = 2000
 
 
-bench = load_script("bench")
+common = load_script("common")
+machine = load_script("machine")
+other_formats = load_script("other_formats")
+scaling_bench = load_script("scaling")  # not `scaling`: the test below names its rows so
+storage = load_script("storage")
 
 
 @pytest.fixture(scope="module")
 def data() -> tuple[np.ndarray, np.ndarray]:
-    return bench.make_data(N, (25, 25), 5, seed=3)
+    return common.make_data(N, (25, 25), 5, seed=3)
 
 
-@pytest.mark.parametrize("name", list(bench.FORMATS))
+@pytest.mark.parametrize("name", list(other_formats.FORMATS))
 def test_format_round_trips(name: str, data: tuple[np.ndarray, np.ndarray], tmp_path: Path) -> None:
     x, y = data
-    fmt = bench.make_format(name, tmp_path)
+    fmt = other_formats.make_format(name, tmp_path)
     stats = fmt.build(x, y)
     assert stats.n == N and stats.seconds > 0
     assert stats.disk_bytes >= x.nbytes  # at least the raw payload is on disk
@@ -46,10 +51,10 @@ def test_format_round_trips(name: str, data: tuple[np.ndarray, np.ndarray], tmp_
 
 def test_lmdbstore_block_batches_cover_every_sample(data: tuple[np.ndarray, np.ndarray], tmp_path: Path) -> None:
     x, y = data
-    fmt = bench.make_format("lmdbstore", tmp_path)
+    fmt = other_formats.make_format("lmdbstore", tmp_path)
     fmt.build(x, y)
     spv = fmt.spv()
-    batches = bench.block_batches(N, spv, 512, 4, -(-N // 512), seed=0)
+    batches = storage.block_batches(N, spv, 512, 4, -(-N // 512), seed=0)
     seen = np.concatenate(batches)
     np.testing.assert_array_equal(np.sort(seen), np.arange(N))
     got_x, _ = fmt.read_xy(batches[1], "read_batch")
@@ -61,9 +66,9 @@ def test_loaders_deliver_the_requested_batches(data: tuple[np.ndarray, np.ndarra
     """The 2-worker DataLoader path returns exactly the samples of each batch (baseline and lmdbstore)."""
     x, y = data
     for name in ("sqlite", "lmdbstore"):
-        fmt = bench.make_format(name, tmp_path)
+        fmt = other_formats.make_format(name, tmp_path)
         fmt.build(x, y)
-        batches = bench.random_batches(N, 256, 4, seed=1)
+        batches = common.random_batches(N, 256, 4, seed=1)
         if name == "lmdbstore":
             # lmdbstore's loader draws its own batches with EpochBatchSampler: check content against labels
             loader = fmt.loader(batches, "read_batch", "random", workers=2)
@@ -89,10 +94,10 @@ def test_loaders_deliver_the_requested_batches(data: tuple[np.ndarray, np.ndarra
 
 def test_cold_read_drops_pages(data: tuple[np.ndarray, np.ndarray], tmp_path: Path) -> None:
     x, y = data
-    fmt = bench.make_format("memmap", tmp_path)
+    fmt = other_formats.make_format("memmap", tmp_path)
     fmt.build(x, y)
-    batches = bench.random_batches(N, 256, 2, seed=2)
-    rate, _before, after = bench.time_cold(fmt, lambda b: fmt.read_xy(b, "fancy"), batches, max_time=5.0)
+    batches = common.random_batches(N, 256, 2, seed=2)
+    rate, _before, after = machine.time_cold(fmt, lambda b: fmt.read_xy(b, "fancy"), batches, max_time=5.0)
     assert rate > 0
     if after is not None:  # mincore works here: the drop must be visible (or reported) as a share
         assert 0.0 <= after <= 1.0
@@ -101,31 +106,17 @@ def test_cold_read_drops_pages(data: tuple[np.ndarray, np.ndarray], tmp_path: Pa
 
 def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    result = bench.main(
-        [
-            "--quick",
-            "--n",
-            "3000",
-            "--npy-n",
-            "500",
-            "--scaling-sizes",
-            "1000,3000",
-            "--probe-batches",
-            "2",
-            "--batch",
-            "512",
-            "--min-time",
-            "0.05",
-            "--out",
-            str(out),
-        ]
+    result = storage.main(
+        ["--quick", "--n", "3000", "--npy-n", "500", "--batch", "512", "--min-time", "0.05", "--out", str(out)]
     )
+    scaling_args = ["--quick", "--n", "3000", "--scaling-sizes", "1000,3000", "--probe-batches", "2", "--batch", "512"]
+    scaling_bench.main([*scaling_args, "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Machine:" in printed and "Goals" in printed and "Scaling" in printed
     with open(out / "bench_results.csv") as f:
         rows = list(csv.DictReader(f))
     expected = {
-        (name, mode, order) for name, cls in bench.FORMATS.items() for mode in cls.modes for order in cls.orders
+        (name, mode, order) for name, cls in other_formats.FORMATS.items() for mode in cls.modes for order in cls.orders
     }
     assert {(r["format"], r["mode"], r["order"]) for r in rows} == expected
     for r in rows:
@@ -148,10 +139,10 @@ def test_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def test_window_rate_ignores_a_stalled_batch() -> None:
     # three batches of 10 samples, one stalled for 100 s by another process: the median keeps 10/s
-    assert bench.window_rate([10, 10, 10], [1.0, 1.0, 100.0]) == pytest.approx(10.0)
-    assert bench.window_rate([10, 10, 10, 10], [1.0, 1.0, 1.0, 3.0], window=2) == pytest.approx(7.5)
+    assert common.window_rate([10, 10, 10], [1.0, 1.0, 100.0]) == pytest.approx(10.0)
+    assert common.window_rate([10, 10, 10, 10], [1.0, 1.0, 1.0, 3.0], window=2) == pytest.approx(7.5)
 
 
 def test_bad_format_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="formats"):
-        bench.main(["--quick", "--formats", "memmap,parquet"])
+        storage.main(["--quick", "--formats", "memmap,parquet"])

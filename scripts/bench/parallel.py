@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """write_parallel benchmark: producer scaling against one worker, and the single writer against np.save.
 
-What it measures, on tasks of ``--task-samples`` (default 4,096) z-scored 25x25 float32 samples:
+What it measures, on tasks of 4,096 z-scored 25x25 float32 samples (``BENCH_PARALLEL_TASK_SAMPLES``):
 
 * ``produce``      the producer alone in this process: milliseconds of numpy work per task (one
                    augmentation round, ``--rounds``, takes about 50 ms on a 2-core x86-64 VM).
@@ -17,30 +17,33 @@ What it measures, on tasks of ``--task-samples`` (default 4,096) z-scored 25x25 
 
 Usage::
 
-    python scripts/bench_parallel.py                 # a few minutes
-    python scripts/bench_parallel.py --quick         # seconds; a smoke test
+    python scripts/bench/parallel.py                 # a few minutes
+    python scripts/bench/parallel.py --quick         # seconds; a smoke test
 
 Prints a Markdown table; ``--out DIR`` also writes ``bench_parallel.md`` and ``bench_parallel.json``.
-Data goes to a temporary directory (``--workdir``), removed at the end.
+Data goes to a temporary directory (``--workdir``), removed at the end.  Commits are timed by replacing
+``lmdbstore.ingestion.parallel.progress_bar`` (which ``write_parallel`` calls once per committed task)
+for the duration of each call.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned workers import this file as a module
-
+# scripts/, so that bench.* imports when run as a file (spawned workers import this file as their __main__)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import markdown_table, write_json
 from lmdbstore import WriterConfig, open_writer, write_parallel
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.pool import OrderedPool
@@ -72,33 +75,54 @@ def cached(task: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _time(fn: Any) -> float:
+    """Seconds one call of ``fn`` takes."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
+class CommitStamps:
+    """Stands in for ``write_parallel``'s progress bar, which it updates once per committed task: records when."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def update(self, n: int) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def set_postfix_str(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
-    path = work / f"w{workers}_{time.monotonic_ns()}"
-    cfg = WriterConfig()
-    stamps: list[float] = []
-
-    class Bar:  # records when each task was committed
-        def update(self, n: int) -> None:
-            stamps.append(time.perf_counter())
-
+    """``write_parallel`` of ``tasks`` tasks with ``workers`` workers: the whole call's rate, the steady rate
+    between the first and the last commit, and CPU milliseconds per task in the writer and the workers."""
     import lmdbstore.ingestion.parallel as par
 
+    path = work / f"w{workers}_{time.monotonic_ns()}"
+    clock = CommitStamps()
     orig = par.progress_bar
-    par.progress_bar = lambda *a, **k: _Recorder(Bar())  # type: ignore[assignment]
+    par.progress_bar = lambda *a, **k: clock  # type: ignore[assignment]
     try:
         c0, t0 = os.times(), time.perf_counter()
         rep = write_parallel(
-            path, augment, range(tasks), workers=workers, shape=SHAPE, dtype="float32", classes=CLASSES, config=cfg
+            path,
+            augment,
+            range(tasks),
+            workers=workers,
+            shape=SHAPE,
+            dtype="float32",
+            classes=CLASSES,
+            config=WriterConfig(),
         )
         wall, c1 = time.perf_counter() - t0, os.times()
     finally:
         par.progress_bar = orig
     shutil.rmtree(path)
+    stamps = clock.stamps
     steady = (len(stamps) - 1) * TASK_SAMPLES / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
     return {
         "workers": workers,
@@ -112,20 +136,6 @@ def bench_workers(work: Path, tasks: int, workers: int) -> dict[str, Any]:
         / tasks
         * 1e3,
     }
-
-
-class _Recorder:
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def update(self, n: int) -> None:
-        self.inner.update(n)
-
-    def set_postfix_str(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def bench_writer(work: Path, tasks: int) -> dict[str, Any]:
@@ -158,6 +168,7 @@ def bench_writer(work: Path, tasks: int) -> dict[str, Any]:
 
 
 def bench_pipe(tasks: int) -> dict[str, Any]:
+    """MB/s of ready results crossing from one worker to this process (``OrderedPool``), nothing written."""
     pool = OrderedPool(cached, workers=1, limit=2)
     got = 0
     it = pool.results(range(tasks + 1))
@@ -168,7 +179,8 @@ def bench_pipe(tasks: int) -> dict[str, Any]:
     return {"pipe_mb_s": got / (time.perf_counter() - t0) / 1e6}
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (``--quick``: 6 tasks)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=60, help="tasks per write_parallel run (default 60)")
     ap.add_argument(
@@ -178,12 +190,13 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=1, help="augmentation passes per task (default 1: ~50 ms)")
-    args = ap.parse_args()
-    globals()["ROUNDS"] = args.rounds
-    os.environ["BENCH_PARALLEL_ROUNDS"] = str(args.rounds)
-    tasks = 6 if args.quick else args.tasks
-    counts = [int(w) for w in args.workers.split(",")]
-    work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=args.workdir))
+    return ap.parse_args(argv)
+
+
+def measure(tasks: int, counts: Sequence[int], workdir: Path | None) -> dict[str, Any]:
+    """The producer alone, ``write_parallel`` at each worker count, the writer and np.save, and the pipe;
+    the data goes to a temporary directory under ``workdir`` (removed)."""
+    work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=workdir))
     try:
         per_task = min(_time(lambda: augment(1)) for _ in range(3))
         rows = [bench_workers(work, tasks, w) for w in counts]
@@ -191,44 +204,62 @@ def main() -> int:
         pipe = bench_pipe(min(tasks, 30))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return {"per_task_s": per_task, "rows": rows, "writer": writer, "pipe": pipe, "tasks": tasks}
+
+
+def render(data: dict[str, Any]) -> str:
+    """The machine line and the two tables; ratios against 1 worker (the first run) and against np.save."""
+    tasks, rows, writer, pipe = data["tasks"], data["rows"], data["writer"], data["pipe"]
     mb_task = TASK_SAMPLES * int(np.prod(SHAPE)) * 4 / 1e6
     base = rows[0]
     load = os.getloadavg()[0]
     lines = [
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {load:.1f} at the end; {tasks} tasks x {TASK_SAMPLES} samples 25x25 float32 "
-        f"({mb_task:.1f} MB per task); produce: {per_task * 1e3:.0f} ms per task in one process",
+        f"({mb_task:.1f} MB per task); produce: {data['per_task_s'] * 1e3:.0f} ms per task in one process",
         "",
-        "| run | samples/s (whole call) | ratio | samples/s (steady) | ratio | CPU ms/task: writer | workers |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        lines.append(
-            f"| write_parallel workers={r['workers']} | {r['rate']:,.0f} | {r['rate'] / base['rate']:.2f}x "
-            f"| {r['steady_rate']:,.0f} | {r['steady_rate'] / base['steady_rate']:.2f}x "
-            f"| {r['writer_cpu_ms']:.0f} | {r['workers_cpu_ms']:.0f} |"
-        )
+    header = ["run", "samples/s (whole call)", "ratio", "samples/s (steady)", "ratio", "CPU ms/task: writer", "workers"]
+    cells = [
+        [
+            f"write_parallel workers={r['workers']}",
+            f"{r['rate']:,.0f}",
+            f"{r['rate'] / base['rate']:.2f}x",
+            f"{r['steady_rate']:,.0f}",
+            f"{r['steady_rate'] / base['steady_rate']:.2f}x",
+            f"{r['writer_cpu_ms']:.0f}",
+            f"{r['workers_cpu_ms']:.0f}",
+        ]
+        for r in rows
+    ]
+    lines += markdown_table(header, "|---|---:|---:|---:|---:|---:|---:|", cells)
     sps = 1e6 / (int(np.prod(SHAPE)) * 4)
-    lines += [
-        "",
-        "| single writer vs baselines (same bytes, same run) | MB/s | samples/s | vs np.save |",
-        "|---|---:|---:|---:|",
-        f"| np.save + fsync | {writer['npsave_mb_s']:,.0f} | {writer['npsave_mb_s'] * sps:,.0f} | 1.00x |",
-        f"| single writer as write_parallel drives it (crc32, fsync) | {writer['writer_mb_s']:,.0f} "
-        f"| {writer['writer_mb_s'] * sps:,.0f} | {writer['writer_mb_s'] / writer['npsave_mb_s']:.2f}x |",
-        f"| plain append loop (value statistics in the writer) | {writer['writer_own_stats_mb_s']:,.0f} "
-        f"| {writer['writer_own_stats_mb_s'] * sps:,.0f} "
-        f"| {writer['writer_own_stats_mb_s'] / writer['npsave_mb_s']:.2f}x |",
-        f"| worker -> writer pipe (pickled arrays, no write) | {pipe['pipe_mb_s']:,.0f} "
-        f"| {pipe['pipe_mb_s'] * sps:,.0f} | {pipe['pipe_mb_s'] / writer['npsave_mb_s']:.2f}x |",
+    npsave = writer["npsave_mb_s"]
+    rates = [
+        ("np.save + fsync", npsave),
+        ("single writer as write_parallel drives it (crc32, fsync)", writer["writer_mb_s"]),
+        ("plain append loop (value statistics in the writer)", writer["writer_own_stats_mb_s"]),
+        ("worker -> writer pipe (pickled arrays, no write)", pipe["pipe_mb_s"]),
     ]
-    text = "\n".join(lines)
+    cells = [[label, f"{mb_s:,.0f}", f"{mb_s * sps:,.0f}", f"{mb_s / npsave:.2f}x"] for label, mb_s in rates]
+    header = ["single writer vs baselines (same bytes, same run)", "MB/s", "samples/s", "vs np.save"]
+    lines += ["", *markdown_table(header, "|---|---:|---:|---:|", cells)]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; 0 on success."""
+    args = parse_args(argv)
+    globals()["ROUNDS"] = args.rounds
+    os.environ["BENCH_PARALLEL_ROUNDS"] = str(args.rounds)
+    tasks = 6 if args.quick else args.tasks
+    data = measure(tasks, [int(w) for w in args.workers.split(",")], args.workdir)
+    text = render(data)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_parallel.md").write_text(text + "\n")
-        data = {"per_task_s": per_task, "rows": rows, "writer": writer, "pipe": pipe, "tasks": tasks}
-        (args.out / "bench_parallel.json").write_text(json.dumps(data, indent=2))
+        write_json(args.out / "bench_parallel.json", data)
     return 0
 
 
