@@ -97,7 +97,7 @@ def ingest(
             if not sources:
                 raise ValueError("no SOURCES given (or use --synthetic N)")
             from lmdbstore.ingestion.pipeline import ingest as run_ingest
-            from lmdbstore.ingestion.pipeline import store_layout
+            from lmdbstore.ingestion.plan import store_layout
             from lmdbstore.ingestion.sources.opening import open_sources
 
             layout = store_layout(store)

@@ -20,6 +20,7 @@ from lmdbstore.config import (
 )
 from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
+from lmdbstore.util.runfiles import BEST_NAME
 
 from .common import LOADER, TRAIN, cli_errors, to_json
 
@@ -168,7 +169,7 @@ def demo(
             LoaderConfig(batch_size=batch, workers=workers),
             log=typer.echo,
         )
-        best = workdir / "run" / "best.pt"
+        best = workdir / "run" / BEST_NAME
         typer.echo(f"[4/4] scoring the whole store with {best}")
         r = evaluate(store, best, batch_size=batch, workers=workers)
         typer.echo(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")

@@ -70,14 +70,13 @@ import numpy as np
 import pytest
 
 from lmdbstore import WriterConfig, open_writer
-from lmdbstore.format.layout import DB_CLASSIDX, DB_LABELS, DB_META, DB_PROGRESS, DB_SAMPLES, MAX_DBS
+from lmdbstore.format.layout import ALL_DBS, DB_META, DB_SAMPLES, MAX_DBS
 
 #: The tests folder (``parallel_tasks.py`` lives here) and the repository root.
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
 CLASSES = ["a", "b", "c", "d", "e"]
-ALL_DBS = (DB_SAMPLES, DB_LABELS, DB_CLASSIDX, DB_META, DB_PROGRESS)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lmdbstore.config import WriterConfig
+from lmdbstore.config import DEFAULT_CAST, DEFAULT_INGEST_WORKERS, DEFAULT_SYNTH_SEED, WriterConfig
 from lmdbstore.errors import ValidationError
 from lmdbstore.format.ledger import synthetic_key
 from lmdbstore.ingestion.parallel_sources import ingest_parallel
@@ -44,10 +44,10 @@ def ingest(
     classes: Sequence[str] | None = None,
     dtype: Any = None,
     config: WriterConfig | None = None,
-    cast: bool = False,
+    cast: bool = DEFAULT_CAST,
     batch: int = DEFAULT_READ_BATCH,
     progress: ProgressFactory | None = None,
-    workers: int = 0,
+    workers: int = DEFAULT_INGEST_WORKERS,
 ) -> IngestReport:
     """Validate ``sources`` and append them to ``store`` (created if needed).
 
@@ -116,7 +116,7 @@ def ingest_synthetic(
     store: str | os.PathLike[str],
     n: int,
     *,
-    seed: int = 0,
+    seed: int = DEFAULT_SYNTH_SEED,
     config: WriterConfig | None = None,
     batch: int = DEFAULT_READ_BATCH,
     progress: ProgressFactory | None = None,

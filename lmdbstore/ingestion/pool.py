@@ -9,7 +9,7 @@ any exit from :meth:`OrderedPool.results`.
 Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group; the parent decides) and
 exit by themselves when their parent disappears, so a killed parent leaves no orphans behind.
 Results travel as pickled numpy arrays through a pipe: measured faster than the single writer can
-commit them (see ``scripts/bench_parallel.py``), so shared memory would only add cleanup hazards.
+commit them (see ``scripts/bench/parallel.py``), so shared memory would only add cleanup hazards.
 """
 
 from __future__ import annotations

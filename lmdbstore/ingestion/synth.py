@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmdbstore.config import DEFAULT_SYNTH_SEED
 from lmdbstore.util.atomic import atomic_paths
 from lmdbstore.util.paths import check_output_file, write_errors
 
@@ -55,7 +56,7 @@ def _patterns(labels: np.ndarray, rng: np.random.Generator, size: int) -> np.nda
 
 
 def synth_batches(
-    n: int, *, seed: int = 0, batch: int = 65536, noise: float = DEFAULT_NOISE
+    n: int, *, seed: int = DEFAULT_SYNTH_SEED, batch: int = 65536, noise: float = DEFAULT_NOISE
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield ``(x, y)`` batches of the synthetic dataset: x float32 (b, 25, 25) z-scored, y int64.
 
@@ -89,7 +90,9 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:  # type: igno
     return buf.getvalue()
 
 
-def write_synth_npz(path: str | os.PathLike[str], n: int, *, seed: int = 0, noise: float = DEFAULT_NOISE) -> None:
+def write_synth_npz(
+    path: str | os.PathLike[str], n: int, *, seed: int = DEFAULT_SYNTH_SEED, noise: float = DEFAULT_NOISE
+) -> None:
     """Write the synthetic dataset to an uncompressed ``.npz`` with arrays ``x``, ``y`` and ``class_names``.
 
     The archive is written member by member in batches (``np.savez`` would need all of ``x`` in memory).

@@ -4,7 +4,7 @@ Without them, every batch a worker reads lands in a fresh shared-memory segment:
 by page (2,500 pages for 4,096 samples of 25x25 float32), sent to the main process as a file descriptor,
 mapped there and torn down again once the batch is dropped.  That costs more than reading the batch: on 2
 cores, 2 workers delivered 0.44M samples/s that way against 0.91M/s with reused buffers
-(``scripts/bench_peers.py``, README "Measured").
+(``scripts/bench/peers.py``, docs/benchmarks.md).
 
 How it works: before the workers start, the main process allocates per worker ``slots`` buffers of one full
 batch each in shared memory (workers inherit them across ``fork`` or receive them by file descriptor with

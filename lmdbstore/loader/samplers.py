@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lmdbstore.config import ShuffleMode
+from lmdbstore.config import LoaderConfig, ShuffleMode
 from lmdbstore.loader.orders import STREAM_BALANCED, concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
 
 __all__ = [
@@ -94,7 +94,7 @@ class EpochBatchSampler:
         shuffle: ShuffleMode | Literal["none"] = "random",
         samples_per_value: int = 1,
         block_buffer: int = 2,
-        seed: int = 0,
+        seed: int = LoaderConfig.seed,
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
@@ -176,7 +176,7 @@ class BalancedBatchSampler:
         *,
         weights: Sequence[float] | None = None,
         num_batches: int | None = None,
-        seed: int = 0,
+        seed: int = LoaderConfig.seed,
         rank: int = 0,
         world_size: int = 1,
         class_names: Sequence[str] | None = None,
@@ -217,7 +217,9 @@ class BalancedBatchSampler:
             yield batch
 
 
-def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray, val_fraction: float, seed: int = LoaderConfig.seed
+) -> tuple[np.ndarray, np.ndarray]:
     """Seeded train/validation split that holds out ``val_fraction`` of every class.
 
     Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmdbstore.config import LoaderConfig
 from lmdbstore.loader.orders import STREAM_WINDOW, deal_batches, epoch_rng, shuffle_runs
 from lmdbstore.loader.samplers import EpochBatchSampler
 
@@ -167,7 +168,7 @@ class WindowBatchSampler(EpochBatchSampler):
         window_bytes: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         prefetch: Prefetch | None = None,
-        seed: int = 0,
+        seed: int = LoaderConfig.seed,
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmdbstore.config import DEFAULT_MAX_PROBLEMS, DEFAULT_VERIFY_CHECKSUMS, DEFAULT_VERIFY_STRUCTURE
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env
 from lmdbstore.store.locks import hold_off_writers, lock_table_writable, release_lock
@@ -157,10 +158,10 @@ class _Collector:
 def verify_store(
     path: str | os.PathLike[str] | StoreReader,
     *,
-    checksums: bool = True,
-    max_problems: int = 20,
+    checksums: bool = DEFAULT_VERIFY_CHECKSUMS,
+    max_problems: int = DEFAULT_MAX_PROBLEMS,
     progress: Callable[[int], None] | None = None,
-    structure: bool = True,
+    structure: bool = DEFAULT_VERIFY_STRUCTURE,
 ) -> VerifyReport:
     """Check a store's contents against its metadata; see the module docstring for the checks.
 

@@ -30,12 +30,12 @@ from lmdbstore.config import (
 )
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.util.runfiles import METRICS_NAME
 
 __all__ = ["VIZ_EXTRA", "Picture", "load_metrics", "plot_runs", "plot_stats", "require_pyplot", "show_samples"]
 
 #: The optional extra that installs matplotlib.
 VIZ_EXTRA = "viz"
-METRICS_FILE = "metrics.jsonl"
 #: Inches per sample panel in :func:`show_samples`.
 CELL_IN = 1.3
 
@@ -194,7 +194,7 @@ def load_metrics(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
         LmdbStoreError: no metrics file, or a line that is not a JSON object with an ``epoch``.
     """
     p = Path(run)
-    f = p / METRICS_FILE if p.is_dir() else p
+    f = p / METRICS_NAME if p.is_dir() else p
     try:
         text = f.read_text()
     except OSError as exc:

@@ -24,9 +24,7 @@ from lmdbstore.training.model import build_model, input_channels, state_shapes
 from lmdbstore.util.atomic import atomic_paths
 
 __all__ = [
-    "BEST_NAME",
     "CHECKPOINT_FORMAT",
-    "CHECKPOINT_NAME",
     "RESUME_KEYS",
     "atomic_save",
     "check_checkpoint",
@@ -38,8 +36,6 @@ __all__ = [
     "model_from_checkpoint",
 ]
 
-CHECKPOINT_NAME = "checkpoint.pt"
-BEST_NAME = "best.pt"
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "width"}
 RESUME_KEYS = {"optimizer", "epoch", "history"}  # what resuming needs beyond the model

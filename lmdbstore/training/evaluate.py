@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lmdbstore.config import LoaderConfig
+from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.reader import StoreReader
@@ -109,9 +109,9 @@ def evaluate(
     store: str | os.PathLike[str],
     checkpoint: str | os.PathLike[str],
     *,
-    batch_size: int = 4096,
-    workers: int = 2,
-    device: str = "auto",
+    batch_size: int = LoaderConfig.batch_size,
+    workers: int = LoaderConfig.workers,
+    device: str = TrainConfig.device,
     indices: np.ndarray | None = None,
     predictions_out: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:

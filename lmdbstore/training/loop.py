@@ -21,13 +21,14 @@ from torch import nn
 
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.training.batches import autocast, to_device
-from lmdbstore.training.checkpoint import BEST_NAME, CHECKPOINT_FORMAT, CHECKPOINT_NAME, atomic_save
+from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save
 from lmdbstore.training.data import Sampler, TrainData
 from lmdbstore.training.distributed import DistInfo, all_reduce
 from lmdbstore.training.evaluate import confusion_summary, score_loader
 from lmdbstore.training.metrics import EpochMetrics, Log, append_metrics, epoch_line, history_to_json
 from lmdbstore.training.resume import RunState
 from lmdbstore.util.progress import progress_bar
+from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
 
 __all__ = ["DataWait", "TrainRun", "run_epochs", "train_epoch"]
 

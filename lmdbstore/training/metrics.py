@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lmdbstore.util.jsonsafe import json_safe
+from lmdbstore.util.runfiles import METRICS_NAME, SUMMARY_NAME
 
 __all__ = [
-    "METRICS_NAME",
-    "SUMMARY_NAME",
     "EpochMetrics",
     "Log",
     "append_metrics",
@@ -26,10 +25,6 @@ __all__ = [
     "write_summary",
 ]
 
-#: One JSON object per epoch, appended as epochs finish (a resumed run continues it).
-METRICS_NAME = "metrics.jsonl"
-#: Classes, the final validation confusion matrix and the last epoch's metrics.
-SUMMARY_NAME = "summary.json"
 
 #: Where rank 0 sends its lines (``print`` by default).
 Log = Callable[[str], None]

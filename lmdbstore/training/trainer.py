@@ -33,7 +33,6 @@ from torch.nn.parallel import DistributedDataParallel
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.checkpoint import CHECKPOINT_NAME
 from lmdbstore.training.data import TrainData, check_inputs, make_loaders, make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
@@ -43,6 +42,7 @@ from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import make_output_dir
+from lmdbstore.util.runfiles import CHECKPOINT_NAME
 
 __all__ = ["TrainResult", "train"]
 

@@ -19,9 +19,7 @@ from lmdbstore import LmdbStoreError, ValidationError
 from lmdbstore.config import MAX_WIDTH, LoaderConfig, TrainConfig
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
 from lmdbstore.training.checkpoint import (
-    BEST_NAME,
     CHECKPOINT_FORMAT,
-    CHECKPOINT_NAME,
     atomic_save,
     check_checkpoint,
     load_checkpoint,
@@ -32,6 +30,7 @@ from lmdbstore.training.checkpoint import (
 from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import restore_state
 from lmdbstore.training.trainer import train
+from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
 
 SHAPE = (16, 16)
 

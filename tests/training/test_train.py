@@ -18,11 +18,11 @@ from lmdbstore.ingestion.pipeline import ingest_synthetic
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.training.batches import to_device
-from lmdbstore.training.checkpoint import BEST_NAME, CHECKPOINT_NAME, load_checkpoint
+from lmdbstore.training.checkpoint import load_checkpoint
 from lmdbstore.training.evaluate import evaluate
-from lmdbstore.training.metrics import METRICS_NAME
 from lmdbstore.training.model import build_model
 from lmdbstore.training.trainer import train
+from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME, METRICS_NAME
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmdbstore.config import DEFAULT_X_KEY, DEFAULT_Y_KEY
 from lmdbstore.errors import SourceError
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_label
@@ -47,8 +48,8 @@ def open_source(
     path: str | os.PathLike[str],
     *,
     label: Label | None = None,
-    x_key: str = "x",
-    y_key: str = "y",
+    x_key: str = DEFAULT_X_KEY,
+    y_key: str = DEFAULT_Y_KEY,
     h5_x: str | None = None,
     h5_y: str | None = None,
     sample_shape: Sequence[int] | None = None,
