@@ -15,17 +15,9 @@ __all__ = ["ALLOWED_DTYPES", "DTYPES", "label_dtype_for", "normalize_dtype"]
 
 #: Sample dtype a store may declare (always little-endian) -> the torch dtype's name.
 DTYPES: dict[str, str] = {
-    "<f2": "float16",
-    "<f4": "float32",
-    "<f8": "float64",
-    "|u1": "uint8",
-    "|i1": "int8",
-    "<u2": "uint16",
-    "<i2": "int16",
-    "<u4": "uint32",
-    "<i4": "int32",
-    "<i8": "int64",
-    "<u8": "uint64",
+    **{"<f2": "float16", "<f4": "float32", "<f8": "float64"},
+    **{"|u1": "uint8", "<u2": "uint16", "<u4": "uint32", "<u8": "uint64"},
+    **{"|i1": "int8", "<i2": "int16", "<i4": "int32", "<i8": "int64"},
 }
 #: Sample dtypes a store may declare (always stored little-endian).
 ALLOWED_DTYPES = tuple(DTYPES)

@@ -151,6 +151,11 @@ def check_file_size(env: lmdb.Environment, path: Path) -> None:
         )
 
 
+#: What every environment of a store is opened with: a directory holding ``data.mdb``, room for the
+#: sub-databases, and no OS read-ahead (reads are random or planned; read-ahead would only waste the cache).
+ENV_OPTIONS: dict[str, Any] = {"subdir": True, "max_dbs": MAX_DBS, "readahead": False}
+
+
 def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) -> lmdb.Environment:
     """Open the store's LMDB environment (a directory) with our sub-database count.
 
@@ -162,16 +167,7 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
     with translate_lmdb_errors(path, "open"):
         for attempt in range(8):
             try:
-                env = lmdb.open(
-                    str(path),
-                    subdir=True,
-                    readonly=readonly,
-                    lock=lock,
-                    max_dbs=MAX_DBS,
-                    readahead=False,
-                    create=False,
-                    **kwargs,
-                )
+                env = lmdb.open(str(path), **ENV_OPTIONS, readonly=readonly, lock=lock, create=False, **kwargs)
                 break
             except lmdb.MapResizedError:
                 if attempt == 7:

@@ -20,11 +20,19 @@ from lmdbstore.config import WriterConfig
 from lmdbstore.errors import StoreExistsError, preview, translate_lmdb_errors
 from lmdbstore.format.checksums import checksum_size
 from lmdbstore.format.dtypes import normalize_dtype
-from lmdbstore.format.layout import ALL_DBS, DB_META, MAX_DBS, META_KEY
+from lmdbstore.format.layout import ALL_DBS, DB_META, META_KEY
 from lmdbstore.format.limits import LMDB_PAGE_SIZE
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.packing import choose_samples_per_value
-from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env, raise_if_unborn, read_meta, to_be_created
+from lmdbstore.store.env import (
+    DATA_FILE,
+    ENV_OPTIONS,
+    check_store_dir,
+    open_env,
+    raise_if_unborn,
+    read_meta,
+    to_be_created,
+)
 from lmdbstore.store.locks import acquire_writer_lock, release_lock
 from lmdbstore.store.registry import ENVS
 from lmdbstore.store.writer import StoreWriter, utc_now
@@ -177,12 +185,10 @@ def _create(
     with translate_lmdb_errors(p, "create"):
         env = lmdb.open(
             str(p),
-            subdir=True,
+            **ENV_OPTIONS,
             map_size=config.initial_map_size,
-            max_dbs=MAX_DBS,
             sync=config.sync,
             metasync=config.sync,
-            readahead=False,
             meminit=False,
         )
     ENVS.adopt(p, env, writable=True)
