@@ -17,18 +17,16 @@ the worker falls back to a fresh segment when it has no free slot.
 Slot states, one int64 per slot in shared memory: ``FREE`` (0); ``HELD`` (-1: delivered, maybe referenced);
 a generation ``g > 0``: being filled or in flight for the main process's iteration ``g``.  Only the owning
 worker moves FREE -> g, only the main process moves g -> HELD -> FREE.  Each batch request carries the
-generation of the iteration that asked for it (:class:`TaggedSampler`), so a slot still marked with an older
+generation of the iteration that asked for it (:class:`~lmdbstore.loader.sampling.LoaderSampler`), so a slot still marked with an older
 generation belongs to a result that an abandoned iteration never delivered (persistent workers drain
 those before the next iteration starts): it counts as free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 
 FREE = 0
@@ -106,10 +104,6 @@ class BatchBuffers:
         counts[1] += 1
         return None
 
-    def target(self, slot: int, rows: int, item_shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-        """The first ``rows`` samples of ``slot`` as the ``(rows, *item_shape)`` array the reader fills."""
-        return self.slots[slot][:rows].numpy().reshape(rows, *item_shape)
-
     def abandon(self, slot: int) -> None:
         """Give back a slot whose batch could not be read (worker side)."""
         self.state.numpy()[slot] = FREE
@@ -150,26 +144,3 @@ class BatchBuffers:
         """Batches that went through a reused slot, and through a fresh segment, since allocation."""
         reused, fresh = self.stats.sum(0).tolist()
         return int(reused), int(fresh)
-
-
-class TaggedSampler:
-    """Wraps a batch sampler so that each request carries the current generation of ``holder.buffers``
-    (read when an iteration starts).  Other attributes (``set_epoch``, ``batch_size``...) are the
-    wrapped sampler's."""
-
-    def __init__(self, sampler: Any, holder: Any):
-        self.inner = sampler
-        self.holder = holder
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self) -> Iterator[TaggedBatch]:
-        buffers = self.holder.buffers
-        gen = buffers.generation if buffers is not None else 0
-        return (TaggedBatch(gen, b) for b in self.inner)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "holder"):  # not set yet (e.g. while unpickling)
-            raise AttributeError(name)
-        return getattr(self.inner, name)

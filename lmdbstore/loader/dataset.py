@@ -5,7 +5,12 @@
 (a channel axis is added), ``(N, C, H, W)`` for 3-D samples (C, H, W), which have one already.  Inside a
 DataLoader worker the batch is read straight into shared memory, so it crosses to the main process without
 another copy: by default into one of the worker's reusable buffers (:mod:`lmdbstore.loader.buffers`), otherwise
-into a fresh shared-memory tensor.
+into a fresh shared-memory tensor.  A ``transform`` (:mod:`lmdbstore.loader.transform`) runs on each batch
+in the worker that read it, on the buffer itself.
+
+:func:`make_loader` wraps the sampler (:mod:`lmdbstore.loader.sampling`: buffer generations, state, DDP
+under Lightning) and starts workers by ``forkserver`` in a process that has imported TensorFlow or JAX
+(:mod:`lmdbstore.util.procs`): forked from such a process they can hang.
 """
 
 from __future__ import annotations
@@ -22,17 +27,11 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.dtypes import DTYPES
-from lmdbstore.loader.buffers import (
-    EXTRA_SLOTS,
-    BatchBuffers,
-    BufferSpec,
-    SlotBatch,
-    TaggedBatch,
-    TaggedSampler,
-    reuse_supported,
-)
-from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
+from lmdbstore.loader.buffers import EXTRA_SLOTS, BatchBuffers, BufferSpec, SlotBatch, TaggedBatch, reuse_supported
+from lmdbstore.loader.sampling import LoaderSampler
+from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.util.procs import start_method
 
 __all__ = ["BufferedLoader", "LmdbBatchDataset", "make_loader"]
 
@@ -46,12 +45,32 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         add_channel: insert a channel axis after the batch axis for samples of fewer than 3 dimensions
             (default ``True``: (N, 1, H, W) for (H, W), (N, 1, L) for (L,)); samples of 3 or more dimensions
             are taken to have one first, (C, H, W), and come as (N, C, H, W).  ``False``: always (N, *shape).
+        transform: ``transform(x, y) -> (x, y)`` on numpy arrays, run on every batch in the process that
+            reads it (default ``None``); see :mod:`lmdbstore.loader.transform`.  Example, noise and
+            horizontal flips for augmentation (a module-level function, so that spawned workers can load it)::
+
+                def augment(x, y):
+                    rng = np.random.default_rng()
+                    x += rng.normal(0, 0.1, x.shape).astype(x.dtype)
+                    flip = rng.random(len(x)) < 0.5
+                    x[flip] = x[flip, ..., ::-1]
+                    return x, y
+
+    Raises:
+        StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
     """
 
     buffers: BatchBuffers | None = None  # set on a loader's own copy by make_loader
 
-    def __init__(self, store: str | os.PathLike[str] | StoreReader, *, add_channel: bool = True):
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | StoreReader,
+        *,
+        add_channel: bool = True,
+        transform: Transform | None = None,
+    ):
         self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
+        self.transform = transform
         try:
             meta = self.reader.meta
             self.shape = meta.shape
@@ -75,24 +94,45 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         if isinstance(indices, TaggedBatch):
             gen, indices = indices
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        rows = len(idx)
         # index_select, not ``labels[tensor]``: advanced indexing runs on torch's intra-op thread pool and
         # cost ~8 ms per 4096-sample batch in a 2-thread main process (index_select: ~0.01 ms).
         y = torch.index_select(self.labels, 0, torch.from_numpy(idx)).long()
         worker = get_worker_info()
+        slot = None
         if worker is not None and self.buffers is not None:
-            slot = self.buffers.acquire(worker.id, len(idx), gen)
+            slot = self.buffers.acquire(worker.id, rows, gen)
+        if slot is None:
+            x = torch.empty(self.batch_shape(rows), dtype=self.torch_dtype)
+            if worker is not None:
+                x.share_memory_()  # filled in place; pickling to the main process then copies nothing
+        else:
+            x = self.buffers.slots[slot][:rows]  # type: ignore[union-attr]
+        try:
+            self.reader.read_batch(idx, out=x.numpy().reshape(rows, *self.shape))
+            if self.transform is not None:
+                x, y, in_buffer = self._transformed(x, y, shared=worker is not None)
+                if not in_buffer and slot is not None:
+                    self.buffers.abandon(slot)  # type: ignore[union-attr]
+                    slot = None
+        except BaseException:
             if slot is not None:
-                try:
-                    self.reader.read_batch(idx, out=self.buffers.target(slot, len(idx), self.shape))
-                except BaseException:
-                    self.buffers.abandon(slot)
-                    raise
-                return SlotBatch(slot, len(idx), y)
-        x = torch.empty(self.batch_shape(len(idx)), dtype=self.torch_dtype)
-        if worker is not None:
-            x.share_memory_()  # filled in place; pickling to the main process then copies nothing
-        self.reader.read_batch(idx, out=x.numpy().reshape(len(idx), *self.shape))
-        return x, y
+                self.buffers.abandon(slot)  # type: ignore[union-attr]
+            raise
+        return SlotBatch(slot, rows, y) if slot is not None else (x, y)
+
+    def _transformed(
+        self, x: torch.Tensor, y: torch.Tensor, *, shared: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The transform applied to a batch read into ``x``; whether the result is still in ``x``."""
+        assert self.transform is not None
+        tx, ty, in_buffer = apply_transform(self.transform, x.numpy(), y.numpy())
+        if in_buffer:
+            return x, torch.from_numpy(ty), True
+        out = torch.from_numpy(np.ascontiguousarray(tx))
+        if shared:  # to the main process without another copy
+            out = torch.empty_like(out).share_memory_().copy_(out)
+        return out, torch.from_numpy(ty), False
 
     def batch_shape(self, rows: int) -> tuple[int, ...]:
         """Shape of ``x`` for a batch of ``rows`` samples."""
@@ -102,25 +142,31 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class BufferedLoader(DataLoader[Any]):
-    """A DataLoader whose workers read into reusable shared-memory buffers (:mod:`lmdbstore.loader.buffers`).
+    """The DataLoader :func:`make_loader` builds: workers read whole batches, by default into reusable
+    shared-memory buffers (:mod:`lmdbstore.loader.buffers`).
 
     It yields ``(x, y)`` like any DataLoader over :class:`LmdbBatchDataset`.  A batch's memory is reused
     only after nothing references it (the batch, a view of it or a numpy array of it), so keeping batches
     is safe; the buffers' benefit needs the consumer to drop each batch before taking about
-    ``prefetch_factor + 2`` more, as a training loop does.  Built by :func:`make_loader`.
+    ``prefetch_factor + 2`` more, as a training loop does.  ``buffer_spec`` ``None``: a fresh segment per
+    batch.  Without an explicit ``multiprocessing_context`` the workers start by ``forkserver`` when this
+    process has imported TensorFlow or JAX by the time they start (:func:`~lmdbstore.util.procs.start_method`).
     """
 
-    def __init__(self, dataset: LmdbBatchDataset, spec: BufferSpec, **kwargs: Any):
+    def __init__(self, dataset: LmdbBatchDataset, buffer_spec: BufferSpec | None, **kwargs: Any):
+        self._auto_context = kwargs.get("multiprocessing_context") is None
         super().__init__(dataset, **kwargs)
-        self.buffer_spec = spec
+        self.buffer_spec = buffer_spec
         self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: LmdbBatchDataset = self.dataset  # type: ignore[assignment]
         if self._iterator is None or not self.persistent_workers:  # before the workers start: they take these
             ds.buffers = self._allocate()
+            if self.num_workers > 0 and self._auto_context:
+                self.multiprocessing_context = start_method(None)
         buffers = ds.buffers
-        if buffers is None:  # no room for them: a fresh segment per batch
+        if buffers is None:  # no workers, no reuse, or no room for the buffers: a fresh segment per batch
             yield from super().__iter__()
             return
         buffers.new_generation()
@@ -134,6 +180,8 @@ class BufferedLoader(DataLoader[Any]):
             yield buffers.deliver(item, self._pin) if isinstance(item, SlotBatch) else item
 
     def _allocate(self) -> BatchBuffers | None:
+        if self.buffer_spec is None:
+            return None
         try:
             return self.buffer_spec.allocate()
         except (RuntimeError, OSError) as exc:  # e.g. a small /dev/shm in a container
@@ -156,17 +204,21 @@ class BufferedLoader(DataLoader[Any]):
 
 def make_loader(
     dataset: LmdbBatchDataset,
-    sampler: EpochBatchSampler | BalancedBatchSampler,
+    sampler: Any,
     config: LoaderConfig | None = None,
     *,
     pin_memory: bool = False,
-) -> DataLoader[Any]:
+) -> BufferedLoader:
     """A DataLoader that asks each worker for whole batches chosen by ``sampler``.
 
     ``batch_size=None`` turns off PyTorch's per-sample batching and collate: every element the sampler
-    yields is one index array, and the dataset answers it with one ready tensor.  With workers and
-    ``config.reuse_buffers`` (the default) the result is a :class:`BufferedLoader` over a copy of
-    ``dataset`` (so that two loaders of one dataset never share buffers).
+    yields is one index array, and the dataset answers it with one ready tensor.  The result is a
+    :class:`BufferedLoader` over a copy of ``dataset`` (so that two loaders of one dataset never share
+    buffers); with workers and ``config.reuse_buffers`` (the default) its workers read into reusable
+    buffers.  Its ``sampler`` is ``sampler`` wrapped (:class:`~lmdbstore.loader.sampling.LoaderSampler`):
+    ``loader.sampler.set_epoch``/``state_dict`` reach ``sampler``, and PyTorch Lightning keeps it under DDP.
+    Each pass over the loader is a pass over ``sampler``: the next epoch's order unless ``set_epoch``
+    pinned one (:mod:`lmdbstore.loader.passes`).
     """
     config = config or LoaderConfig()
     kwargs: dict[str, Any] = {}
@@ -177,13 +229,14 @@ def make_loader(
             multiprocessing_context=config.multiprocessing_context,
         )
     dataset.reader.close()
-    kwargs.update(sampler=sampler, batch_size=None, num_workers=config.workers, pin_memory=pin_memory)
+    own = copy.copy(dataset)
+    own.buffers = None
+    spec = None
     rows = getattr(sampler, "batch_size", None)
     if config.workers > 0 and config.reuse_buffers and isinstance(rows, int) and reuse_supported():
         slots = config.prefetch_factor + EXTRA_SLOTS
         spec = BufferSpec(config.workers, slots, dataset.batch_shape(rows), dataset.torch_dtype)
-        own = copy.copy(dataset)
-        own.buffers = None
-        kwargs["sampler"] = TaggedSampler(sampler, own)
-        return BufferedLoader(own, spec, **kwargs)
-    return DataLoader(dataset, **kwargs)
+    kwargs.update(
+        sampler=LoaderSampler(sampler, own), batch_size=None, num_workers=config.workers, pin_memory=pin_memory
+    )
+    return BufferedLoader(own, spec, **kwargs)

@@ -6,6 +6,10 @@ so one worker reads one batch with no per-sample calls and no collate.
 
 Determinism: the order of epoch ``e`` depends only on ``(seed, e)``, never on the worker count, and is
 the same on every DDP rank; each rank then takes its own disjoint share (see :func:`shard_batches`).
+
+Epochs and resuming (:mod:`lmdbstore.loader.passes`): every pass over a sampler gets the next epoch's
+order unless ``set_epoch`` pinned one; ``state_dict``/``load_state_dict`` resume inside an epoch.
+numpy only; no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 
 from lmdbstore.config import LoaderConfig, ShuffleMode
 from lmdbstore.loader.orders import STREAM_BALANCED, concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
+from lmdbstore.loader.passes import EpochPasses
 
 __all__ = [
     "BalancedBatchSampler",
@@ -70,7 +75,7 @@ def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size:
     return deal_batches(order, batch_size, world_size)[rank::world_size]
 
 
-class EpochBatchSampler:
+class EpochBatchSampler(EpochPasses):
     """Batches that cover ``indices`` exactly once per epoch, in random or block order.
 
     Args:
@@ -80,10 +85,14 @@ class EpochBatchSampler:
             ``"none"`` (the given order, e.g. for validation).
         samples_per_value: the store's packing, needed for block mode.
         block_buffer: batches' worth of values mixed together in block mode.
-        seed: base seed; call :meth:`set_epoch` before each epoch.
-        rank, world_size: this process's share under DDP (defaults: the only process).
+        seed: base seed.  Each pass takes the next epoch's order; :meth:`set_epoch` pins one.
+        rank, world_size: this process's share under DDP (default ``None``: from ``torch.distributed``'s
+            process group when one is initialized, else the only process).
         drop_last: leave out the final short batch; with several ranks, the tail that would not give
             every rank a full batch (so that all ranks still run the same number of steps).
+
+    Raises:
+        ValueError: a non-positive ``batch_size``, an unknown ``shuffle``, a ``rank`` outside the world.
     """
 
     def __init__(
@@ -95,8 +104,8 @@ class EpochBatchSampler:
         samples_per_value: int = 1,
         block_buffer: int = 2,
         seed: int = LoaderConfig.seed,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
     ):
         if batch_size < 1:
@@ -109,18 +118,16 @@ class EpochBatchSampler:
         self.samples_per_value = samples_per_value
         self.block_buffer = block_buffer
         self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.drop_last = drop_last
-        self.epoch = 0
+        self.init_passes(rank, world_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Select the order of ``epoch`` (shared by all ranks)."""
-        self.epoch = epoch
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.shuffle, "seed": self.seed, "batch_size": self.batch_size, "samples": len(self.indices)}
 
-    def epoch_order(self) -> np.ndarray:
-        """The whole epoch's order, before sharding (identical on every rank)."""
-        rng = epoch_rng(self.seed, self.epoch)
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        """The whole order of ``epoch`` (default: the current one), before sharding (identical on every
+        rank)."""
+        rng = epoch_rng(self.seed, self.epoch if epoch is None else epoch)
         if self.shuffle == "random":
             return self.indices[rng.permutation(len(self.indices))]
         if self.shuffle == "block":
@@ -135,24 +142,25 @@ class EpochBatchSampler:
         step = self.batch_size * self.world_size
         return order[: len(order) // step * step]
 
-    def batches(self) -> list[np.ndarray]:
-        """This rank's batches of the current epoch."""
-        out = shard_batches(self.whole_steps(self.epoch_order()), self.batch_size, self.rank, self.world_size)
+    def batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``epoch`` (default: the current one), without beginning a pass."""
+        order = self.epoch_order(epoch)
+        out = shard_batches(self.whole_steps(order), self.batch_size, self.rank, self.world_size)
         if self.shuffle == "block":
             # A batch is a set for SGD; sorted, its runs of consecutive indices are contiguous, and the
             # reader copies each run with one memcpy straight into place.
             out = [np.sort(b) for b in out]
         return out
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return iter(self.batches())
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        return iter(self.batches(epoch)[start:])
 
     def __len__(self) -> int:
         n, step = len(self.indices), self.batch_size * self.world_size
         return n // step if self.drop_last else -(-n // step)
 
 
-class BalancedBatchSampler:
+class BalancedBatchSampler(EpochPasses):
     """Batches that draw classes in fixed proportions (equal by default), with replacement.
 
     Rare classes are oversampled and frequent ones undersampled, so an epoch is defined as
@@ -164,6 +172,7 @@ class BalancedBatchSampler:
         weights: relative share of each class (default equal); classes with weight 0 are never drawn.
         num_batches: batches per epoch on this rank.
         seed, rank, world_size: as for :class:`EpochBatchSampler`; ranks draw disjoint random streams.
+        class_names: names for error messages (default: the class numbers).
 
     Raises:
         ValueError: a class with positive weight has no samples, or the weights are invalid.
@@ -177,8 +186,8 @@ class BalancedBatchSampler:
         weights: Sequence[float] | None = None,
         num_batches: int | None = None,
         seed: int = LoaderConfig.seed,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         class_names: Sequence[str] | None = None,
     ):
         if batch_size < 1:
@@ -194,27 +203,35 @@ class BalancedBatchSampler:
                 raise ValueError(f"class {names[c]!r} has no samples to draw from; balanced sampling needs every class")
         self.weights = w / w.sum()
         self.batch_size = batch_size
-        total = sum(len(c) for c in self.class_indices)
-        self.num_batches = num_batches if num_batches is not None else max(1, -(-total // (batch_size * world_size)))
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch = 0
+        self.seed = seed
+        self.init_passes(rank, world_size)
+        self.total = sum(len(c) for c in self.class_indices)
+        self._num_batches = num_batches
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    @property
+    def num_batches(self) -> int:
+        """Batches per epoch on this rank (default: a plain epoch's over all the given indices)."""
+        if self._num_batches is not None:
+            return self._num_batches
+        return max(1, -(-self.total // (self.batch_size * self.world_size)))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": "balanced", "seed": self.seed, "batch_size": self.batch_size, "samples": self.total}
 
     def __len__(self) -> int:
         return self.num_batches
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        rng = epoch_rng(self.seed, self.epoch, STREAM_BALANCED + self.rank)
-        for _ in range(self.num_batches):
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        rng = epoch_rng(self.seed, epoch, STREAM_BALANCED + self.rank)
+        for i in range(self.num_batches):
             counts = rng.multinomial(self.batch_size, self.weights)
             parts = [
                 self.class_indices[c][rng.integers(0, len(self.class_indices[c]), n)] for c, n in enumerate(counts) if n
             ]
             batch = np.concatenate(parts)
             rng.shuffle(batch)
-            yield batch
+            if i >= start:  # the skipped ones are drawn all the same: the stream must advance
+                yield batch
 
 
 def stratified_split(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -169,8 +170,8 @@ class WindowBatchSampler(EpochBatchSampler):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         prefetch: Prefetch | None = None,
         seed: int = LoaderConfig.seed,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         drop_last: bool = False,
     ):
         super().__init__(
@@ -190,9 +191,12 @@ class WindowBatchSampler(EpochBatchSampler):
         self.chunk_samples = max(1, min(chunk_bytes, first_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
         self.prefetch = prefetch
 
-    def plan(self) -> WindowPlan:
-        """This epoch's windowed order (identical on every rank)."""
-        rng = epoch_rng(self.seed, self.epoch, STREAM_WINDOW)
+    def fingerprint(self) -> dict[str, Any]:
+        return {**super().fingerprint(), "window_samples": self.window_samples, "chunk_samples": self.chunk_samples}
+
+    def plan(self, epoch: int | None = None) -> WindowPlan:
+        """The windowed order of ``epoch`` (default: the current one; identical on every rank)."""
+        rng = epoch_rng(self.seed, self.epoch if epoch is None else epoch, STREAM_WINDOW)
         return window_order(
             self.indices,
             self.samples_per_value,
@@ -202,23 +206,27 @@ class WindowBatchSampler(EpochBatchSampler):
             self.first_window_samples,
         )
 
-    def epoch_order(self) -> np.ndarray:
-        return self.plan().order
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        return self.plan(epoch).order
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        plan = self.plan()
-        batches = deal_batches(self.whole_steps(plan.order), self.batch_size, self.world_size)
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """This rank's batches of ``epoch`` from batch ``start`` on, reading ahead: the window of the first
+        one when the pass begins, then each next window as soon as a batch comes from the one before."""
+        plan = self.plan(epoch)
+        rank, world = self.rank, self.world_size
+        batches = deal_batches(self.whole_steps(plan.order), self.batch_size, world)
         starts = np.r_[0, np.cumsum([len(b) for b in batches])][:-1]
         n_win = len(plan.chunk_lo)
-        if self.prefetch is not None and n_win:
-            self.prefetch(plan.chunk_lo[0], plan.chunk_hi[0])
-        fetched = 0
-        for j in range(self.rank, len(batches), self.world_size):
+        fetched = -1
+        for j in range(rank + start * world, len(batches), world):
             w = int(np.searchsorted(plan.window_starts, starts[j], side="right")) - 1
+            if self.prefetch is not None and fetched < w:  # the pass's first window
+                fetched = w
+                self.prefetch(plan.chunk_lo[w], plan.chunk_hi[w])
             if self.prefetch is not None and w + 1 < n_win and fetched < w + 1:
                 fetched = w + 1
                 self.prefetch(plan.chunk_lo[fetched], plan.chunk_hi[fetched])
             yield batches[j]
 
-    def batches(self) -> list[np.ndarray]:
-        return list(self)
+    def batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        return list(self.batches_from(self.epoch if epoch is None else epoch, 0))

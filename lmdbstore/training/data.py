@@ -18,18 +18,15 @@ import torch
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
 from lmdbstore.format.meta import StoreMeta
+from lmdbstore.loader.choose import Sampler, make_sampler_for
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
-from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
-from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
-from lmdbstore.store.env import DATA_FILE
+from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
 
-__all__ = ["TrainData", "check_inputs", "make_loaders", "make_sampler", "pick_shuffle", "read_store"]
-
-Sampler = EpochBatchSampler | BalancedBatchSampler
+__all__ = ["Sampler", "TrainData", "check_inputs", "make_loaders", "make_sampler", "read_store"]
 
 
 @dataclass(frozen=True)
@@ -89,46 +86,11 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
             )
 
 
-def pick_shuffle(lcfg: LoaderConfig, path: Path, say: Log) -> str:
-    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by store size against memory, and says so."""
-    if lcfg.shuffle != "auto":
-        return lcfg.shuffle
-    choice = choose_shuffle(os.path.getsize(path / DATA_FILE))
-    say(f"shuffle: {choice.shuffle} ({choice.reason})")
-    return choice.shuffle
-
-
 def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, say: Log) -> Sampler:
-    """This rank's sampler of the training split: class-balanced with ``lcfg.balanced``, else in the order
-    :func:`pick_shuffle` chooses (the window order reads each next window ahead, in large runs)."""
-    meta, rank, world = data.meta, info.rank, info.world_size
-    if lcfg.balanced:
-        per_class = [train_idx[data.labels[train_idx] == c] for c in range(len(data.classes))]
-        return BalancedBatchSampler(
-            per_class, lcfg.batch_size, seed=lcfg.seed, rank=rank, world_size=world, class_names=data.classes
-        )
-    shuffle = pick_shuffle(lcfg, data.path, say)
-    if shuffle == "window":
-        return WindowBatchSampler(
-            train_idx,
-            lcfg.batch_size,
-            samples_per_value=meta.samples_per_value,
-            sample_bytes=meta.sample_bytes,
-            window_bytes=None if lcfg.window_mb is None else lcfg.window_mb << 20,
-            prefetch=StoreReader(data.path).prefetch,
-            seed=lcfg.seed,
-            rank=rank,
-            world_size=world,
-        )
-    return EpochBatchSampler(
-        train_idx,
-        lcfg.batch_size,
-        shuffle=shuffle,  # type: ignore[arg-type]
-        samples_per_value=meta.samples_per_value,
-        block_buffer=lcfg.block_buffer,
-        seed=lcfg.seed,
-        rank=rank,
-        world_size=world,
+    """This rank's sampler of the training split (:func:`~lmdbstore.loader.choose.make_sampler_for`:
+    class-balanced, or the shuffle ``lcfg`` names, ``auto`` said in one line)."""
+    return make_sampler_for(
+        data.path, data.meta, data.labels, train_idx, lcfg, rank=info.rank, world_size=info.world_size, say=say
     )
 
 

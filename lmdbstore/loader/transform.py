@@ -1,0 +1,53 @@
+"""The batch transform hook: a user function ``transform(x, y) -> (x, y)`` run on every batch in the
+process that read it (a DataLoader worker, a reader process of the Keras/tf.data adapters, or the
+consumer's own process without workers), e.g. noise or flips for augmentation.
+
+Contract (the same for every adapter): ``x`` is the batch as the consumer will receive it, a numpy array
+(``(N, 1, H, W)`` for the PyTorch loader, channels-last ``(N, H, W, 1)`` for Keras and tf.data), in the
+store's dtype, often a view of a reusable shared-memory buffer; ``y`` is an ``int64`` numpy array of the
+``N`` labels.  The function may change ``x`` in place and return it (cheapest), or return new arrays: a
+result of ``x``'s shape and dtype is copied back into the buffer, anything else is delivered as it is (in a
+fresh array).  It must return ``(x, y)`` with as many labels as samples, integer labels, and must not keep
+``x`` (the buffer is reused for a later batch).  With worker processes started by ``spawn`` or
+``forkserver`` it must be picklable (a module-level function or a ``functools.partial`` of one).
+numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Transform", "apply_transform"]
+
+#: ``transform(x, y) -> (x, y)`` on numpy arrays (see the module docstring).
+Transform = Callable[[np.ndarray, np.ndarray], tuple[Any, Any]]
+
+
+def apply_transform(transform: Transform, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Run ``transform`` on the batch ``(x, y)``; ``x`` is the buffer the batch was read into.
+
+    Returns ``(x', y', in_buffer)``: ``in_buffer`` is ``True`` when the transformed samples are in ``x``
+    (changed in place, or of the same shape and dtype and copied there), ``False`` when ``x'`` is another
+    array (other shape or dtype).  ``y'`` is an ``int64`` array.
+
+    Raises:
+        ValueError: the result is not a pair of arrays, the labels are not integers, or the sample and label
+            counts differ.
+    """
+    out = transform(x, y)
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise ValueError(f"transform must return a pair (x, y), got {type(out).__name__}")
+    tx, ty = np.asarray(out[0]), np.asarray(out[1])
+    if ty.ndim != 1 or not (np.issubdtype(ty.dtype, np.integer) or ty.dtype == np.bool_):
+        raise ValueError(f"transform must return 1-D integer labels, got {ty.dtype} of shape {ty.shape}")
+    if tx.ndim == 0 or len(tx) != len(ty):
+        raise ValueError(f"transform returned {len(tx) if tx.ndim else 0} samples and {len(ty)} labels")
+    ty = ty.astype(np.int64, copy=False)
+    if tx.shape != x.shape or tx.dtype != x.dtype:
+        return tx, ty, False
+    if not (tx.ctypes.data == x.ctypes.data and tx.strides == x.strides):
+        np.copyto(x, tx)  # handles a result that overlaps the buffer
+    return x, ty, True
