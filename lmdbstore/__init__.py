@@ -1,4 +1,5 @@
-"""lmdbstore: tens of millions of small training samples in LMDB, fed to PyTorch at full speed.
+"""lmdbstore: tens of millions of small training samples in LMDB, fed to PyTorch, Keras or TensorFlow at
+full speed.
 
 Public API (everything else is internal)::
 
@@ -11,19 +12,22 @@ Public API (everything else is internal)::
     export_store / copy_store      data back out to .npy/.npz/HDF5; a consistent (compacted) copy
     show_samples / plot_runs / plot_stats   PNG pictures (matplotlib, the ``viz`` extra)
     stratified_split               the seeded per-class train/validation split ``train`` uses (numpy only)
-    WriterConfig, LoaderConfig, TrainConfig
+    EpochBatchSampler, BalancedBatchSampler, WindowBatchSampler   epoch orders, DDP shares, resumable
+    WriterConfig, LoaderConfig, TrainConfig, FeedConfig
     LmdbStoreError and subclasses  every deliberate error
+    keras_dataset                  a keras.utils.PyDataset for model.fit, any backend              (keras)
+    tf_dataset                     a tf.data.Dataset with known length                             (tensorflow)
     train / TrainResult            train the CNN on a store (one process or torchrun), resumable   (torch)
     evaluate                       score a store with a checkpoint of ``train``                    (torch)
     LmdbBatchDataset, make_loader  batches of a store through DataLoader workers                   (torch)
-    EpochBatchSampler, BalancedBatchSampler, WindowBatchSampler   epoch orders, DDP shares         (torch)
 
-The torch names are resolved on first use (module ``__getattr__``), so ``import lmdbstore`` and writing a
-store do not import torch.  (The trainer's package is ``lmdbstore.training``; ``lmdbstore.train`` is the
-function.)
+The framework names are resolved on first use (module ``__getattr__``), so ``import lmdbstore``, reading,
+writing and the tools import none of torch, keras or tensorflow; without torch installed, the torch names
+raise an ``ImportError`` naming the extra to install.  (The trainer's package is ``lmdbstore.training``;
+``lmdbstore.train`` is the function.)
 """
 
-from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
+from lmdbstore.config import FeedConfig, LoaderConfig, TrainConfig, WriterConfig
 from lmdbstore.errors import (
     ChecksumError,
     CorruptStoreError,
@@ -44,7 +48,8 @@ from lmdbstore.ingestion.parallel import write_parallel
 from lmdbstore.ingestion.pipeline import ingest
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
-from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
+from lmdbstore.loader.window import WindowBatchSampler
 from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader, open_reader
 from lmdbstore.store.writer import StoreWriter
@@ -54,25 +59,38 @@ from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples
 from lmdbstore.version import __version__
 
-# public names that need torch: name -> module, imported on first access
-_TORCH_NAMES = {
-    "LmdbBatchDataset": "loader.dataset",
-    "make_loader": "loader.dataset",
-    "EpochBatchSampler": "loader.samplers",
-    "BalancedBatchSampler": "loader.samplers",
-    "WindowBatchSampler": "loader.window",
-    "evaluate": "training.evaluate",
-    "train": "training.trainer",
-    "TrainResult": "training.trainer",
+# public names that need a framework: name -> (module, the package it needs, the extra that installs it),
+# imported on first access
+_LAZY_NAMES = {
+    "LmdbBatchDataset": ("loader.dataset", "torch", "torch"),
+    "make_loader": ("loader.dataset", "torch", "torch"),
+    "evaluate": ("training.evaluate", "torch", "torch"),
+    "train": ("training.trainer", "torch", "torch"),
+    "TrainResult": ("training.trainer", "torch", "torch"),
+    "keras_dataset": ("frameworks.keras_data", "keras", "keras"),
+    "tf_dataset": ("frameworks.tf_data", "tensorflow", "tensorflow"),
 }
 
 
 def __getattr__(name: str) -> object:
-    """Import the torch parts of the public API on first use."""
-    if name in _TORCH_NAMES:
+    """Import the framework parts of the public API on first use.
+
+    Raises:
+        ImportError: the framework is not installed (the message names the extra that installs it).
+    """
+    if name in _LAZY_NAMES:
         import importlib
 
-        return getattr(importlib.import_module(f".{_TORCH_NAMES[name]}", __name__), name)
+        module, package, extra = _LAZY_NAMES[name]
+        try:
+            return getattr(importlib.import_module(f".{module}", __name__), name)
+        except ModuleNotFoundError as exc:
+            if exc.name != package:
+                raise
+            raise ImportError(
+                f"lmdbstore.{name} needs {package}, which is not installed: pip install 'lmdbstore[{extra}]'",
+                name=package,
+            ) from exc
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -82,6 +100,7 @@ __all__ = [
     "CopyReport",
     "EpochBatchSampler",
     "ExportReport",
+    "FeedConfig",
     "IngestReport",
     "LmdbBatchDataset",
     "TrainResult",
@@ -91,12 +110,14 @@ __all__ = [
     "evaluate",
     "export_store",
     "ingest",
+    "keras_dataset",
     "make_loader",
     "open_sources",
     "plot_runs",
     "plot_stats",
     "show_samples",
     "stratified_split",
+    "tf_dataset",
     "train",
     "verify_store",
     "ChecksumError",

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_DEMO_DIR",
     "DEFAULT_DPI",
     "DEFAULT_EXPORT_CHUNK",
+    "DEFAULT_FEED_PREFETCH",
     "DEFAULT_HIST_BINS",
     "DEFAULT_HIST_SAMPLES",
     "DEFAULT_INGEST_WORKERS",
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_Y_KEY",
     "SAMPLE_READ_CHUNK",
     "ChecksumKind",
+    "FeedConfig",
     "LoaderConfig",
     "ShuffleMode",
     "TrainConfig",
@@ -208,6 +210,77 @@ class TrainConfig:
             raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
+
+
+#: Batches each reader process of a feed (Keras, tf.data) works ahead.
+DEFAULT_FEED_PREFETCH = 2
+
+
+@dataclass(frozen=True)
+class FeedConfig:
+    """What :func:`lmdbstore.keras_dataset` and :func:`lmdbstore.tf_dataset` read, in which order, and how.
+
+    Attributes:
+        batch_size: samples per batch (default 4096).
+        split: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded, stratified
+            split ``lmdbstore train`` uses (``val_fraction`` of every class, by ``seed``).
+        val_fraction: the validation share of every class for ``split`` (default 0.1).
+        shuffle: ``"auto"``, ``"random"``, ``"block"``, ``"window"`` (as :class:`LoaderConfig`) or ``"none"``
+            (index order); ``None`` (default): ``"none"`` for ``split="val"``, ``"auto"`` otherwise.
+        balanced: draw classes equally, with replacement (default ``False``).
+        window_mb, block_buffer, seed: as :class:`LoaderConfig` (defaults ``None``, 2, 0).
+        workers: reader processes (default 2; 0 reads in the consuming thread).
+        prefetch: batches each reader works ahead (default 2).
+        channels_last: batches ``(N, H, W, 1)`` for (H, W) samples and ``(N, H, W, C)`` for (C, H, W)
+            samples, as Keras expects (default ``True``); ``False``: ``(N, *shape)`` as stored.
+        drop_last: leave out the last, short batch (default ``False``).
+        multiprocessing_context: start method of the readers (default ``None``: ``forkserver`` when
+            TensorFlow or JAX is loaded, else the platform's).
+    """
+
+    batch_size: int = LoaderConfig.batch_size
+    split: Literal["train", "val"] | None = None
+    val_fraction: float = TrainConfig.val_fraction
+    shuffle: ShuffleMode | Literal["none"] | None = None
+    balanced: bool = LoaderConfig.balanced
+    window_mb: int | None = LoaderConfig.window_mb
+    block_buffer: int = LoaderConfig.block_buffer
+    seed: int = LoaderConfig.seed
+    workers: int = LoaderConfig.workers
+    prefetch: int = DEFAULT_FEED_PREFETCH
+    channels_last: bool = True
+    drop_last: bool = False
+    multiprocessing_context: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.split not in (None, "train", "val"):
+            raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.shuffle not in (None, "none", "auto", "random", "block", "window"):
+            raise ValueError(f"shuffle must be 'auto', 'random', 'block', 'window' or 'none', got {self.shuffle!r}")
+        self.loader_config()  # the fields LoaderConfig shares, checked there
+
+    @property
+    def order(self) -> str:
+        """The shuffle this config asks for (``None`` resolved by ``split``)."""
+        if self.shuffle is not None:
+            return self.shuffle
+        return "none" if self.split == "val" else "auto"
+
+    def loader_config(self) -> LoaderConfig:
+        """The :class:`LoaderConfig` of the shared fields (a ``"none"`` shuffle maps to ``random``: unused)."""
+        return LoaderConfig(
+            batch_size=self.batch_size,
+            shuffle="random" if self.order == "none" else self.order,  # type: ignore[arg-type]
+            window_mb=self.window_mb,
+            block_buffer=self.block_buffer,
+            workers=self.workers,
+            seed=self.seed,
+            balanced=self.balanced,
+            prefetch_factor=self.prefetch,
+            multiprocessing_context=self.multiprocessing_context,
+        )
 
 
 # ------------------------------------------------------------------------ defaults of commands and tools

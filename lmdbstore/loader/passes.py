@@ -105,6 +105,10 @@ class EpochPasses:
         self._pin = (int(epoch), int(start))
         self.epoch = int(epoch)
 
+    def upcoming_epoch(self) -> int:
+        """The epoch the next pass will use (nothing is claimed)."""
+        return self._pin[0] if self._pin is not None else self.epoch + 1
+
     def begin_pass(self) -> tuple[int, int, int]:
         """Claim the next pass: ``(pass number, epoch, first batch)`` by the rules of the module docstring."""
         if self._pin is not None:

@@ -1,0 +1,265 @@
+"""A feed: passes over a store's batches in a sampler's order, read ahead by reader processes into shared
+slots and handed out as numpy arrays without a copy; what the Keras ``PyDataset`` and the ``tf.data``
+factory are built on.  numpy only, no torch.
+
+* :meth:`BatchFeed.begin` starts a pass: the sampler's next epoch (:mod:`lmdbstore.loader.passes`), so
+  every pass has a new order unless ``set_epoch`` pinned one; a pass still running is abandoned.
+* :meth:`BatchFeed.next` returns the pass's next batch ``(x, y)`` (``x`` in the layout's shape and the
+  store's dtype, ``y`` int64), in the sampler's order, while ``workers * prefetch`` later batches are read.
+* A returned batch's slot is reused only when nothing references its memory
+  (:class:`~lmdbstore.frameworks.slots.SharedSlots`); a consumer holding every slot gets the next batch
+  read in its own thread into fresh memory, so keeping batches is safe, only slower.
+* :meth:`BatchFeed.read` reads batch ``k`` of the current pass again, :meth:`BatchFeed.peek` batch ``i``
+  of the next pass without starting it (what Keras' first look at a dataset needs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.config import FeedConfig
+from lmdbstore.frameworks.readers import BatchLayout, InlineReader, ReaderPool, raise_answer, read_into
+from lmdbstore.frameworks.slots import SharedSlots
+from lmdbstore.loader.choose import Sampler, make_sampler_for, split_indices
+from lmdbstore.loader.passes import PassIterator
+from lmdbstore.loader.transform import Transform
+from lmdbstore.store.reader import StoreReader
+
+__all__ = ["EXTRA_SLOTS", "BatchFeed", "feed_config", "open_feed"]
+
+#: Slots beyond those in flight: the batch the consumer works on and the ones it (or its framework's own
+#: prefetch) still holds.
+EXTRA_SLOTS = 3
+
+FREE, INFLIGHT, HELD = 0, 1, 2
+
+
+class BatchFeed:
+    """Passes over ``sampler``'s batches of ``store`` (see the module docstring).
+
+    Args:
+        store: the store directory.
+        sampler: a batch sampler of :mod:`lmdbstore.loader` (its ``batch_size`` bounds a slot).
+        layout: how samples lie in a batch.
+        workers: reader processes (0: read in the consumer's thread, one batch at a time).
+        prefetch: batches each reader works ahead.
+        extra_slots: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
+        transform: run on every batch where it is read (:mod:`lmdbstore.loader.transform`).
+        context: start method of the readers (``None``: ``forkserver`` when TensorFlow or JAX is loaded).
+
+    Raises:
+        OSError: no room for the slots in shared memory.
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str],
+        sampler: Sampler,
+        layout: BatchLayout,
+        *,
+        workers: int,
+        prefetch: int,
+        extra_slots: int = EXTRA_SLOTS,
+        transform: Transform | None = None,
+        context: str | None = None,
+    ):
+        self.reader = StoreReader(store)
+        self.sampler, self.layout, self.transform = sampler, layout, transform
+        self.workers, self.context = workers, context
+        self.depth = workers * prefetch if workers else 1
+        self.slots = SharedSlots(self.depth + extra_slots, sampler.batch_size, layout.item_bytes, shared=workers > 0)
+        self._free_memory = weakref.finalize(self, self.slots.close)
+        self.pool: ReaderPool | InlineReader | None = None
+        self.state = [FREE] * self.slots.n
+        self.queue: deque[int] = deque()  # slots in flight, in batch order
+        self.plan: list[np.ndarray] = []  # the indices of this pass's batches so far
+        self.it: PassIterator | None = None
+        self.exhausted = True
+        self._labels: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Every label of the store (read once, in the consumer's process)."""
+        if self._labels is None:
+            self._labels = self.reader.labels()
+        return self._labels
+
+    # ---------------------------------------------------------------- passes
+    def begin(self) -> None:
+        """Start a new pass (abandoning the one running, if any)."""
+        if self.pool is None:
+            self.reader.read_path  # noqa: B018  # the position table, inherited by forked readers
+            if self.workers:
+                self.pool = ReaderPool(self.reader, self.layout, self.slots, self.workers, self.transform, self.context)
+            else:
+                self.pool = InlineReader(self.reader, self.layout, self.slots, self.transform)
+        self._drain()
+        self.it = iter(self.sampler)  # type: ignore[assignment]
+        self.plan = []
+        self.exhausted = False
+
+    @property
+    def delivered(self) -> int:
+        """Batches of this pass handed out (or in flight) so far."""
+        return len(self.plan) - len(self.queue)
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch of the pass.
+
+        Raises:
+            StopIteration: the pass is over (or none was begun).
+            LmdbStoreError, ValueError: a reader's error (the store, or the transform), one line.
+        """
+        self._release()
+        self._fill()
+        if not self.queue:
+            if self.exhausted or self.it is None:
+                raise StopIteration
+            try:  # every slot is held by the consumer: this one is read here, into fresh memory
+                idx = next(self.it)
+            except StopIteration:
+                self.exhausted = True
+                raise
+            self.plan.append(idx)
+            return self.read_fresh(idx)
+        slot = self.queue.popleft()
+        answer = self.pool.answer()  # type: ignore[union-attr]
+        if answer[0] != "slot":
+            self.state[slot] = FREE
+            if answer[0] == "error":
+                raise_answer(answer[1], answer[2])
+            return answer[2], answer[3]
+        self.state[slot] = HELD
+        rows = answer[2]
+        x = self.slots.x(slot, rows, self.layout.item_shape, np.dtype(self.layout.dtype))
+        y = self.slots.y(slot, rows)
+        self._fill()  # the readers work on while the consumer does
+        return x, y
+
+    def read(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``k`` of the current pass again (it must have been handed out), read here."""
+        return self.read_fresh(self.plan[k])
+
+    def peek(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``i`` of the next pass, read here, without starting that pass.
+
+        Raises:
+            IndexError: ``i`` is not a batch number of a pass.
+        """
+        if not 0 <= i < len(self):
+            raise IndexError(f"batch {i} of a pass of {len(self)} batches")
+        epoch = self.sampler.upcoming_epoch()
+        return self.read_fresh(next(iter(self.sampler.batches_from(epoch, i))))
+
+    def read_fresh(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Batch ``idx`` read in this thread into new memory (slot-sized batches in a private slot)."""
+        private = SharedSlots(1, len(idx), self.layout.item_bytes, shared=False)
+        answer = read_into(self.reader, self.labels, self.layout, private, 0, idx, self.transform)
+        if answer[0] == "fresh":
+            return answer[2], answer[3]
+        x = private.x(0, len(idx), self.layout.item_shape, np.dtype(self.layout.dtype))
+        return x, private.y(0, len(idx))
+
+    def close(self) -> None:
+        """Stop the readers and free the shared memory (also done when the feed is garbage-collected)."""
+        if isinstance(self.pool, ReaderPool):
+            self.pool.close()
+        self.pool = None
+        self._free_memory()
+
+    # ---------------------------------------------------------------- slots
+    def _release(self) -> None:
+        for slot, s in enumerate(self.state):
+            if s == HELD and self.slots.unreferenced(slot):
+                self.state[slot] = FREE
+
+    def _fill(self) -> None:
+        """Send requests until ``depth`` are in flight, the pass is exhausted or no slot is free."""
+        while len(self.queue) < self.depth and not self.exhausted and self.it is not None:
+            slot = next((k for k, s in enumerate(self.state) if s == FREE), None)
+            if slot is None:
+                return
+            try:
+                idx = next(self.it)
+            except StopIteration:
+                self.exhausted = True
+                return
+            self.plan.append(idx)
+            self.pool.submit(slot, idx)  # type: ignore[union-attr]
+            self.state[slot] = INFLIGHT
+            self.queue.append(slot)
+
+    def _drain(self) -> None:
+        """Wait out the requests of an abandoned pass (their readers write into those slots)."""
+        while self.queue:
+            slot = self.queue.popleft()
+            if isinstance(self.pool, ReaderPool):
+                self.pool.answer()
+            elif self.pool is not None:
+                self.pool.pending.clear()
+            self.state[slot] = FREE
+
+
+def feed_config(config: FeedConfig | None, options: dict[str, Any]) -> FeedConfig:
+    """``config`` (default ``FeedConfig()``) with the fields in ``options`` replaced.
+
+    Raises:
+        ValueError: an option that is no field of :class:`~lmdbstore.config.FeedConfig`, or a bad value.
+    """
+    base = config or FeedConfig()
+    unknown = sorted(set(options) - set(FeedConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r} (options are the fields of FeedConfig)")
+    return dataclasses.replace(base, **options)
+
+
+def open_feed(
+    store: str | os.PathLike[str],
+    config: FeedConfig,
+    *,
+    indices: Any = None,
+    transform: Transform | None = None,
+    extra_slots: int = EXTRA_SLOTS,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> BatchFeed:
+    """A :class:`BatchFeed` of ``store`` as ``config`` says: the split (or ``indices``), its sampler
+    (:func:`~lmdbstore.loader.choose.make_sampler_for`), the layout, the readers.
+
+    Raises:
+        StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
+        ValueError: ``indices`` out of range, or a split or sampler that cannot be made.
+    """
+    path = Path(store)
+    with StoreReader(path) as reader:
+        meta, labels = reader.meta, reader.labels()
+    if indices is None:
+        idx = split_indices(labels, config.split, config.val_fraction, config.seed)
+    elif config.split is not None:
+        raise ValueError("give indices or a split, not both")
+    else:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= meta.count):
+            raise ValueError(f"indices must be sample numbers in 0..{meta.count - 1}")
+    lcfg = config.loader_config()
+    sampler = make_sampler_for(
+        path, meta, labels, idx, lcfg, shuffle=config.order if config.order != "auto" else None,
+        rank=rank, world_size=world_size,
+    )  # fmt: skip
+    if config.drop_last and hasattr(sampler, "drop_last"):
+        sampler.drop_last = True
+    layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
+    return BatchFeed(
+        path, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
+        transform=transform, context=config.multiprocessing_context,
+    )  # fmt: skip

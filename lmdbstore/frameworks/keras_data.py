@@ -1,0 +1,131 @@
+"""Keras: a ``keras.utils.PyDataset`` over a store, for ``model.fit`` on every Keras backend (TensorFlow,
+JAX, torch).  Imports keras (with whatever backend ``KERAS_BACKEND`` names), never torch or TensorFlow
+itself.
+
+How it meets Keras:
+
+* Keras calls ``on_epoch_begin`` before every epoch: a new pass of the feed begins, so every epoch has a
+  new order (the sampler's next epoch), with no ``set_epoch`` anywhere.
+* Keras asks for batches by number, in an order it may shuffle itself (``fit(shuffle=True)``, the
+  default).  The dataset answers the ``k``-th distinct number asked for in an epoch with the ``k``-th batch
+  of its own order, so its reader processes always read the right batches ahead whatever order Keras asks
+  in, and every sample still comes once per epoch.  A number asked for twice in an epoch gets the same
+  batch again.  Outside an epoch (Keras' first look at a dataset, or you indexing it), ``ds[i]`` is batch
+  ``i`` of the next epoch's order, and no epoch begins.
+* Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
+  do the work, and Keras' thread or process pool would only add copies.
+* Iterating it directly (``for x, y in ds``) is one epoch, in order.
+
+Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
+int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from lmdbstore.config import FeedConfig
+from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
+from lmdbstore.loader.transform import Transform
+
+__all__ = ["StorePyDataset", "keras_dataset"]
+
+
+class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
+    """A ``keras.utils.PyDataset`` over a :class:`~lmdbstore.frameworks.feed.BatchFeed` (see the module
+    docstring).  Made by :func:`keras_dataset`; ``close()`` stops its readers (so does garbage collection)."""
+
+    def __init__(self, feed: BatchFeed):
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.feed = feed
+        self._served: dict[int, int] = {}  # batch number Keras asked for -> batch of the pass it got
+        self._in_epoch = False
+
+    def __len__(self) -> int:
+        return len(self.feed)
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.feed)
+
+    @property
+    def sampler(self) -> Any:
+        """The batch sampler (``set_epoch`` pins the next epoch's order; ``state_dict`` says where it is)."""
+        return self.feed.sampler
+
+    def on_epoch_begin(self) -> None:
+        self._begin()
+
+    def on_epoch_end(self) -> None:
+        self._in_epoch = False
+
+    def _begin(self) -> None:
+        self.feed.begin()
+        self._served = {}
+        self._in_epoch = True
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"batch {index} of a dataset of {len(self)} batches")
+        if not self._in_epoch:
+            return self.feed.peek(index)
+        k = self._served.get(index)
+        if k is not None:
+            return self.feed.read(k)
+        self._served[index] = self.feed.delivered
+        return self.feed.next()
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        self._begin()
+        try:
+            while True:
+                try:
+                    yield self.feed.next()
+                except StopIteration:
+                    return
+        finally:
+            self._in_epoch = False
+
+    def close(self) -> None:
+        """Stop the reader processes and free their shared memory."""
+        self.feed.close()
+
+
+def keras_dataset(
+    store: str | os.PathLike[str],
+    config: FeedConfig | None = None,
+    *,
+    indices: Any = None,
+    transform: Transform | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    **options: Any,
+) -> StorePyDataset:
+    """A ``keras.utils.PyDataset`` of ``store`` for ``model.fit`` (any Keras backend).
+
+    Args:
+        store: the store directory.
+        config: what to read and how (:class:`~lmdbstore.config.FeedConfig`); ``options`` override its
+            fields, e.g. ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
+        indices: read only these samples (instead of ``split``).
+        transform: ``transform(x, y) -> (x, y)`` on numpy batches in the reader processes (augmentation;
+            :mod:`lmdbstore.loader.transform`).
+        rank, world_size: this process's share under data-parallel training (default: the only one).
+
+    Every epoch has a new order (the store's shuffles: random, block, window, balanced), every sample of the
+    split comes once per epoch.  With TensorFlow or JAX loaded the readers start by ``forkserver``: a script
+    then needs the ``if __name__ == "__main__":`` guard.
+
+    Raises:
+        StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
+        ValueError: an unknown option or a bad value (naming it).
+    """
+    feed = open_feed(
+        store, feed_config(config, options), indices=indices, transform=transform, rank=rank, world_size=world_size
+    )
+    return StorePyDataset(feed)

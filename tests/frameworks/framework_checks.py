@@ -1,0 +1,131 @@
+"""Checks of the Keras and tf.data adapters that must run in a process of their own (TensorFlow or Keras
+loaded there for good; the test process must stay free of them): ``python framework_checks.py CHECK STORE``
+with ``KERAS_BACKEND`` set.  Each check asserts and prints ``OK CHECK``; test_keras_tf.py runs them.
+
+The store's samples encode their index in their first value (tests/conftest.py ``make_data``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+from typing import Any
+
+import numpy as np
+
+import lmdbstore
+from lmdbstore.loader.choose import split_indices
+from lmdbstore.loader.samplers import EpochBatchSampler
+
+BATCH = 64
+
+
+def ids(x: Any) -> list[int]:
+    """The sample numbers of a channels-last batch."""
+    return np.rint(np.asarray(x)[:, 0, 0, 0]).astype(np.int64).tolist()
+
+
+def expected(labels: np.ndarray, split: str, epoch: int) -> list[list[int]]:
+    """The batches of ``epoch`` of the split, from a sampler made here (seed 0, random order)."""
+    s = EpochBatchSampler(split_indices(labels, split, 0.1, 0), BATCH, shuffle="random", seed=0)
+    return [b.tolist() for b in s.batches_from(epoch, 0)]
+
+
+def check_tf(store: str) -> None:
+    """tf_dataset: known length, every sample once per iteration in the sampler's next order, kept tensors
+    never overwritten, forkserver readers; make_loader in this process starts forkserver workers too."""
+    import tensorflow as tf
+
+    reader = lmdbstore.open_reader(store)
+    x_all, labels = reader.read_range(0, len(reader)), reader.labels()
+    ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    n = len(expected(labels, "train", 0))
+    assert len(ds) == int(ds.cardinality()) == n, (len(ds), n)
+    assert ds.element_spec[0].shape.as_list() == [None, 25, 25, 1] and ds.element_spec[1].dtype == tf.int64
+    for epoch in range(2):
+        assert [ids(x) for x, _ in ds] == expected(labels, "train", epoch)
+    kept = list(ds)  # every tensor kept: no slot may be reused under them
+    assert [ids(x) for x, _ in kept] == expected(labels, "train", 2)
+    for x, y in kept:
+        idx = ids(x)
+        np.testing.assert_array_equal(x.numpy()[..., 0], x_all[idx])
+        np.testing.assert_array_equal(y.numpy(), labels[idx])
+    kinds = {type(p).__name__ for p in mp.active_children()}
+    assert "ForkServerProcess" in kinds, kinds
+    import torch  # noqa: F401  (torch is installed in the test environment)
+
+    from lmdbstore.config import LoaderConfig
+
+    loader = lmdbstore.make_loader(
+        lmdbstore.LmdbBatchDataset(store),
+        EpochBatchSampler(np.arange(len(labels)), BATCH),
+        LoaderConfig(batch_size=BATCH, workers=2),
+    )
+    assert sum(len(y) for _, y in loader) == len(labels)
+    assert type(loader.multiprocessing_context).__name__ == "ForkServerContext"
+
+
+def _recording(ds: Any) -> list[list[list[int]]]:
+    """Wrap ``ds``'s feed so that every pass's delivered batches are recorded (observed, not changed)."""
+    passes: list[list[list[int]]] = []
+    feed = ds.feed
+    begin, nxt = feed.begin, feed.next
+
+    def recorded_begin() -> None:
+        passes.append([])
+        begin()
+
+    def recorded_next() -> Any:
+        x, y = nxt()
+        passes[-1].append(ids(x))
+        return x, y
+
+    feed.begin, feed.next = recorded_begin, recorded_next
+    return passes
+
+
+def check_keras(store: str) -> None:
+    """keras_dataset under model.fit on this backend: each epoch a whole new order of the training split
+    (Keras shuffles the numbers it asks for; the dataset answers in its own order), the validation split
+    whole each time, and through Keras' TF adapter kept batches are never overwritten."""
+    import keras
+
+    reader = lmdbstore.open_reader(store)
+    labels = reader.labels()
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    val = lmdbstore.keras_dataset(store, split="val", batch_size=BATCH, workers=1)
+    seen, seen_val = _recording(train), _recording(val)
+    model = keras.Sequential([keras.Input((25, 25, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(train, validation_data=val, epochs=3, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    whole = [p for p in seen if len(p) == len(train)]
+    assert len(whole) == 3, [len(p) for p in seen]  # a pass per epoch (plus, on torch, Keras' first look)
+    everything = sorted(split_indices(labels, "train", 0.1, 0).tolist())
+    for p in whole:
+        assert sorted(i for b in p for i in b) == everything
+    assert whole[0] != whole[1] != whole[2]
+    val_order = [i for b in expected(labels, "val", 0) for i in sorted(b)]
+    for p in seen_val:
+        assert sorted(i for b in p for i in b) == sorted(val_order)
+    if keras.backend.backend() == "tensorflow":
+        from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+        adapter = PyDatasetAdapter(train, shuffle=True)
+        tfds = adapter.get_tf_dataset()
+        adapter.on_epoch_begin()
+        kept = list(tfds)
+        adapter.on_epoch_end()
+        x_all = reader.read_range(0, len(reader))
+        for x, y in kept:
+            idx = ids(x)
+            np.testing.assert_array_equal(np.asarray(x)[..., 0], x_all[idx])
+            np.testing.assert_array_equal(np.asarray(y), labels[idx])
+    train.close()
+    val.close()
+
+
+if __name__ == "__main__":
+    check, store = sys.argv[1], sys.argv[2]
+    {"tf": check_tf, "keras": check_keras}[check](store)
+    print(f"OK {check}")

@@ -1,0 +1,177 @@
+"""The torch-free feed under the Keras and tf.data adapters (lmdbstore.frameworks.feed, readers, slots):
+real reader processes over real stores.  Every pass reads every sample of its split once, in the sampler's
+next order; batches are channels-last; a consumer keeping batches never sees them overwritten; a transform
+runs in the readers; errors of the store, of a transform or of a dead reader are one line; closing stops
+the readers and frees the shared memory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import StoreInfo, damage_store
+
+from lmdbstore.config import FeedConfig
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError
+from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
+from lmdbstore.frameworks.slots import SHM_DIR
+from lmdbstore.loader.choose import split_indices
+
+BATCH = 64
+
+
+def _feed(info: StoreInfo, **options: object) -> BatchFeed:
+    options.setdefault("batch_size", BATCH)
+    options.setdefault("multiprocessing_context", "fork")
+    return open_feed(info.path, feed_config(None, options))
+
+
+def _pass(feed: BatchFeed, keep: bool = False) -> list[np.ndarray]:
+    """One pass; the sample numbers of each batch (the first value of a test sample encodes it), or with
+    ``keep`` the batches' arrays themselves, held until the end."""
+    feed.begin()
+    out = []
+    while True:
+        try:
+            x, y = feed.next()
+        except StopIteration:
+            return out
+        out.append((x, y) if keep else np.rint(x.reshape(len(x), -1)[:, 0]).astype(np.int64))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_pass_reads_the_split_once_in_the_next_order(small_store: StoreInfo, workers: int) -> None:
+    feed = _feed(small_store, split="train", workers=workers)
+    train = split_indices(small_store.y, "train", 0.1, 0)
+    passes = [_pass(feed) for _ in range(3)]
+    for epoch, batches in enumerate(passes):
+        assert len(batches) == len(feed) == -(-len(train) // BATCH)
+        assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(epoch, 0)]
+        np.testing.assert_array_equal(np.sort(np.concatenate(batches)), train)
+    assert passes[0][0].tolist() != passes[1][0].tolist()
+    feed.close()
+
+
+def test_batches_are_channels_last_with_their_labels(store_factory: Callable[..., StoreInfo]) -> None:
+    info = store_factory(300, shape=(3, 8, 6), dtype=np.uint16)  # (C, H, W) samples
+    feed = _feed(info, workers=2, shuffle="none")
+    feed.begin()
+    x, y = feed.next()
+    assert x.shape == (BATCH, 8, 6, 3) and x.dtype == np.uint16 and y.dtype == np.int64
+    np.testing.assert_array_equal(x, info.x[:BATCH].transpose(0, 2, 3, 1))
+    np.testing.assert_array_equal(y, info.y[:BATCH])
+    flat = _feed(info, workers=0, shuffle="none", channels_last=False)
+    flat.begin()
+    np.testing.assert_array_equal(flat.next()[0], info.x[:BATCH])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kept_batches_are_never_overwritten(small_store: StoreInfo, workers: int) -> None:
+    feed = _feed(small_store, workers=workers)
+    for _ in range(2):
+        kept = _pass(feed, keep=True)  # more batches than slots: the rest are read into fresh memory
+        order = feed.plan
+        assert len(kept) == len(order) > feed.slots.n
+        for (x, y), idx in zip(kept, order, strict=True):
+            np.testing.assert_array_equal(x[..., 0], small_store.x[idx])
+            np.testing.assert_array_equal(y, small_store.y[idx])
+        del kept
+    # once nothing is kept, every slot comes back
+    _pass(feed)
+    assert feed.state.count(0) >= feed.slots.n - 1
+
+
+def test_an_abandoned_pass_gives_way_to_a_whole_new_one(small_store: StoreInfo) -> None:
+    feed = _feed(small_store, workers=2)
+    feed.begin()
+    feed.next()
+    feed.next()  # readers are working ahead
+    batches = _pass(feed)
+    assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(1, 0)]
+
+
+def test_peek_and_read_do_not_move_the_pass(small_store: StoreInfo) -> None:
+    feed = _feed(small_store, workers=2)
+    x0, _ = feed.peek(3)  # batch 3 of the next pass, before it begins
+    first = _pass(feed)
+    np.testing.assert_array_equal(np.rint(x0[:, 0, 0, 0]), first[3])
+    x, _ = feed.read(5)  # batch 5 of this pass, again
+    np.testing.assert_array_equal(np.rint(x[:, 0, 0, 0]), first[5])
+    with pytest.raises(IndexError):
+        feed.peek(len(feed))
+
+
+def add_one(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x += 1
+    return x, y
+
+
+def crop(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return x[:, 5:10, 5:10].copy(), y
+
+
+def broken(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    raise ValueError("augmentation failed\nwith a second line")
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_a_transform_runs_in_the_readers(small_store: StoreInfo, context: str) -> None:
+    feed = open_feed(
+        small_store.path, FeedConfig(batch_size=BATCH, workers=2, multiprocessing_context=context), transform=add_one
+    )
+    feed.begin()
+    x, _ = feed.next()
+    np.testing.assert_allclose(x[..., 0], small_store.x[feed.plan[0]] + 1, rtol=1e-6)
+    cropped = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), transform=crop)
+    cropped.begin()
+    assert cropped.next()[0].shape == (BATCH, 5, 5, 1)
+
+
+def test_errors_are_one_line(small_store: StoreInfo, tmp_path: Path) -> None:
+    feed = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), transform=broken)
+    feed.begin()
+    with pytest.raises(ValueError, match=r"^augmentation failed$"):
+        feed.next()
+    with pytest.raises(ValueError, match="unknown option 'batch'"):
+        feed_config(None, {"batch": 3})
+    with pytest.raises(ValueError, match="split"):
+        feed_config(None, {"split": "test"})
+    with pytest.raises(ValueError, match="indices or a split"):
+        open_feed(small_store.path, FeedConfig(split="val"), indices=[1, 2])
+    with pytest.raises(ValueError, match="indices must be"):
+        open_feed(small_store.path, FeedConfig(), indices=[2000])
+
+
+def test_a_damaged_store_is_a_corrupt_store_error_from_the_readers(store_factory: Callable[..., StoreInfo]) -> None:
+    info = store_factory(3000)
+    feed = _feed(info, workers=2, shuffle="none")
+    damage_store(info.path, "garble_leaf")
+    with pytest.raises(CorruptStoreError) as err:
+        _pass(feed)
+    assert "\n" not in str(err.value)
+
+
+def test_a_dead_reader_is_one_line_and_nothing_is_left_behind(small_store: StoreInfo) -> None:
+    feed = _feed(small_store, workers=2)
+    feed.begin()
+    feed.next()
+    pool = feed.pool
+    name = feed.slots.name
+    assert name is not None and not os.path.exists(name)  # unlinked once the readers had mapped it
+    for p in pool.procs:  # type: ignore[union-attr]
+        p.kill()
+        p.join()
+    with pytest.raises(LmdbStoreError, match=r"reader process \d died"):
+        for _ in range(len(feed)):
+            feed.next()
+    feed.close()
+    healthy = _feed(small_store, workers=2)
+    _pass(healthy)
+    assert healthy.slots.name is not None and os.path.dirname(healthy.slots.name) == SHM_DIR
+    assert not os.path.exists(healthy.slots.name)
+    procs = list(healthy.pool.procs)  # type: ignore[union-attr]
+    healthy.close()
+    assert not any(p.is_alive() for p in procs)
