@@ -10,9 +10,9 @@ import typer
 
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_PROGRESS
 from lmdbstore.tools.export_formats import EXPORT_FORMATS
-from lmdbstore.util.progress import progress_bar
+from lmdbstore.util.progress import bars_wanted, progress_bar
 
-from .common import LOADER, TRAIN, cli_errors, or_list, parse_names
+from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, or_list, parse_names, report_dict
 
 __all__ = ["copy", "export"]
 
@@ -36,14 +36,15 @@ def export(
     ] = None,
     compress: Annotated[bool, typer.Option(help="Deflate .npz members / gzip HDF5 samples.")] = DEFAULT_COMPRESS,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = DEFAULT_PROGRESS,
+    progress: ProgressOption = DEFAULT_PROGRESS,
+    as_json: JsonOption = False,
 ) -> None:
     """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again."""
     with cli_errors():
         from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None
-        bar = progress_bar("export") if progress else None
+        bar = progress_bar("export") if bars_wanted(progress) else None
         try:
             rep = export_store(
                 store,
@@ -61,23 +62,28 @@ def export(
         finally:
             if bar is not None:
                 bar.close()
-        typer.echo(
+        said = Output(as_json)
+        said.say(
             f"exported {rep.samples:,} samples of {len(rep.classes)} classes ({', '.join(rep.classes)}) "
             f"to {', '.join(rep.files)} ({rep.bytes:,} bytes, {rep.samples_per_s:,.0f} samples/s)"
         )
+        said.result(report_dict(rep))
 
 
 def copy(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
     dest: Annotated[Path, typer.Argument(help="New directory for the copy.")],
     compact: Annotated[bool, typer.Option("--compact", help="Leave out free pages (smaller; slower).")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Copy STORE to DEST with LMDB's consistent copy: safe while readers and a writer run."""
     with cli_errors():
         from lmdbstore.tools.copy import copy_store
 
         rep = copy_store(store, dest, compact=compact)
-        typer.echo(
+        out = Output(as_json)
+        out.say(
             f"copied {rep.samples:,} samples to {rep.dest}{' (compacted)' if rep.compact else ''}: "
             f"{rep.source_bytes:,} -> {rep.dest_bytes:,} bytes in {rep.seconds:.1f} s"
         )
+        out.result(report_dict(rep))

@@ -20,7 +20,17 @@ from lmdbstore.config import (
 from lmdbstore.format.checksums import CHECKSUM_KINDS
 from lmdbstore.util.progress import progress_factory
 
-from .common import WRITER, cli_errors, or_list, parse_names, parse_shape
+from .common import (
+    WRITER,
+    JsonOption,
+    Output,
+    ProgressOption,
+    cli_errors,
+    or_list,
+    parse_names,
+    parse_shape,
+    report_dict,
+)
 
 __all__ = ["ingest", "synth"]
 
@@ -67,10 +77,11 @@ def ingest(
         typer.Option(help="Instead of sources, generate this many samples of the built-in 5-class dataset."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of --synthetic.")] = DEFAULT_SYNTH_SEED,
-    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = DEFAULT_PROGRESS,
+    progress: ProgressOption = DEFAULT_PROGRESS,
     workers: Annotated[
         int, typer.Option(min=0, help="Read and validate sources in N processes (order kept).")
     ] = DEFAULT_INGEST_WORKERS,
+    as_json: JsonOption = False,
 ) -> None:
     """Validate SOURCES and append them to STORE.
 
@@ -114,23 +125,28 @@ def ingest(
             report = run_ingest(
                 store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars, workers=workers
             )
+        out = Output(as_json)
         for s in report.sources:
             note = f" ({s.skipped:,} already in the store)" if s.skipped else ""
-            typer.echo(f"  {s.name}: {s.written:,} samples written{note}")
-        typer.echo(
+            out.say(f"  {s.name}: {s.written:,} samples written{note}")
+        out.say(
             f"{'created' if report.created else 'appended to'} {report.store}: +{report.added:,} samples "
             f"({report.samples_per_s:,.0f} samples/s), {report.total:,} in total"
         )
+        out.result(report_dict(report))
 
 
 def synth(
     out: Annotated[Path, typer.Argument(help="Output .npz (arrays x, y, class_names).")],
     n: Annotated[int, typer.Option("-n", "--samples", help="Number of samples.")] = DEFAULT_SYNTH_SAMPLES,
     seed: Annotated[int, typer.Option(help="Random seed.")] = DEFAULT_SYNTH_SEED,
+    as_json: JsonOption = False,
 ) -> None:
     """Write the built-in learnable 5-class dataset of z-scored 25x25 float32 arrays to an .npz."""
     with cli_errors():
         from lmdbstore.ingestion.synth import write_synth_npz
 
         write_synth_npz(out, n, seed=seed)
-        typer.echo(f"wrote {n:,} samples to {out}")
+        said = Output(as_json)
+        said.say(f"wrote {n:,} samples to {out}")
+        said.result({"out": str(out), "samples": n, "seed": seed})

@@ -9,16 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from lmdbstore.config import DEFAULT_MAX_PROBLEMS, DEFAULT_PROGRESS, DEFAULT_VERIFY_CHECKSUMS, DEFAULT_VERIFY_STRUCTURE
-from lmdbstore.util.progress import progress_bar
+from lmdbstore.util.progress import bars_wanted, progress_bar
 
-from .common import cli_errors, to_json
+from .common import JsonOption, Output, ProgressOption, cli_errors
 
 __all__ = ["stats", "verify"]
 
 
 def stats(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_json: JsonOption = False,
     sample: Annotated[
         int | None, typer.Option(help="Recompute value statistics from this many random samples read back.")
     ] = None,
@@ -32,16 +32,19 @@ def stats(
             s = store_stats(store, sample=sample)
         except ValueError as exc:  # the only parameter store_stats checks is sample
             raise ValueError(f"--sample: {exc}") from None
-        typer.echo(to_json(s) if as_json else format_stats(s))
+        out = Output(as_json)
+        if not as_json:
+            out.say(format_stats(s))
         if plot is not None:
             from lmdbstore.tools.viz import plot_stats
 
-            typer.echo(f"wrote {plot_stats(store, plot).path}", err=as_json)
+            out.say(f"wrote {plot_stats(store, plot).path}")
+        out.result(s)
 
 
 def verify(
     store: Annotated[Path, typer.Argument(help="Store directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_json: JsonOption = False,
     checksums: Annotated[
         bool, typer.Option(help="Check per-value checksums (when the store has them).")
     ] = DEFAULT_VERIFY_CHECKSUMS,
@@ -49,7 +52,7 @@ def verify(
         bool, typer.Option(help="Check LMDB's page structure first (without liblmdb).")
     ] = DEFAULT_VERIFY_STRUCTURE,
     max_problems: Annotated[int, typer.Option(help="Stop listing after this many problems.")] = DEFAULT_MAX_PROBLEMS,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = DEFAULT_PROGRESS,
+    progress: ProgressOption = DEFAULT_PROGRESS,
 ) -> None:
     """Check STORE's contents against its metadata.
 
@@ -74,17 +77,16 @@ def verify(
                 checksums=checksums,
                 max_problems=max_problems,
                 structure=structure,
-                progress=advance if progress else None,
+                progress=advance if bars_wanted(progress) else None,
             )
         finally:
             for bar in bars:
                 bar.close()
-        if as_json:
-            typer.echo(to_json(report.to_dict()))
-        else:
-            for p in report.problems:
-                where = f" at {p.index}" if p.index is not None else ""
-                typer.echo(f"problem{where}: [{p.kind}] {p.message}")
-            typer.echo(f"{store}: {'OK' if report.ok else f'{len(report.problems)} problem(s) found'}")
+        out = Output(as_json)
+        for p in report.problems:
+            where = f" at {p.index}" if p.index is not None else ""
+            out.say(f"problem{where}: [{p.kind}] {p.message}")
+        out.say(f"{store}: {'OK' if report.ok else f'{len(report.problems)} problem(s) found'}")
+        out.result(report.to_dict())
     if not report.ok:
         raise typer.Exit(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,7 +22,7 @@ from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
 
-from .common import LOADER, TRAIN, cli_errors, to_json
+from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, require_torch
 
 __all__ = ["demo", "eval_cmd", "train"]
 
@@ -58,15 +58,21 @@ def train(
         Path | None,
         typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
     ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt (inside the epoch it was written in).")
+    ] = False,
+    checkpoint_every: Annotated[
+        int | None,
+        typer.Option(help="Also write OUT/checkpoint.pt every N steps, so --resume continues inside the epoch."),
+    ] = TRAIN.checkpoint_every,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = TRAIN.device,
     width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = TRAIN.width,
     amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = TRAIN.amp,
     max_steps: Annotated[
         int | None, typer.Option(help="Cut every epoch after this many steps.")
     ] = TRAIN.max_steps_per_epoch,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar per epoch.")] = DEFAULT_PROGRESS,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON at the end.")] = False,
+    progress: ProgressOption = DEFAULT_PROGRESS,
+    as_json: JsonOption = False,
     plot: Annotated[
         bool, typer.Option("--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.")
     ] = False,
@@ -75,10 +81,12 @@ def train(
 
     Reads batches with lock-free random reads from DataLoader workers; uses the GPU when there is one.
     Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
-    waiting for data; metrics.jsonl, checkpoint.pt (every epoch) and best.pt go to --out.
+    waiting for data; metrics.jsonl, checkpoint.pt (every epoch, and every --checkpoint-every steps),
+    best.pt and TensorBoard scalars (with the tensorboard package) go to --out.
     Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.
     """
     with cli_errors():
+        require_torch("train")
         if plot:
             from lmdbstore.tools.viz import require_pyplot
 
@@ -88,7 +96,7 @@ def train(
         # a few fields a line (fmt: skip): one a line would be a long column of name=name
         tcfg = TrainConfig(
             epochs=epochs, lr=lr, val_fraction=val_fraction, width=width,
-            device=device, amp=amp, max_steps_per_epoch=max_steps,
+            device=device, amp=amp, max_steps_per_epoch=max_steps, checkpoint_every=checkpoint_every,
         )  # fmt: skip
         lcfg = LoaderConfig(
             batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
@@ -96,19 +104,29 @@ def train(
             workers=workers, seed=seed, balanced=balanced,
         )  # fmt: skip
         out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / store.resolve().name
-        result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=typer.echo, progress=progress)
+        said = Output(as_json)
+        result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=said.say, progress=progress)
         if not launch().is_main:
             return  # under torchrun only rank 0 reports
         if result.out_dir is not None and result.epochs:
-            typer.echo(f"checkpoints and metrics in {result.out_dir}")
+            said.say(f"checkpoints and metrics in {result.out_dir}")
         if plot and result.out_dir is not None and result.epochs:
             from lmdbstore.tools.viz import plot_runs
 
-            pic = plot_runs([result.out_dir], result.out_dir / DEFAULT_RUN_PNG)
-            typer.echo(f"wrote {pic.path}", err=as_json)
-        if as_json and result.epochs:
-            final = {"final": asdict(result.final), "confusion": result.confusion, "classes": result.classes}
-            typer.echo(to_json(final, None))
+            said.say(f"wrote {plot_runs([result.out_dir], result.out_dir / DEFAULT_RUN_PNG).path}")
+        said.result(_train_json(result))
+
+
+def _train_json(result: Any) -> dict[str, Any]:
+    """``train --json``: every epoch's metrics (numbered from 1, as the lines say), the last one, the
+    validation confusion matrix, the classes and the run directory."""
+    return {
+        "epochs": [asdict(m) for m in result.epochs],
+        "final": asdict(result.final) if result.epochs else None,
+        "confusion": result.confusion,
+        "classes": result.classes,
+        "out_dir": str(result.out_dir) if result.out_dir is not None else None,
+    }
 
 
 def eval_cmd(
@@ -118,20 +136,21 @@ def eval_cmd(
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = TRAIN.device,
     predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
     with cli_errors():
+        require_torch("eval")
         from lmdbstore.training.evaluate import evaluate, format_confusion
 
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
-        if as_json:
-            typer.echo(to_json(r))
-            return
-        typer.echo(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
-        for name, acc in r["per_class_accuracy"].items():
-            typer.echo(f"  {name:<16} {'-' if acc is None else f'{acc:.4f}'}")
-        typer.echo(format_confusion(r["confusion"], r["classes"]))
+        said = Output(as_json)
+        if not as_json:
+            said.say(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
+            for name, acc in r["per_class_accuracy"].items():
+                said.say(f"  {name:<16} {'-' if acc is None else f'{acc:.4f}'}")
+            said.say(format_confusion(r["confusion"], r["classes"]))
+        said.result(r)
 
 
 def demo(
@@ -140,40 +159,41 @@ def demo(
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = TRAIN.epochs,
     batch: Annotated[int, typer.Option(help="Batch size.")] = LOADER.batch_size,
     workers: Annotated[int, typer.Option(help="DataLoader workers.")] = LOADER.workers,
+    progress: ProgressOption = DEFAULT_PROGRESS,
+    as_json: JsonOption = False,
 ) -> None:
     """The main job end to end on built-in data: synthesize+ingest -> stats -> train -> eval.
 
     Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
     """
     with cli_errors():
+        require_torch("demo")
         from lmdbstore.ingestion.pipeline import ingest_synthetic
         from lmdbstore.tools.stats import format_stats, store_stats
         from lmdbstore.training.evaluate import evaluate
         from lmdbstore.training.trainer import train as run_train
 
+        said = Output(as_json)
         workdir.mkdir(parents=True, exist_ok=True)
         store = workdir / "store"
-        typer.echo(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
-        rep = ingest_synthetic(store, n, progress=progress_factory(True), exclusive=True)
+        said.say(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
+        rep = ingest_synthetic(store, n, progress=progress_factory(progress), exclusive=True)
         note = " (already in the store)" if rep.sources[0].skipped == n else ""
-        typer.echo(
-            f"      +{rep.added:,} samples{note} ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store"
-        )
-        typer.echo("[2/4] stats")
-        typer.echo(format_stats(store_stats(store)))
-        typer.echo(f"[3/4] training {epochs} epochs, batch {batch}")
+        said.say(f"      +{rep.added:,} samples{note} ({rep.samples_per_s:,.0f} samples/s), {rep.total:,} in the store")
+        said.say("[2/4] stats")
+        said.say(format_stats(store_stats(store)))
+        said.say(f"[3/4] training {epochs} epochs, batch {batch}")
+        run_dir = workdir / "run"
         res = run_train(
-            store,
-            workdir / "run",
-            TrainConfig(epochs=epochs),
-            LoaderConfig(batch_size=batch, workers=workers),
-            log=typer.echo,
-        )
-        best = workdir / "run" / BEST_NAME
-        typer.echo(f"[4/4] scoring the whole store with {best}")
+            store, run_dir, TrainConfig(epochs=epochs), LoaderConfig(batch_size=batch, workers=workers),
+            log=said.say, progress=progress,
+        )  # fmt: skip
+        best = run_dir / BEST_NAME
+        said.say(f"[4/4] scoring the whole store with {best}")
         r = evaluate(store, best, batch_size=batch, workers=workers)
-        typer.echo(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")
-        typer.echo(
+        said.say(f"      accuracy {r['accuracy']:.4f} on {r['samples']:,} samples")
+        said.say(
             f"done: validation accuracy {res.final.val_accuracy:.4f} after {len(res.epochs)} epochs; "
-            f"checkpoints and metrics in {workdir / 'run'}"
+            f"checkpoints and metrics in {run_dir}"
         )
+        said.result({"store": str(store), "run": _train_json(res), "eval": r})

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from lmdbstore.config import DEFAULT_DPI, DEFAULT_PER_CLASS, DEFAULT_RUN_PNG, DEFAULT_SAMPLE_SEED, DEFAULT_SAMPLES_PNG
 
-from .common import cli_errors
+from .common import JsonOption, Output, cli_errors, report_dict
 
 __all__ = ["plot", "show"]
 
@@ -23,6 +23,7 @@ def show(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the samples drawn.")] = DEFAULT_SAMPLE_SEED,
     dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = DEFAULT_DPI,
+    as_json: JsonOption = False,
 ) -> None:
     """Draw a grid of samples of STORE, one row per class, titled with class names and sample indices."""
     with cli_errors():
@@ -30,20 +31,28 @@ def show(
 
         idx = _parse_indices(indices) if indices is not None else None
         pic = show_samples(store, out, per_class=per_class, indices=idx, seed=seed, dpi=dpi)
-        typer.echo(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
+        _wrote(pic, as_json)
 
 
 def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (`train --out`) or metrics.jsonl files.")],
     out: Annotated[Path, typer.Option("-o", "--out", help="PNG to write.")] = Path(DEFAULT_RUN_PNG),
     dpi: Annotated[int, typer.Option(help="Pixels per inch of the PNG.")] = DEFAULT_DPI,
+    as_json: JsonOption = False,
 ) -> None:
     """Plot loss, validation accuracy and samples/s per epoch of one or more training runs (overlaid)."""
     with cli_errors():
         from lmdbstore.tools.viz import plot_runs
 
         pic = plot_runs(runs, out, dpi=dpi)
-        typer.echo(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
+        _wrote(pic, as_json)
+
+
+def _wrote(pic: Any, as_json: bool) -> None:
+    """Say which picture was written (or print it as JSON)."""
+    out = Output(as_json)
+    out.say(f"wrote {pic.path} ({pic.width}x{pic.height} px)")
+    out.result(report_dict(pic))
 
 
 def _parse_indices(text: str) -> list[int] | object:

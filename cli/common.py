@@ -1,4 +1,5 @@
-"""What every command of the ``lmdbstore`` CLI shares: errors as one line, JSON output, option parsing.
+"""What every command of the ``lmdbstore`` CLI shares: errors as one line, output (human lines, or with
+``--json`` only JSON on stdout), the ``--json`` and ``--progress`` options, option parsing.
 
 The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`, :data:`LOADER` and
 :data:`TRAIN` are the default configurations whose fields the options default to.
@@ -9,7 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import asdict, is_dataclass
+from typing import Annotated, Any
 
 import typer
 
@@ -22,11 +24,16 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "TRAIN",
     "WRITER",
+    "JsonOption",
+    "Output",
+    "ProgressOption",
     "cli_errors",
     "fail",
     "or_list",
     "parse_names",
     "parse_shape",
+    "report_dict",
+    "require_torch",
     "show_version",
     "to_json",
 ]
@@ -38,6 +45,55 @@ MAX_ERROR_CHARS = 1000
 WRITER = WriterConfig()
 LOADER = LoaderConfig()
 TRAIN = TrainConfig()
+
+
+#: ``--json``: only JSON on stdout; the human lines go to stderr.
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (the human lines go to stderr).")]
+#: ``--progress/--no-progress``: bars on stderr; by default only when stderr is a terminal.
+ProgressOption = Annotated[
+    bool | None,
+    typer.Option("--progress/--no-progress", help="Show progress bars (default: when stderr is a terminal)."),
+]
+
+
+class Output:
+    """Where a command's output goes: human lines on stdout, or with ``--json`` on stderr, leaving stdout to
+    the one JSON document :meth:`result` prints (nothing else, so ``json.loads`` of stdout works)."""
+
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+
+    def say(self, text: str) -> None:
+        """A human line (stdout; stderr under ``--json``)."""
+        typer.echo(text, err=self.as_json)
+
+    def result(self, obj: Any) -> None:
+        """The command's JSON document (under ``--json`` only)."""
+        if self.as_json:
+            typer.echo(to_json(obj))
+
+
+def report_dict(report: Any) -> dict[str, Any]:
+    """A report dataclass as a dict, with its ``samples_per_s`` when it has one."""
+    assert is_dataclass(report) and not isinstance(report, type)
+    out = asdict(report)
+    if hasattr(report, "samples_per_s"):
+        out["samples_per_s"] = report.samples_per_s
+    return out
+
+
+def require_torch(command: str) -> None:
+    """Stop with one line naming the extra to install when torch is missing (``train``, ``eval``, ``demo``).
+
+    Raises:
+        LmdbStoreError: torch cannot be imported.
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LmdbStoreError(
+            f"{command} needs PyTorch, which is not installed", hint="pip install 'lmdbstore[torch]'"
+        ) from None
 
 
 def fail(msg: str, code: int = 1) -> None:

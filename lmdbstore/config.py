@@ -182,7 +182,9 @@ class TrainConfig:
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: mixed precision (bfloat16 autocast) on CUDA; ignored on CPU (default ``True``).
         max_steps_per_epoch: cut epochs short (for smoke tests and benchmarks); ``None`` = full epochs.
-        log_every: progress/metrics line every this many steps (default 10).
+        log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
+        checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
+            that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
     """
 
     epochs: int = 3
@@ -194,6 +196,7 @@ class TrainConfig:
     amp: bool = True
     max_steps_per_epoch: int | None = None
     log_every: int = 10
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -210,6 +213,8 @@ class TrainConfig:
             raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
 
 
 #: Batches each reader process of a feed (Keras, tf.data) works ahead.
@@ -286,8 +291,8 @@ class FeedConfig:
 # ------------------------------------------------------------------------ defaults of commands and tools
 # (values no dataclass above holds; the CLI shows them, the library functions default to them)
 
-#: Show progress bars (commands' ``--progress/--no-progress``).
-DEFAULT_PROGRESS = True
+#: Show progress bars (commands' ``--progress/--no-progress``): ``None`` shows them when stderr is a terminal.
+DEFAULT_PROGRESS: bool | None = None
 
 #: Samples of the built-in synthetic dataset ``lmdbstore synth`` writes and ``lmdbstore demo`` ingests.
 DEFAULT_SYNTH_SAMPLES = 100_000

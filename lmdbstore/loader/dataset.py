@@ -237,6 +237,12 @@ def make_loader(
         slots = config.prefetch_factor + EXTRA_SLOTS
         spec = BufferSpec(config.workers, slots, dataset.batch_shape(rows), dataset.torch_dtype)
     kwargs.update(
-        sampler=LoaderSampler(sampler, own), batch_size=None, num_workers=config.workers, pin_memory=pin_memory
+        sampler=LoaderSampler(sampler, own),
+        batch_size=None,
+        num_workers=config.workers,
+        pin_memory=pin_memory,
+        # the workers' base seed comes from here, not from torch's global generator: starting workers then
+        # draws nothing from the stream dropout uses, so a resumed run draws what an uninterrupted one does
+        generator=torch.Generator().manual_seed(config.seed),
     )
     return BufferedLoader(own, spec, **kwargs)

@@ -220,7 +220,7 @@ def load_metrics(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _series(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["epoch"] + 1, float(r[key])) for r in recs if isinstance(r.get(key), (int, float))]
+    pts = [(r["epoch"], float(r[key])) for r in recs if isinstance(r.get(key), (int, float))]
     return [e for e, _ in pts], [v for _, v in pts]
 
 

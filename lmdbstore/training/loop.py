@@ -1,59 +1,33 @@
 """The epoch loop: train one epoch, validate, report, checkpoint; repeat.
 
-Each epoch's metrics are summed over the ranks; only rank 0 prints, appends to ``metrics.jsonl`` and writes
-``checkpoint.pt`` (every epoch) and ``best.pt`` (a better validation accuracy), both atomically.  The loop
-also measures how long it waits for the next batch (the data-wait share), the number that says whether
-the loader keeps the model busy.
+Each epoch's metrics are summed over the ranks; only rank 0 prints, appends to ``metrics.jsonl``, logs
+TensorBoard scalars and writes checkpoints (:mod:`~lmdbstore.training.saving`).  The loop also measures how
+long it waits for the next batch (the data-wait share), the number that says whether the loader keeps the
+model busy.  A resumed run starts inside its first epoch at the step its checkpoint recorded: the sampler
+skips the batches already trained and the epoch's metrics continue from the recorded partial sums, so they
+count every sample once.  Epochs are numbered from 1 in every line, metric and JSON.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.training.batches import autocast, to_device
-from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save
-from lmdbstore.training.data import Sampler, TrainData
-from lmdbstore.training.distributed import DistInfo, all_reduce
+from lmdbstore.training.distributed import all_reduce
 from lmdbstore.training.evaluate import confusion_summary, score_loader
-from lmdbstore.training.metrics import EpochMetrics, Log, append_metrics, epoch_line, history_to_json
+from lmdbstore.training.metrics import EpochMetrics, append_metrics, epoch_line
 from lmdbstore.training.resume import RunState
-from lmdbstore.util.progress import progress_bar
-from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
+from lmdbstore.training.run import TrainRun
+from lmdbstore.training.saving import save_epoch_end, save_inside_epoch
+from lmdbstore.util.progress import bars_wanted, progress_bar
 
-__all__ = ["DataWait", "TrainRun", "run_epochs", "train_epoch"]
-
-
-@dataclass
-class TrainRun:
-    """Everything the epoch loop works with, set up once by :func:`~lmdbstore.training.trainer.train`.
-
-    ``model`` is the bare model (its state dict is what checkpoints hold); ``net`` is what steps run through
-    (``model`` wrapped in DistributedDataParallel under torchrun, else ``model`` itself).
-    """
-
-    cfg: TrainConfig
-    lcfg: LoaderConfig
-    info: DistInfo
-    device: torch.device
-    data: TrainData
-    model: nn.Module
-    net: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    steps: int  # optimizer steps per epoch
-    out: Path | None  # the output directory (``None``: nothing is written)
-    progress: bool  # a progress bar per epoch on rank 0
-    say: Log  # rank 0's lines (a no-op on the other ranks)
+__all__ = ["DataWait", "run_epochs", "train_epoch"]
 
 
 class DataWait:
@@ -74,24 +48,25 @@ class DataWait:
             self.wait += time.perf_counter() - t0
 
 
-def run_epochs(
-    run: TrainRun, state: RunState, sampler: Sampler, train_loader: Any, val_loader: Any | None
-) -> torch.Tensor:
-    """Run the epochs from ``state.start_epoch`` to ``cfg.epochs``, updating ``state``; return the last
-    validation confusion matrix (the resumed one, or zeros, when no epoch ran or there is no validation)."""
+def run_epochs(run: TrainRun, state: RunState, train_loader: Any, val_loader: Any | None) -> torch.Tensor:
+    """Run the epochs from ``state.start_epoch`` (at ``state.start_step``) to ``cfg.epochs``, updating
+    ``state``; return the last validation confusion matrix (the resumed one, or zeros, when no epoch ran or
+    there is no validation)."""
     k = len(run.data.classes)
     conf = state.confusion if state.confusion is not None else torch.zeros(k, k, dtype=torch.int64)
     for epoch in range(state.start_epoch, run.cfg.epochs):
-        sampler.set_epoch(epoch)
-        m = train_epoch(run, train_loader, epoch)
+        run.sampler.set_epoch(epoch)  # a restored position in this same epoch is kept
+        m = train_epoch(run, train_loader, epoch, state, conf)
         if val_loader is not None:
             conf = _validate(run, val_loader, m)
         state.history.append(m)
+        state.start_epoch, state.start_step, state.partial = epoch + 1, 0, None
         run.say(epoch_line(m))
-        if run.out is not None and run.info.is_main:
-            _save_epoch(run, run.out, state, m, conf)
-        if m.val_accuracy is not None:
-            state.best_accuracy = max(state.best_accuracy, m.val_accuracy)
+        if run.writes:
+            append_metrics(run.out, m)  # type: ignore[arg-type]
+        if run.tb is not None:
+            run.tb.scalars((epoch + 1) * run.steps, _epoch_scalars(m))
+        save_epoch_end(run, state, m, conf)
     return conf
 
 
@@ -103,61 +78,68 @@ def _validate(run: TrainRun, loader: Any, m: EpochMetrics) -> torch.Tensor:
     return scores.confusion
 
 
-def _save_epoch(run: TrainRun, out: Path, state: RunState, m: EpochMetrics, conf: torch.Tensor) -> None:
-    """Append ``m`` to ``out``'s metrics file and write ``checkpoint.pt`` there (and ``best.pt`` for a new
-    best validation accuracy)."""
-    append_metrics(out, m)
-    ckpt = {
-        "format": CHECKPOINT_FORMAT,
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "scheduler": run.scheduler.state_dict(),
-        "epoch": m.epoch,
-        "classes": run.data.classes,
-        "sample_shape": list(run.data.meta.shape),
-        "in_channels": run.data.channels,
-        "width": run.cfg.width,
-        "history": history_to_json(state.history),
-        "best_accuracy": max(state.best_accuracy, m.val_accuracy or -1.0),
-        "confusion": conf.tolist(),
-        "train_config": json.dumps(asdict(run.cfg)),
-        "loader_config": json.dumps(asdict(run.lcfg)),
+def _epoch_scalars(m: EpochMetrics) -> dict[str, float | None]:
+    return {
+        "epoch/train_loss": m.train_loss,
+        "epoch/val_loss": m.val_loss,
+        "epoch/val_accuracy": m.val_accuracy,
+        "epoch/samples_per_s": m.samples_per_s,
+        "epoch/data_wait_share": m.data_wait_share,
     }
-    atomic_save(ckpt, out / CHECKPOINT_NAME)
-    if m.val_accuracy is not None and m.val_accuracy > state.best_accuracy:
-        atomic_save(ckpt, out / BEST_NAME)
 
 
-def train_epoch(run: TrainRun, loader: Any, epoch: int) -> EpochMetrics:
-    """One epoch of at most ``run.steps`` optimizer steps; its metrics summed over the ranks."""
+def train_epoch(
+    run: TrainRun, loader: Any, epoch: int, state: RunState | None = None, conf: torch.Tensor | None = None
+) -> EpochMetrics:
+    """Epoch ``epoch`` (0-based) up to ``run.steps`` optimizer steps, from ``state.start_step`` when it is
+    the epoch ``state`` stops in (whose partial sums it continues); its metrics summed over the ranks.
+    With ``cfg.checkpoint_every``, ``checkpoint.pt`` is written every that many steps (``state`` and
+    ``conf`` go into it)."""
     run.net.train()
+    start = state.start_step if state is not None and state.start_epoch == epoch else 0
+    resumed = state.partial if start and state is not None and state.partial and run.info.is_main else None
+    loss0, n0, wait0, secs0 = resumed or [0.0, 0.0, 0.0, 0.0]
     timed = DataWait(iter(loader))
-    bar = (
-        progress_bar(f"epoch {epoch + 1}", total=run.steps, unit="batch") if run.progress and run.info.is_main else None
-    )
+    show = bars_wanted(run.progress) and run.info.is_main
+    bar = progress_bar(f"epoch {epoch + 1}", total=run.steps, initial=start, unit="batch", enabled=show)
     loss_sum = torch.zeros((), dtype=torch.float64, device=run.device)
     n_seen = 0
     t0 = time.perf_counter()
-    for step, (x, y) in enumerate(timed):
-        if step >= run.steps:
+
+    def totals() -> list[float]:
+        return [loss0 + float(loss_sum), n0 + n_seen, wait0 + timed.wait, secs0 + time.perf_counter() - t0]
+
+    for step in range(start, run.steps):
+        try:
+            x, y = next(timed)
+        except StopIteration:
             break
         loss = _step(run, x, y)
         loss_sum += loss.detach().double() * len(y)
         n_seen += len(y)
-        if bar is not None:
+        done = epoch * run.steps + step + 1  # optimizer steps of the whole run
+        if run.tb is not None and done % run.cfg.log_every == 0:
+            run.tb.scalars(done, {"train/loss": loss.item(), "train/lr": run.scheduler.get_last_lr()[0]})
+        if run.cfg.checkpoint_every and done % run.cfg.checkpoint_every == 0 and step + 1 < run.steps:
+            summed = all_reduce(torch.tensor(totals(), dtype=torch.float64, device=run.device), run.info).tolist()
+            save_inside_epoch(run, state or RunState(), _conf(run, conf), epoch, step + 1, summed)
+        if show:
             elapsed = time.perf_counter() - t0
             bar.set_postfix(
                 loss=f"{loss.item():.3f}",
                 sps=f"{n_seen * run.info.world_size / elapsed:,.0f}",
                 wait=f"{100 * timed.wait / elapsed:.0f}%",
             )
-            bar.update(1)
+        bar.update(1)
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
-    elapsed = time.perf_counter() - t0
-    if bar is not None:
-        bar.close()
-    return _epoch_metrics(run, epoch, [float(loss_sum), float(n_seen), timed.wait, elapsed])
+    bar.close()
+    return _epoch_metrics(run, epoch, totals())
+
+
+def _conf(run: TrainRun, conf: torch.Tensor | None) -> torch.Tensor:
+    k = len(run.data.classes)
+    return conf if conf is not None else torch.zeros(k, k, dtype=torch.int64)
 
 
 def _step(run: TrainRun, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -174,15 +156,15 @@ def _step(run: TrainRun, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _epoch_metrics(run: TrainRun, epoch: int, totals: list[float]) -> EpochMetrics:
-    """The epoch's metrics from this rank's ``[loss sum, samples, data wait, seconds]``, summed over ranks
-    (throughput and times are per rank, averaged)."""
+    """The metrics of epoch ``epoch`` (0-based; numbered ``epoch + 1``) from this rank's ``[loss sum,
+    samples, data wait, seconds]``, summed over ranks (throughput and times are per rank, averaged)."""
     t = torch.tensor(totals, dtype=torch.float64, device=run.device)
     all_reduce(t, run.info)
     loss_total, n_total, wait_total, time_total = t.tolist()
     world = run.info.world_size
     wall = time_total / world
     return EpochMetrics(
-        epoch=epoch,
+        epoch=epoch + 1,
         train_loss=loss_total / max(n_total, 1),
         train_samples=int(n_total),
         samples_per_s=n_total / wall if wall > 0 else 0.0,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lmdbstore.util.atomic import atomic_paths
 from lmdbstore.util.jsonsafe import json_safe
 from lmdbstore.util.runfiles import METRICS_NAME, SUMMARY_NAME
 
@@ -19,6 +20,7 @@ __all__ = [
     "Log",
     "append_metrics",
     "clear_metrics",
+    "rewrite_metrics",
     "epoch_line",
     "history_from_json",
     "history_to_json",
@@ -32,7 +34,7 @@ Log = Callable[[str], None]
 
 @dataclass
 class EpochMetrics:
-    """What one epoch measured (rank-0 view, reduced over ranks)."""
+    """What one epoch measured (rank-0 view, reduced over ranks); ``epoch`` counts from 1."""
 
     epoch: int
     train_loss: float
@@ -51,7 +53,7 @@ def epoch_line(m: EpochMetrics) -> str:
     """The one line an epoch prints: losses, validation accuracy, throughput, data wait, time."""
     val = f", val loss {m.val_loss:.4f}, val acc {m.val_accuracy:.4f}" if m.val_accuracy is not None else ""
     return (
-        f"epoch {m.epoch + 1}: train loss {m.train_loss:.4f}{val}, {m.samples_per_s:,.0f} samples/s, "
+        f"epoch {m.epoch}: train loss {m.train_loss:.4f}{val}, {m.samples_per_s:,.0f} samples/s, "
         f"data wait {100 * m.data_wait_share:.1f}%, {m.seconds:.1f}s"
     )
 
@@ -75,10 +77,20 @@ def clear_metrics(out: Path) -> None:
     (out / METRICS_NAME).unlink(missing_ok=True)
 
 
+def _line(m: EpochMetrics) -> str:
+    return json.dumps(json_safe(asdict(m)), allow_nan=False) + "\n"
+
+
 def append_metrics(out: Path, m: EpochMetrics) -> None:
     """Add epoch ``m`` as one JSON line to ``out/metrics.jsonl``."""
     with open(out / METRICS_NAME, "a") as fh:
-        fh.write(json.dumps(json_safe(asdict(m)), allow_nan=False) + "\n")
+        fh.write(_line(m))
+
+
+def rewrite_metrics(out: Path, history: list[EpochMetrics]) -> None:
+    """Write ``out/metrics.jsonl`` anew from ``history`` (a resumed run's, from its checkpoint), atomically."""
+    with atomic_paths([out / METRICS_NAME]) as (tmp,):
+        tmp.write_text("".join(_line(m) for m in history))
 
 
 def write_summary(out: Path, classes: list[str], confusion: list[list[int]], final: EpochMetrics, store: Path) -> None:

@@ -31,15 +31,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lmdbstore.config import LoaderConfig, TrainConfig
+from lmdbstore.errors import LmdbStoreError
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.training.batches import place_model
 from lmdbstore.training.data import TrainData, check_inputs, make_loaders, make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
-from lmdbstore.training.loop import TrainRun, run_epochs
-from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, write_summary
+from lmdbstore.training.loop import run_epochs
+from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import RunState, resume_run
+from lmdbstore.training.run import TrainRun
+from lmdbstore.training.tboard import ScalarLog, open_scalar_log
 from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import make_output_dir
 from lmdbstore.util.runfiles import CHECKPOINT_NAME
@@ -74,26 +77,32 @@ def train(
     *,
     resume: bool = False,
     log: Log | None = print,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> TrainResult:
     """Train the CNN on ``store`` and return the metrics.
 
     Args:
         store: the store directory.
-        out_dir: where ``checkpoint.pt`` (every epoch), ``best.pt`` (best validation accuracy),
-            ``metrics.jsonl`` (one JSON object per epoch) and ``summary.json`` go; ``None`` writes nothing.
+        out_dir: where ``checkpoint.pt`` (every epoch, and every ``config.checkpoint_every`` steps),
+            ``best.pt`` (best validation accuracy), ``metrics.jsonl`` (one JSON object per epoch),
+            ``summary.json`` and, with the ``tensorboard`` package installed, TensorBoard scalars go;
+            ``None`` writes nothing.
         config: model/optimiser/epochs (:class:`TrainConfig`; default ``TrainConfig()``).
         loader: batch size, workers, shuffle mode, balanced sampling (:class:`LoaderConfig`; default
             ``LoaderConfig()``).
-        resume: continue from ``out_dir/checkpoint.pt`` (same store classes, channels and shape required).
+        resume: continue from ``out_dir/checkpoint.pt`` (same store classes, channels and shape required),
+            inside the epoch it was written in: same order, the batches already trained skipped, the
+            epoch's metrics counting every sample once; on the CPU the final weights are those of a run
+            never interrupted.
         log: where rank 0 sends its lines (default ``print``; ``None``: silent).
-        progress: show a tqdm bar per epoch on rank 0 (default ``True``).
+        progress: a tqdm bar per epoch on rank 0 (default ``None``: when stderr is a terminal).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: empty store or split, batch larger than the split, ``balanced`` with an empty class,
             samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4), all before any step.
-        LmdbStoreError: ``resume`` without a usable checkpoint.
+        LmdbStoreError: ``resume`` without a usable checkpoint, or one written inside an epoch by a run of
+            another batch size, seed, order or number of processes.
         ValueError: ``resume`` without ``out_dir``.
     """
     cfg, lcfg = config or TrainConfig(), loader or LoaderConfig()
@@ -111,18 +120,61 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     out = Path(out_dir) if out_dir is not None else None
     state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
-    scheduler = _one_cycle(optimizer, cfg, steps, state.start_epoch)
-    if out is not None and info.is_main and not resume:  # made before any work (make_output_dir above)
-        clear_metrics(out)  # a fresh run: an older run's metrics are not this run's
+    _continue_inside(state, sampler, steps, out)
+    scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
+    tb = _run_files(out if info.is_main else None, state, steps, resume)
     train_loader, val_loader = make_loaders(data, sampler, val_idx, lcfg, info, device)
-    run = TrainRun(cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say)
+    run = TrainRun(
+        cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb
+    )
     say(_plan_line(run, len(train_idx), len(val_idx)))
-    conf = run_epochs(run, state, sampler, train_loader, val_loader)
-    if state.history and state.start_epoch < cfg.epochs:  # not for a finished run resumed
+    first = state.start_epoch
+    try:
+        conf = run_epochs(run, state, train_loader, val_loader)
+    finally:
+        if tb is not None:
+            tb.close()
+    if state.history and first < cfg.epochs:  # not for a finished run resumed
         _report(run, conf, state, has_val=val_loader is not None)
     if info.active:
         dist.barrier()
     return TrainResult(state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None)
+
+
+def _continue_inside(state: RunState, sampler: Any, steps: int, out: Path | None) -> None:
+    """For a run resumed inside an epoch: the sampler continues at the recorded position (checked to be
+    this run's sampler), and torch's generator where it was (dropout draws as if never interrupted).
+
+    Raises:
+        LmdbStoreError: the checkpoint's sampler differs from this run's, or its step is past this run's epoch.
+    """
+    if state.rng is not None:
+        torch.set_rng_state(state.rng)
+    if not state.start_step:
+        return
+    path = (out or Path(".")) / CHECKPOINT_NAME
+    if state.start_step >= steps:
+        raise LmdbStoreError(f"checkpoint is {state.start_step} steps into an epoch of {steps}", path=path)
+    try:
+        sampler.load_state_dict(state.sampler)
+    except ValueError as exc:
+        raise LmdbStoreError(
+            f"checkpoint was written inside an epoch by another sampler: {exc}",
+            path=path,
+            hint="resume with the same --batch, --seed, --shuffle and number of processes",
+        ) from None
+
+
+def _run_files(out: Path | None, state: RunState, steps: int, resume: bool) -> ScalarLog | None:
+    """On the writing rank: a fresh run's old metrics cleared, a resumed run's rewritten from its checkpoint
+    (a kill between writing the two leaves them consistent), and the TensorBoard scalar log opened."""
+    if out is None:
+        return None
+    if resume:
+        rewrite_metrics(out, state.history)
+    else:
+        clear_metrics(out)  # a fresh run: an older run's metrics are not this run's
+    return open_scalar_log(out, resumed_at=state.global_step(steps) if resume else None, fresh=not resume)
 
 
 def _build_model(
@@ -161,21 +213,26 @@ def _resume(
         raise ValueError("resume needs out_dir")
     path = out / CHECKPOINT_NAME
     state = resume_run(path, model, optimizer, data.classes, data.meta.shape, cfg.width, device)
-    say(f"resuming after epoch {state.start_epoch} from {path}")
+    if state.start_step:
+        say(f"resuming epoch {state.start_epoch + 1} after its step {state.start_step} from {path}")
+    else:
+        say(f"resuming after epoch {state.start_epoch} from {path}")
     if state.start_epoch >= cfg.epochs:
         say(f"checkpoint already has {state.start_epoch} epochs; nothing to do (raise --epochs to train more)")
     return state
 
 
-def _one_cycle(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps: int, start_epoch: int) -> Any:
-    """One-cycle schedule over the (possibly extended) run.  On resume it continues at the step reached, so
-    asking for more epochs than the first run stretches the remaining schedule instead of failing."""
+def _one_cycle(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps: int, done: int) -> Any:
+    """One-cycle schedule over the (possibly extended) run.  On resume it continues at the step reached
+    (``done`` steps; the learning rate is a closed form of the step, so it is exactly the uninterrupted
+    run's), and asking for more epochs than the first run stretches the remaining schedule instead of
+    failing."""
     return torch.optim.lr_scheduler.OneCycleLR(
         optimizer,
         max_lr=cfg.lr,
-        total_steps=max(1, cfg.epochs * steps, start_epoch * steps + 1),
+        total_steps=max(1, cfg.epochs * steps, done + 1),
         pct_start=WARMUP_SHARE,
-        last_epoch=start_epoch * steps - 1 if start_epoch else -1,
+        last_epoch=done - 1 if done else -1,
     )
 
 

@@ -2,6 +2,9 @@
 
 Long work (ingest, verify, export, write_parallel, training epochs) reports through these, so every bar
 looks and behaves the same and the library never prints to stdout (which ``--json`` keeps for JSON).
+Whether bars show: ``True`` always, ``False`` never, ``None`` (the default of every command and of
+``train``) only when stderr is a terminal, so a log file or a pipe never fills with bar redraws
+(:func:`bars_wanted`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,15 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Bar", "NoBar", "ProgressFactory", "bar_from", "progress_bar", "progress_factory"]
+__all__ = ["Bar", "NoBar", "ProgressFactory", "bar_from", "bars_wanted", "progress_bar", "progress_factory"]
+
+
+def bars_wanted(requested: bool | None) -> bool:
+    """Whether to show bars: ``requested``, or with ``None`` whether stderr is a terminal."""
+    if requested is not None:
+        return requested
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
 
 
 class Bar(Protocol):
@@ -49,11 +60,12 @@ def progress_bar(
     total: int | None = None,
     unit: str = "samples",
     initial: int = 0,
-    enabled: bool = True,
+    enabled: bool | None = True,
 ) -> Any:
-    """A tqdm bar on stderr (``leave=False``: it disappears when closed) or, when not ``enabled``, a
-    :class:`NoBar`.  Sample counts are shown scaled (``12.3k samples/s``); other units as they are."""
-    if not enabled:
+    """A tqdm bar on stderr (``leave=False``: it disappears when closed) or, when not ``enabled``
+    (:func:`bars_wanted`), a :class:`NoBar`.  Sample counts are shown scaled (``12.3k samples/s``); other
+    units as they are."""
+    if not bars_wanted(enabled):
         return NoBar()
     from tqdm import tqdm
 
@@ -69,9 +81,9 @@ def progress_bar(
     )
 
 
-def progress_factory(enabled: bool) -> ProgressFactory | None:
-    """A :data:`ProgressFactory` of sample bars, or ``None`` when progress is off."""
-    if not enabled:
+def progress_factory(enabled: bool | None) -> ProgressFactory | None:
+    """A :data:`ProgressFactory` of sample bars, or ``None`` when progress is off (:func:`bars_wanted`)."""
+    if not bars_wanted(enabled):
         return None
     return lambda desc, total: progress_bar(desc, total=total)
 

@@ -31,7 +31,6 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--checksum": W.checksum,
         "--commit-mb": W.commit_bytes >> 20,
         "--seed": config.DEFAULT_SYNTH_SEED,
-        "--progress": config.DEFAULT_PROGRESS,
         "--workers": config.DEFAULT_INGEST_WORKERS,
     },
     "stats": {},
@@ -39,7 +38,6 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--checksums": config.DEFAULT_VERIFY_CHECKSUMS,
         "--structure": config.DEFAULT_VERIFY_STRUCTURE,
         "--max-problems": config.DEFAULT_MAX_PROBLEMS,
-        "--progress": config.DEFAULT_PROGRESS,
     },
     "synth": {"--samples": config.DEFAULT_SYNTH_SAMPLES, "--seed": config.DEFAULT_SYNTH_SEED},
     "train": {
@@ -54,7 +52,6 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--device": T.device,
         "--width": T.width,
         "--amp": T.amp,
-        "--progress": config.DEFAULT_PROGRESS,
     },
     "eval": {"--batch": L.batch_size, "--workers": L.workers, "--device": T.device},
     "demo": {
@@ -68,7 +65,6 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--val-fraction": T.val_fraction,
         "--seed": L.seed,
         "--compress": config.DEFAULT_COMPRESS,
-        "--progress": config.DEFAULT_PROGRESS,
     },
     "copy": {},
     "show": {
@@ -128,6 +124,12 @@ def test_unset_and_switch_defaults_are_the_config_values() -> None:
     assert default(cmd_train.train, "window_mb") == L.window_mb
     assert default(cmd_train.train, "max_steps") == T.max_steps_per_epoch
     assert default(cmd_train.train, "balanced") == L.balanced
+    assert default(cmd_train.train, "checkpoint_every") == T.checkpoint_every
+    # --progress/--no-progress: unset (bars when stderr is a terminal) for every command that has it
+    from lmdbstore_cli import cmd_export, cmd_inspect
+
+    for fn in (cmd_ingest.ingest, cmd_inspect.verify, cmd_train.train, cmd_train.demo, cmd_export.export):
+        assert default(fn, "progress") is config.DEFAULT_PROGRESS is None
 
 
 def test_help_texts_name_the_config_choices() -> None:

@@ -107,4 +107,4 @@ def test_train_plot_then_plot_two_runs_as_subprocess(small_store: StoreInfo, tmp
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 0 and "(750x210 px)" in p.stdout, p.stderr
-    assert json.loads((tmp_path / "r2" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 1
+    assert json.loads((tmp_path / "r2" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 2

@@ -51,7 +51,7 @@ def test_train_learns_and_writes_checkpoints(synth_store: Path, tmp_path: Path) 
     assert final.train_samples == len(train_idx)
     assert set(final.per_class_accuracy) == {"blob", "ring", "hstripes", "vstripes", "checker"}
     lines = (out / METRICS_NAME).read_text().splitlines()
-    assert [json.loads(line)["epoch"] for line in lines] == [0, 1, 2]
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2, 3]  # as the lines say: from 1
     conf = np.array(result.confusion)  # type: ignore[attr-defined]
     assert conf.sum() == len(val_idx)
     assert json.loads((out / "summary.json").read_text())["confusion"] == conf.tolist()
@@ -70,8 +70,8 @@ def test_resume_continues_where_it_stopped(synth_store: Path, tmp_path: Path) ->
     assert first["epoch"] == 0
     lcfg = LoaderConfig(batch_size=256, workers=0)
     result = train(synth_store, out, TrainConfig(epochs=2, lr=5e-3), lcfg, resume=True, log=None, progress=False)
-    assert [m.epoch for m in result.epochs] == [0, 1]
-    assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == 1
+    assert [m.epoch for m in result.epochs] == [1, 2]
+    assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == 1  # the index of the last finished epoch
     assert len((out / METRICS_NAME).read_text().splitlines()) == 2
     # the resumed model started from the saved weights, not from scratch
     assert result.epochs[1].train_loss < result.epochs[0].train_loss
@@ -285,7 +285,7 @@ def test_fresh_run_in_an_old_directory_starts_its_metrics_afresh(small_store: St
     out = tmp_path / "run"
     _one_epoch(small_store.path, out)
     _one_epoch(small_store.path, out)  # not --resume: a new run, not more epochs of the old one
-    assert [json.loads(line)["epoch"] for line in (out / METRICS_NAME).read_text().splitlines()] == [0]
+    assert [json.loads(line)["epoch"] for line in (out / METRICS_NAME).read_text().splitlines()] == [1]
 
 
 def test_resuming_a_finished_run_keeps_its_summary(small_store: StoreInfo, tmp_path: Path) -> None:

@@ -1,0 +1,83 @@
+"""Writing ``checkpoint.pt`` (and ``best.pt``): at the end of every epoch, and with
+``TrainConfig.checkpoint_every`` also every that many steps inside an epoch.
+
+A checkpoint holds what resuming needs to continue exactly where it was written, so that a run killed
+and resumed ends with the same weights as one never interrupted (same seed, same machine): the model,
+optimizer and scheduler state, the last finished epoch (``epoch``, -1 before any) and the steps of the
+next one already trained (``step``) with that epoch's partial metrics (``epoch_totals``, summed over the
+ranks: every sample counted once), the training sampler's state (its epoch and position, checked against
+the sampler of the resumed run), torch's random number generator (dropout), the metrics history, the best
+validation accuracy and the last confusion matrix.  Only tensors and primitives: it loads with
+``torch.load(weights_only=True)``.  Written atomically: a kill during the write leaves the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save
+from lmdbstore.training.metrics import EpochMetrics, history_to_json
+from lmdbstore.training.resume import RunState
+from lmdbstore.training.run import TrainRun
+from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
+
+__all__ = ["checkpoint_dict", "save_epoch_end", "save_inside_epoch"]
+
+
+def checkpoint_dict(
+    run: TrainRun, state: RunState, conf: torch.Tensor, *, finished: int, step: int, totals: list[float] | None
+) -> dict[str, Any]:
+    """The checkpoint of ``run`` after epoch ``finished`` (0-based; -1 before any) and ``step`` steps of the
+    next one (``totals``: their summed ``[loss sum, samples, data wait, seconds]``)."""
+    ckpt: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "model": run.model.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "epoch": finished,
+        "step": step,
+        "rng": torch.get_rng_state(),
+        "classes": run.data.classes,
+        "sample_shape": list(run.data.meta.shape),
+        "in_channels": run.data.channels,
+        "width": run.cfg.width,
+        "history": history_to_json(state.history),
+        "best_accuracy": state.best_accuracy,
+        "confusion": conf.tolist(),
+        "train_config": json.dumps(asdict(run.cfg)),
+        "loader_config": json.dumps(asdict(run.lcfg)),
+    }
+    if step:
+        ckpt["epoch_totals"] = list(totals or [])
+        # the position trained, not the sampler's own: its loader has already drawn batches ahead
+        ckpt["sampler"] = json.dumps(run.sampler.state_at(finished + 1, step))
+    return ckpt
+
+
+def save_epoch_end(run: TrainRun, state: RunState, m: EpochMetrics, conf: torch.Tensor) -> None:
+    """After epoch ``m`` (its metrics already in ``state.history``): ``checkpoint.pt``, and ``best.pt`` for a
+    new best validation accuracy (``state.best_accuracy`` is updated)."""
+    improved = m.val_accuracy is not None and m.val_accuracy > state.best_accuracy
+    if m.val_accuracy is not None:
+        state.best_accuracy = max(state.best_accuracy, m.val_accuracy)
+    if not run.writes:
+        return
+    assert run.out is not None
+    ckpt = checkpoint_dict(run, state, conf, finished=m.epoch - 1, step=0, totals=None)
+    atomic_save(ckpt, run.out / CHECKPOINT_NAME)
+    if improved:
+        atomic_save(ckpt, run.out / BEST_NAME)
+
+
+def save_inside_epoch(
+    run: TrainRun, state: RunState, conf: torch.Tensor, epoch: int, step: int, totals: list[float]
+) -> None:
+    """``checkpoint.pt`` after ``step`` steps of epoch ``epoch`` (0-based), ``totals`` summed over ranks."""
+    if run.writes:
+        assert run.out is not None
+        ckpt = checkpoint_dict(run, state, conf, finished=epoch - 1, step=step, totals=totals)
+        atomic_save(ckpt, run.out / CHECKPOINT_NAME)

@@ -1,0 +1,46 @@
+"""PyTorch Lightning with ``strategy="ddp"`` and its defaults, 2 CPU processes (gloo), over make_loader:
+Lightning keeps the loader (its sampler shards by rank itself), every rank reads its own disjoint share,
+every sample once per epoch, a new order every epoch.  Skipped without pytorch_lightning."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TESTS, StoreInfo
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None, reason="needs pytorch_lightning"),
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux"),
+]
+
+
+def test_ddp_with_the_defaults_reads_disjoint_shares_in_a_new_order_each_epoch(
+    small_store: StoreInfo, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    script = TESTS / "frameworks" / "lightning_ddp.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(small_store.path), str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "inject" not in proc.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    orders = []
+    for epoch in ("0", "1", "2"):
+        shares = [[i for b in rank[epoch] for i in b] for rank in ranks]
+        assert len(ranks[0][epoch]) == len(ranks[1][epoch]) == 20  # 2000 samples, batches of 50, 2 ranks
+        assert not set(shares[0]) & set(shares[1])
+        assert sorted(shares[0] + shares[1]) == list(range(2000))
+        orders.append(shares[0])
+    assert orders[0] != orders[1] != orders[2]
