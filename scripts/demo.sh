@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
-setup_venv ""
+setup_venv "[torch]"
 .venv/bin/lmdbstore demo "$@"

@@ -23,6 +23,12 @@ __all__ = ["EVENTS_PREFIX", "ScalarLog", "open_scalar_log"]
 EVENTS_PREFIX = "events.out.tfevents."
 
 
+def _stamp(path: Path) -> int:
+    """The seconds field of an event file's name (0 when it has none)."""
+    field = path.name[len(EVENTS_PREFIX) :].split(".", 1)[0]
+    return int(field) if field.isdigit() else 0
+
+
 class ScalarLog:
     """An open event file: :meth:`scalars` appends, :meth:`close` closes (see the module docstring)."""
 
@@ -31,8 +37,9 @@ class ScalarLog:
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary = event_pb2, summary_pb2
-        name = f"{EVENTS_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.lmdbstore"
-        self.path = out / name
+        # TensorBoard reads a run's files in name order: this one must sort after every earlier one
+        stamp = max([int(time.time()), *(_stamp(p) + 1 for p in out.glob(f"{EVENTS_PREFIX}*"))])
+        self.path = out / f"{EVENTS_PREFIX}{stamp:010d}.{socket.gethostname()}.{os.getpid()}.lmdbstore"
         self._writer = RecordWriter(open(self.path, "wb"))  # noqa: SIM115  # closed by close()
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         if purge_from is not None:
@@ -61,7 +68,8 @@ class ScalarLog:
 def open_scalar_log(out: Path | None, *, resumed_at: int | None, fresh: bool) -> ScalarLog | None:
     """The run's :class:`ScalarLog` in ``out``, or ``None`` without ``out`` or without the ``tensorboard``
     package.  ``fresh``: a new run in an old directory, whose old event files are removed first;
-    ``resumed_at``: the global step a resumed run continues from (later steps of earlier files are dropped)."""
+    ``resumed_at``: the optimizer steps a resumed run's checkpoint had done (what earlier files logged for
+    later steps is dropped)."""
     if out is None:
         return None
     try:
@@ -71,4 +79,4 @@ def open_scalar_log(out: Path | None, *, resumed_at: int | None, fresh: bool) ->
     if fresh:
         for old in out.glob(f"{EVENTS_PREFIX}*"):
             old.unlink(missing_ok=True)
-    return ScalarLog(out, resumed_at)
+    return ScalarLog(out, None if resumed_at is None else resumed_at + 1)

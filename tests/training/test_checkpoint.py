@@ -29,8 +29,8 @@ from lmdbstore.training.checkpoint import (
 )
 from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import restore_state
-from lmdbstore.training.trainer import train
 from lmdbstore.training.tboard import EVENTS_PREFIX
+from lmdbstore.training.trainer import train
 from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
 
 SHAPE = (16, 16)

@@ -1,0 +1,102 @@
+"""``--json`` on every command: stdout is exactly one JSON document (``json.loads`` of all of it works), the
+human lines go to stderr, and train's epoch numbers agree between the two; progress bars appear only when
+stderr is a terminal, unless ``--progress`` asks for them."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+from conftest import REPO, StoreInfo, run_cli, strict_json
+
+TRAIN = ["--epochs", "2", "--batch", "256", "--workers", "0", "--width", "4", "--device", "cpu"]
+
+
+def _json(*args: object) -> tuple[object, str]:
+    r = run_cli(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return strict_json(r.stdout), r.stderr
+
+
+def test_every_command_prints_only_json_on_stdout(small_store: StoreInfo, tmp_path: Path) -> None:
+    store = small_store.path
+    doc, err = _json("synth", tmp_path / "d.npz", "-n", "500")
+    assert doc == {"out": str(tmp_path / "d.npz"), "samples": 500, "seed": 0} and "wrote 500" in err  # type: ignore[comparison-overlap]
+    doc, err = _json("ingest", tmp_path / "s2", tmp_path / "d.npz")
+    assert doc["added"] == doc["total"] == 500 and doc["created"] and "created" in err  # type: ignore[index]
+    doc, _ = _json("stats", store)
+    assert doc["samples"] == 2000  # type: ignore[index]
+    doc, err = _json("verify", store)
+    assert doc["ok"] is True and "OK" in err  # type: ignore[index]
+    doc, err = _json("export", store, tmp_path / "e.npz")
+    assert doc["samples"] == 2000 and doc["samples_per_s"] > 0 and "exported" in err  # type: ignore[index]
+    doc, err = _json("copy", store, tmp_path / "copy")
+    assert doc["samples"] == 2000 and "copied" in err  # type: ignore[index]
+    pytest.importorskip("matplotlib")
+    doc, err = _json("show", store, "-o", tmp_path / "s.png", "--per-class", "2", "--dpi", "30")
+    assert doc["path"] == str(tmp_path / "s.png") and doc["width"] > 0 and "wrote" in err  # type: ignore[index]
+
+
+def test_train_eval_and_plot_json_agree_with_their_lines(small_store: StoreInfo, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    doc, err = _json("train", small_store.path, *TRAIN, "--out", run)
+    assert [m["epoch"] for m in doc["epochs"]] == [1, 2] and doc["final"]["epoch"] == 2  # type: ignore[index]
+    assert "epoch 1: train loss" in err and "epoch 2: train loss" in err and "confusion matrix" in err
+    assert doc["out_dir"] == str(run) and len(doc["confusion"]) == 5  # type: ignore[index]
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in lines] == [1, 2]
+    doc, err = _json("eval", small_store.path, run / "best.pt", "--workers", "0")
+    assert doc["samples"] == 2000 and err == ""  # type: ignore[index]
+    if sys.modules.get("matplotlib") is not None or _has("matplotlib"):
+        doc, err = _json("plot", run, "-o", tmp_path / "p.png", "--dpi", "30")
+        assert doc["path"] == str(tmp_path / "p.png") and "wrote" in err  # type: ignore[index]
+
+
+def _has(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _ingest_stderr(tmp_path: Path, *extra: str, terminal: bool) -> str:
+    """stderr of ``python -m lmdbstore ingest --synthetic`` written to a pipe, or to a terminal (a pty)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"}
+    cmd = [sys.executable, "-m", "lmdbstore", "ingest", str(tmp_path / f"s{len(extra)}{terminal}"),
+           "--synthetic", "30000", *extra]  # fmt: skip
+    if not terminal:
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300).stderr
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a size
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=follower, env=env, cwd=REPO)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+#: What a tqdm bar line shows (percent, then the bar).
+BAR = "%|"
+
+
+def test_progress_bars_only_on_a_terminal_unless_asked(tmp_path: Path) -> None:
+    assert BAR not in _ingest_stderr(tmp_path, terminal=False)  # a pipe or a log file: no bar redraws
+    assert BAR in _ingest_stderr(tmp_path, "--progress", terminal=False)  # asked for
+    assert BAR in _ingest_stderr(tmp_path, terminal=True)  # a terminal: bars by default
+    assert BAR not in _ingest_stderr(tmp_path, "--no-progress", terminal=True)
