@@ -4,7 +4,9 @@ against ``make_loader`` with the same number of workers, data only, warm, in the
 
 Contenders, each a whole epoch of the training split in random order, batch ``--batch``, ``--workers``
 reader processes (or DataLoader workers), timed after one untimed warm-up epoch, in interleaved rounds
-(one epoch of each per round; the machine may be shared), the median epoch rate reported:
+(one epoch of each per round; the machine may be shared), medians reported: the epoch's rate (start to
+end), the steady rate (from its first batch to its last) and the epoch's start (from ``iter()`` to the
+first batch; small epochs feel it):
 
 * ``make_loader``       the PyTorch path (``LmdbBatchDataset`` + ``make_loader``): the baseline;
 * ``tf_dataset``        iterated as tensors (``for x, y in ds``);
@@ -49,12 +51,16 @@ log = make_log("frameworks")
 GOAL = 0.8
 
 
-def epoch_rate(make_iter: Callable[[], Iterable[Any]]) -> float:
-    """Samples/s of one whole epoch of ``make_iter()`` (its batches' ``len`` of labels summed)."""
-    n, t0 = 0, time.perf_counter()
+def epoch_rates(make_iter: Callable[[], Iterable[Any]]) -> tuple[float, float, float]:
+    """One whole epoch of ``make_iter()``: samples/s from start to end, samples/s from the first batch to the
+    last, and seconds to the first batch."""
+    n, t0, first, n_first = 0, time.perf_counter(), 0.0, 0
     for _x, y in make_iter():
+        if not n:
+            first, n_first = time.perf_counter(), len(y)
         n += len(y)
-    return n / (time.perf_counter() - t0)
+    end = time.perf_counter()
+    return n / (end - t0), (n - n_first) / max(end - first, 1e-9), first - t0
 
 
 def contenders(store: Path, batch: int, workers: int) -> dict[str, Callable[[], Iterable[Any]]]:
@@ -134,18 +140,27 @@ def contenders(store: Path, batch: int, workers: int) -> dict[str, Callable[[], 
 def run(store: Path, batch: int, workers: int, rounds: int) -> list[dict[str, Any]]:
     """Every contender at ``workers``: one warm-up epoch, then ``rounds`` interleaved timed epochs."""
     makers = contenders(store, batch, workers)
-    rates: dict[str, list[float]] = {name: [] for name in makers}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in makers}
     for name, make in makers.items():
         log(f"workers={workers}: warm-up epoch of {name}")
-        epoch_rate(make)
+        epoch_rates(make)
     for r in range(rounds):
         for name, make in makers.items():
-            rates[name].append(epoch_rate(make))
+            runs[name].append(epoch_rates(make))
         log(f"workers={workers}: round {r + 1}/{rounds}")
-    base = statistics.median(rates["make_loader"])
+    med = {name: [statistics.median(col) for col in zip(*v, strict=True)] for name, v in runs.items()}
+    base, base_steady = med["make_loader"][0], med["make_loader"][1]
     return [
-        {"workers": workers, "path": name, "rate": statistics.median(v), "ratio": ratio(statistics.median(v), base)}
-        for name, v in rates.items()
+        {
+            "workers": workers,
+            "path": name,
+            "rate": rate,
+            "ratio": ratio(rate, base),
+            "steady": steady,
+            "steady_ratio": ratio(steady, base_steady),
+            "start_ms": 1000 * start,
+        }
+        for name, (rate, steady, start) in med.items()
     ]
 
 
@@ -176,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for w in (int(v) for v in a.workers.split(",")) for row in run(store, a.batch, w, rounds)]
         info = machine_info(store)
     goals = [
-        Goal(f"{r['path']} / make_loader, workers={r['workers']}", r["ratio"], GOAL)
+        Goal(f"{r['path']} / make_loader (workers={r['workers']})", r["ratio"], GOAL)
         for r in rows
         if r["path"] in ("tf_dataset", "keras_dataset (direct)", "keras_dataset (Keras TF adapter)")
     ]
@@ -184,9 +199,20 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {describe_machine(info)}",
         "",
         *markdown_table(
-            ["workers", "path", "samples/s", "x make_loader"],
-            "|---:|---|---:|---:|",
-            ([str(r["workers"]), r["path"], human(r["rate"]), fmt_ratio(r["ratio"])] for r in rows),
+            ["workers", "path", "epoch samples/s", "x make_loader", "steady samples/s", "x make_loader", "epoch start"],
+            "|---:|---|---:|---:|---:|---:|---:|",
+            (
+                [
+                    str(r["workers"]),
+                    r["path"],
+                    human(r["rate"]),
+                    fmt_ratio(r["ratio"]),
+                    human(r["steady"]),
+                    fmt_ratio(r["steady_ratio"]),
+                    f"{r['start_ms']:.0f} ms",
+                ]
+                for r in rows
+            ),
         ),
         "",
         "goals (same run, data only, warm):",

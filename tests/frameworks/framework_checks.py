@@ -125,7 +125,44 @@ def check_keras(store: str) -> None:
     val.close()
 
 
+class Recorder:
+    """A transform that records the sample numbers of every batch (run in this process: ``workers=0``)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.batches.append(np.rint(x[:, 0, 0, 0]).astype(np.int64).tolist())
+        return x, y
+
+
+def check_keras_make_loader(store: str) -> None:
+    """model.fit(make_loader(...)) on this backend: Keras never calls set_epoch, and still every epoch is
+    a new order of every training sample (the sampler's next epoch on every pass)."""
+    import keras
+
+    from lmdbstore.config import LoaderConfig
+
+    labels = lmdbstore.open_reader(store).labels()
+    train_idx = split_indices(labels, "train", 0.1, 0)
+    record = Recorder()
+    loader = lmdbstore.make_loader(
+        lmdbstore.LmdbBatchDataset(store, transform=record),
+        EpochBatchSampler(train_idx, BATCH, seed=0),
+        LoaderConfig(batch_size=BATCH, workers=0),
+    )
+    model = keras.Sequential([keras.Input((1, 25, 25)), keras.layers.Flatten(), keras.layers.Dense(5)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(loader, epochs=3, verbose=0)
+    n = len(loader)
+    seen = record.batches[-3 * n :]  # before them at most Keras' first look at the data
+    epochs = [sorted(i for b in seen[e * n : (e + 1) * n] for i in b) for e in range(3)]
+    assert all(e == sorted(train_idx.tolist()) for e in epochs)
+    orders = [seen[e * n] for e in range(3)]
+    assert orders[0] != orders[1] != orders[2]
+
+
 if __name__ == "__main__":
     check, store = sys.argv[1], sys.argv[2]
-    {"tf": check_tf, "keras": check_keras}[check](store)
+    {"tf": check_tf, "keras": check_keras, "keras_make_loader": check_keras_make_loader}[check](store)
     print(f"OK {check}")

@@ -43,3 +43,10 @@ def test_keras_dataset_under_model_fit(small_store: StoreInfo, backend: str) -> 
     if not _installed("keras") or not _installed(backend):
         pytest.skip(f"keras or {backend} is not installed (lmdbstore[frameworks])")
     _run("keras", small_store.path, backend)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_model_fit_on_make_loader_gets_a_new_order_every_epoch(small_store: StoreInfo, backend: str) -> None:
+    if not _installed("keras") or not _installed(backend):
+        pytest.skip(f"keras or {backend} is not installed (lmdbstore[frameworks])")
+    _run("keras_make_loader", small_store.path, backend)
