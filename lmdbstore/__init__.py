@@ -3,7 +3,9 @@
 Public API (everything else is internal)::
 
     open_writer / StoreWriter      write samples and labels (bounded commits, resumable)
-    write_parallel                 many producer processes, one writer, in task order (resumable)
+    write_parallel                 many producer processes, one writer, in task order (resumable); producers
+                                   on a concurrent.futures executor, a Dask Client or Ray (executor=...)
+    RayExecutor                    a concurrent.futures executor over Ray tasks (Ray imported when made)
     open_reader / StoreReader      random, batched and sequential reads; labels; class index
     StoreMeta                      the store's JSON metadata
     ingest / open_sources          validate files (or other stores) and append them, resumable
@@ -42,6 +44,7 @@ from lmdbstore.format.layout import FORMAT_VERSION
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.ingestion.parallel import write_parallel
 from lmdbstore.ingestion.pipeline import ingest
+from lmdbstore.ingestion.ray_executor import RayExecutor
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
 from lmdbstore.loader.samplers import stratified_split
@@ -106,6 +109,7 @@ __all__ = [
     "LoaderConfig",
     "NotAStoreError",
     "ParallelReport",
+    "RayExecutor",
     "SourceError",
     "StoreExistsError",
     "StoreFullError",

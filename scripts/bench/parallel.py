@@ -114,7 +114,7 @@ def runner(spec: str) -> Iterator[tuple[int | None, Any]]:
 
         n = int(spec[4:])
         with (
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
             Client(cluster) as client,
         ):
             client.run(augment, 0)  # every worker imported the producer
