@@ -7,6 +7,7 @@ Public API (everything else is internal)::
                                    on a concurrent.futures executor, a Dask Client or Ray (executor=...)
     RayExecutor                    a concurrent.futures executor over Ray tasks (Ray imported when made)
     open_reader / StoreReader      random, batched and sequential reads; labels; class index
+    StoreSet                       several stores read as one (open_reader([a, b, ...])): one index space
     StoreMeta                      the store's JSON metadata
     ingest / open_sources          validate files (or other stores) and append them, resumable
     verify_store                   check every value, label chunk, index entry and the metadata
@@ -48,8 +49,9 @@ from lmdbstore.ingestion.ray_executor import RayExecutor
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
 from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.store.multi import StoreSet, open_reader
 from lmdbstore.store.opening import open_writer
-from lmdbstore.store.reader import StoreReader, open_reader
+from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.tools.copy import CopyReport, copy_store
 from lmdbstore.tools.export import ExportReport, export_store
@@ -117,6 +119,7 @@ __all__ = [
     "StoreMeta",
     "StoreNotFoundError",
     "StoreReader",
+    "StoreSet",
     "StoreWriter",
     "TaskError",
     "TrainConfig",

@@ -21,6 +21,7 @@ have C channels (kept in the checkpoint); other shapes, and images under 4x4, ar
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class TrainResult:
 
 
 def train(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str] | None,
     config: TrainConfig | None = None,
     loader: LoaderConfig | None = None,
@@ -79,7 +80,8 @@ def train(
     """Train the CNN on ``store`` and return the metrics.
 
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them read as one set (one index space, classes mapped by
+            name; see :class:`~lmdbstore.store.multi.StoreSet`).
         out_dir: where ``checkpoint.pt`` (every epoch), ``best.pt`` (best validation accuracy),
             ``metrics.jsonl`` (one JSON object per epoch) and ``summary.json`` go; ``None`` writes nothing.
         config: model/optimiser/epochs (:class:`TrainConfig`; default ``TrainConfig()``).
