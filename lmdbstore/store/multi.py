@@ -131,8 +131,8 @@ class StoreSet:
         for r, m in zip(self.readers, metas, strict=True):
             if m.shape != first.shape or m.dtype != first.dtype:
                 raise ValidationError(
-                    f"samples of shape {m.shape} {m.dtype} differ from the set's first store "
-                    f"({first.shape} {first.dtype}, {self.paths[0]})",
+                    f"samples of shape {m.shape} {m.np_dtype.name} differ from the set's first store "
+                    f"({first.shape} {first.np_dtype.name}, {self.paths[0]})",
                     path=r.path,
                     hint="a set reads stores of one sample shape and dtype",
                 )
