@@ -256,20 +256,27 @@ class EnginePool:
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
         """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
 
-        Leaving the generator for any reason cancels the tasks still in the window.
+        Leaving the generator for any reason cancels the tasks still in the window.  When the engine refuses a
+        submission (e.g. a pool that broke meanwhile), the tasks already submitted are consumed first.
 
         Raises:
             TaskFailure: ``fn`` raised for the task at the head of the order.
             TaskLost: the engine lost that task with its worker and did not retry it.
         """
         window: deque[tuple[int, Any]] = deque()
-        nxt = start
+        nxt, refused = start, None
         try:
             while nxt < len(tasks) or window:
                 limit = self.limit
-                while nxt < len(tasks) and len(window) < limit:
-                    window.append((nxt, self.engine.submit(self.call, pickled_task(tasks, nxt))))
-                    nxt += 1
+                while refused is None and nxt < len(tasks) and len(window) < limit:
+                    blob = pickled_task(tasks, nxt)
+                    try:
+                        window.append((nxt, self.engine.submit(self.call, blob)))
+                        nxt += 1
+                    except Exception as exc:  # e.g. a pool broken meanwhile: first the tasks already out
+                        refused = as_failure(exc, nxt)
+                if not window:  # only when a submission was refused: its task is the next in order
+                    raise refused  # type: ignore[misc]
                 index, handle = window.popleft()
                 try:
                     out = self.engine.result(handle)

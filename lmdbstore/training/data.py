@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,16 +146,25 @@ def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
 
 
 def make_loaders(
-    data: TrainData, sampler: Sampler, val_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, device: torch.device
+    data: TrainData,
+    sampler: Sampler,
+    val_idx: np.ndarray,
+    lcfg: LoaderConfig,
+    info: DistInfo,
+    device: torch.device,
+    val_batches: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any | None]:
     """The training DataLoader over ``sampler`` and the validation one over ``val_idx`` in index order
-    (``None`` without a validation split); pinned memory by default when training on CUDA."""
+    (``None`` without a validation split; ``val_batches`` wraps its sampler, e.g. to equal steps on every
+    rank); pinned memory by default when training on CUDA."""
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
     dataset = LmdbBatchDataset(data.reader)
     train_loader = make_loader(dataset, sampler, lcfg, pin_memory=pin)
     if not len(val_idx):
         return train_loader, None
-    val_sampler = EpochBatchSampler(
+    val_sampler: Any = EpochBatchSampler(
         val_idx, lcfg.batch_size, shuffle="none", rank=info.rank, world_size=info.world_size
     )
+    if val_batches is not None:
+        val_sampler = val_batches(val_sampler)
     return train_loader, make_loader(dataset, val_sampler, lcfg, pin_memory=pin)
