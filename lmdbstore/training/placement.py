@@ -21,7 +21,6 @@ otherwise).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +28,26 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
+from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
+from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.multi import Reader, StoreSet
-from lmdbstore.training.data import TrainData, read_store
+from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo
+from lmdbstore.training.metrics import Log
 
-__all__ = ["EqualSteps", "Placement", "equal_steps", "fingerprint", "gather", "place", "shard_data", "split_sizes"]
+__all__ = [
+    "EqualSteps",
+    "Placement",
+    "RankData",
+    "equal_steps",
+    "fingerprint",
+    "gather",
+    "place",
+    "rank_data",
+    "shard_data",
+    "split_sizes",
+]
 
 
 @dataclass(frozen=True)
@@ -46,12 +59,14 @@ class Placement:
         groups: how many different store sets the job's ranks hold (1: the same everywhere).
         classes: the class list every rank trains on.
         group_ranks: the job's ranks of this rank's group.
+        job: this rank's place in the whole job (rank, world size, local rank).
     """
 
     share: DistInfo
     groups: int
     classes: list[str]
     group_ranks: tuple[int, ...]
+    job: tuple[int, int, int] = (0, 1, 0)  #: the job's own rank, world size and local rank
 
     @property
     def sharded(self) -> bool:
@@ -77,7 +92,7 @@ def place(reader: Reader, info: DistInfo) -> Placement:
     """
     mine = (fingerprint(reader), list(reader.classes), list(reader.shape), str(reader.dtype))
     if not info.active:
-        return Placement(info, 1, mine[1], (0,))
+        return Placement(info, 1, mine[1], (0,), _job(info))
     every = gather(mine, info)
     for rank, (_, _, shape, dtype) in enumerate(every):
         if (shape, dtype) != (mine[2], mine[3]):
@@ -88,11 +103,15 @@ def place(reader: Reader, info: DistInfo) -> Placement:
             )
     prints = list(dict.fromkeys(e[0] for e in every))
     if len(prints) == 1:
-        return Placement(info, 1, mine[1], tuple(range(info.world_size)))
+        return Placement(info, 1, mine[1], tuple(range(info.world_size)), _job(info))
     members = tuple(r for r, e in enumerate(every) if e[0] == mine[0])
     classes = list(dict.fromkeys(c for e in every for c in e[1]))
     share = DistInfo(members.index(info.rank), len(members), info.local_rank)
-    return Placement(share, len(prints), classes, members)
+    return Placement(share, len(prints), classes, members, _job(info))
+
+
+def _job(info: DistInfo) -> tuple[int, int, int]:
+    return info.rank, info.world_size, info.local_rank
 
 
 def gather(value: Any, info: DistInfo) -> list[Any]:
@@ -169,3 +188,48 @@ def shard_data(data: TrainData, placement: Placement) -> TrainData:
         return data
     readers = data.reader.readers if isinstance(data.reader, StoreSet) else [data.reader]
     return read_store(StoreSet(readers, classes=placement.classes))
+
+
+@dataclass(frozen=True)
+class RankData:
+    """What this rank trains and validates on (see :func:`rank_data`).
+
+    Attributes:
+        data: the stores (with the job's class list when sharded).
+        placement: where the data lives across the ranks.
+        train_idx, val_idx: this rank's group's split.
+        sampler: this rank's training batches (as many per epoch as on every other rank).
+        sizes: the job's training and validation samples, each group's split counted once.
+    """
+
+    data: TrainData
+    placement: Placement
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    sampler: Any
+    sizes: tuple[int, int]
+
+    def val_batches(self, sampler: Any) -> Any:
+        """The validation sampler with as many steps as on every other rank (when sharded)."""
+        if not self.placement.sharded:
+            return sampler
+        return EqualSteps(sampler, equal_steps(len(sampler), DistInfo(*self.placement.job)))
+
+
+def rank_data(data: TrainData, val_fraction: float, lcfg: LoaderConfig, info: DistInfo, say: Log) -> RankData:
+    """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
+    ``lcfg.seed``), check it (:func:`~lmdbstore.training.data.check_inputs`) and make this rank's sampler
+    (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded): the trainer's data steps.
+
+    Raises:
+        ValidationError: as :func:`place`, :func:`split_sizes` and ``check_inputs``.
+    """
+    placement = place(data.reader, info)
+    data, share = shard_data(data, placement), placement.share
+    train_idx, val_idx = stratified_split(data.labels, val_fraction, lcfg.seed)
+    sizes = split_sizes(placement, len(train_idx), len(val_idx), info)
+    check_inputs(data, train_idx, lcfg, share)
+    sampler: Any = make_sampler(data, train_idx, lcfg, share, say)
+    if placement.sharded:  # DDP needs as many steps on every rank
+        sampler = EqualSteps(sampler, equal_steps(len(sampler), info))
+    return RankData(data, placement, train_idx, val_idx, sampler, sizes)
