@@ -49,9 +49,10 @@ from lmdbstore.ingestion.ray_executor import RayExecutor
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.store.multi import StoreSet, open_reader
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.opening import open_writer
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import open_reader
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.tools.copy import CopyReport, copy_store
 from lmdbstore.tools.export import ExportReport, export_store

@@ -33,7 +33,8 @@ from lmdbstore.loader.buffers import (
 )
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
 from lmdbstore.loader.sets import SetBatches
-from lmdbstore.store.multi import Reader, StoreSet, as_reader
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader, as_reader
 
 __all__ = ["BufferedLoader", "LmdbBatchDataset", "as_batch_dataset", "make_loader"]
 

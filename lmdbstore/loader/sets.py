@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.store.multi import Reader, StoreSet
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader
 
 __all__ = ["SetBatches", "SetPrefetch", "SetSpace", "grouped", "set_space"]
 

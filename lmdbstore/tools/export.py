@@ -30,7 +30,7 @@ import numpy as np
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.store.multi import Reader, as_reader
+from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
 from lmdbstore.store.env import DATA_FILE
-from lmdbstore.store.multi import Reader
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader
 
 __all__ = ["fmt_bytes", "fmt_num", "format_stats", "sampled_stats", "store_stats"]
 

@@ -24,7 +24,8 @@ from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
 from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
 from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
-from lmdbstore.store.multi import Reader, StoreSet, as_reader, data_file_bytes
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader, as_reader, data_file_bytes
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.store.multi import Reader, StoreSet
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader
 from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log

@@ -46,8 +46,9 @@ from bench.machine import drop_page_cache, pread_rate, warm_page_cache
 from bench.ooc_runs import make_store
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.loader.sets import SetBatches, set_space
-from lmdbstore.store.multi import Reader, StoreSet
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader
 
 log = make_log("sets")
 #: Reads in flight of the disk's limit the cold rows are stated against.

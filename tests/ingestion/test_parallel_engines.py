@@ -128,7 +128,7 @@ def test_process_pool_worker_killed_is_named_and_a_rerun_resumes_exactly(tmp_pat
 def test_bad_executor_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="give a number of worker processes"):
         write_parallel(tmp_path / "s", pt.produce, TASKS, shape=pt.SHAPE, dtype="float32", classes=pt.CLASSES)
-    with pytest.raises(ValueError, match="executor must be a concurrent.futures.Executor"):
+    with pytest.raises(ValueError, match=r"executor must be a concurrent\.futures\.Executor"):
         _write(tmp_path / "s", executor=object())
     with ThreadPoolExecutor(1) as ex:
         with pytest.raises(ValueError, match="workers must be positive with an executor"):

@@ -12,7 +12,7 @@ import pytest
 from conftest import SET_CLASSES, SetInfo, build_set, build_store, make_data
 
 from lmdbstore import StoreReader, StoreSet, ValidationError, open_reader, open_writer
-from lmdbstore.store.multi import as_reader, data_file_bytes
+from lmdbstore.store.readers import as_reader, data_file_bytes
 
 
 @pytest.fixture(scope="module")
