@@ -23,7 +23,15 @@ from lmdbstore.config import (
 )
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
-from lmdbstore.tools.stats import fmt_bytes, fmt_num, format_stats, sampled_stats, store_stats
+from lmdbstore.tools.stats import (
+    class_rows,
+    exact_values,
+    fmt_bytes,
+    fmt_num,
+    format_stats,
+    sampled_stats,
+    store_stats,
+)
 from lmdbstore.tools.verify import VerifyReport, verify_store
 
 __all__ = ["SetVerifyReport", "format_set_stats", "set_stats", "verify_set"]
@@ -48,18 +56,9 @@ def set_stats(
     per = [store_stats(p, sample=sample, seed=seed) for p in stores]
     with whole_set as s:
         m = s.meta
-        vs = m.value_stats
-        values: dict[str, Any] = {
-            "method": "exact (the stores' statistics merged)",
-            "mean": vs.mean,
-            "std": vs.std,
-            "min": vs.min,
-            "max": vs.max,
-            "nonfinite": vs.nonfinite,
-        }
+        values = exact_values(m.value_stats, "exact (the stores' statistics merged)")
         if sample is not None and m.count:
             values = sampled_stats(s, sample, seed)
-        total = max(m.count, 1)
         raw = m.count * m.sample_bytes
         on_disk = sum(d["bytes"]["used_pages_total"] for d in per)
         whole = {
@@ -69,10 +68,7 @@ def set_stats(
             "shape": list(m.shape),
             "dtype": m.dtype,
             "sample_bytes": m.sample_bytes,
-            "classes": [
-                {"id": i, "name": name, "count": c, "share": c / total}
-                for i, (name, c) in enumerate(zip(m.classes, m.class_counts, strict=True))
-            ],
+            "classes": class_rows(m.classes, m.class_counts),
             "bytes": {
                 "raw": raw,
                 "used_pages_total": on_disk,

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader
 
-__all__ = ["fmt_bytes", "fmt_num", "format_stats", "sampled_stats", "store_stats"]
+__all__ = ["class_rows", "exact_values", "fmt_bytes", "fmt_num", "format_stats", "sampled_stats", "store_stats"]
 
 
 def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
@@ -43,6 +44,20 @@ def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
         "max": float(finite.max()) if finite.size else None,
         "nonfinite": int(f.size - finite.size),
     }
+
+
+def exact_values(vs: ValueStats, method: str) -> dict[str, Any]:
+    """The ``values`` entry of a stats dict from exact value statistics, saying how they were obtained."""
+    return {"method": method, "mean": vs.mean, "std": vs.std, "min": vs.min, "max": vs.max, "nonfinite": vs.nonfinite}
+
+
+def class_rows(classes: list[str], counts: list[int]) -> list[dict[str, Any]]:
+    """The ``classes`` entry of a stats dict: id, name, count and share of each class."""
+    total = max(sum(counts), 1)
+    return [
+        {"id": i, "name": n, "count": c, "share": c / total}
+        for i, (n, c) in enumerate(zip(classes, counts, strict=True))
+    ]
 
 
 def store_stats(
@@ -72,15 +87,7 @@ def store_stats(
         raw = m.count * m.sample_bytes
         sample_bytes_disk = pages["samples"] * psize
         st = os.stat(p / DATA_FILE)
-        vs = m.value_stats
-        values: dict[str, Any] = {
-            "method": "exact (accumulated by the writer over every value)",
-            "mean": vs.mean,
-            "std": vs.std,
-            "min": vs.min,
-            "max": vs.max,
-            "nonfinite": vs.nonfinite,
-        }
+        values = exact_values(m.value_stats, "exact (accumulated by the writer over every value)")
         if sample is not None and m.count:
             values = sampled_stats(reader, sample, seed)
         total = max(m.count, 1)
@@ -96,10 +103,7 @@ def store_stats(
             "sample_bytes": m.sample_bytes,
             "samples_per_value": m.samples_per_value,
             "checksum": m.checksum,
-            "classes": [
-                {"id": i, "name": name, "count": c, "share": c / total}
-                for i, (name, c) in enumerate(zip(m.classes, m.class_counts, strict=True))
-            ],
+            "classes": class_rows(m.classes, m.class_counts),
             "bytes": {
                 "raw": raw,
                 "samples_db": sample_bytes_disk,
