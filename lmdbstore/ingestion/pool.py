@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
-__all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied"]
+__all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied", "pickled_task"]
 
 #: How often (seconds) a waiting side checks that the other side is still alive.
 POLL_SECONDS = 0.5
@@ -121,7 +121,12 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
             os._exit(0)  # the parent is gone
 
 
-def _pickled_task(tasks: Sequence[Any], i: int) -> bytes:
+def pickled_task(tasks: Sequence[Any], i: int) -> bytes:
+    """``tasks[i]`` pickled, as every pool sends a task to its workers.
+
+    Raises:
+        ValueError: the task cannot be pickled (names its index).
+    """
     try:
         return pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
@@ -178,7 +183,7 @@ class OrderedPool:
             nxt, head, ready = start, start, {}
             while head < len(tasks):
                 while nxt < len(tasks) and nxt - head < self.limit:
-                    task_q.put((nxt, _pickled_task(tasks, nxt)))
+                    task_q.put((nxt, pickled_task(tasks, nxt)))
                     nxt += 1
                 while head not in ready and LOAD_FAILED not in ready:
                     index, ok, payload = self._receive()

@@ -7,7 +7,9 @@ once with one :class:`~lmdbstore.errors.ValidationError` line.
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,43 +22,46 @@ from lmdbstore.errors import ValidationError
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
+from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
 from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
-from lmdbstore.store.env import DATA_FILE
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader, as_reader, data_file_bytes
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
 
 __all__ = ["TrainData", "check_inputs", "make_loaders", "make_sampler", "pick_shuffle", "read_store"]
 
-Sampler = EpochBatchSampler | BalancedBatchSampler
+Sampler = EpochBatchSampler | BalancedBatchSampler | SetBatches
 
 
 @dataclass(frozen=True)
 class TrainData:
-    """The store as the trainer sees it: path, metadata, labels, class names, CNN input channels, and the
-    (closed) reader the loaders' dataset is made from."""
+    """The store (or set of stores) as the trainer sees it: path (a set's first store), metadata, labels, class
+    names, CNN input channels, and the (closed) reader the loaders' dataset is made from."""
 
     path: Path
-    reader: StoreReader
+    reader: Reader
     meta: StoreMeta
     labels: np.ndarray
     classes: list[str]
     channels: int
 
 
-def read_store(store: str | os.PathLike[str]) -> TrainData:
-    """Read the metadata and labels of ``store`` (the reader is closed again at once: workers open their own)
-    and check that the CNN can take its samples.
+def read_store(store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader) -> TrainData:
+    """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
+    closed again at once: workers open their own) and check that the CNN can take its samples.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
-        ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4).
+        ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
+            of a set that do not make one set.
     """
-    path = Path(store)
-    with StoreReader(path) as reader:
+    reader = as_reader(store)
+    with reader:
         meta = reader.meta
         labels = reader.labels()
+    path = reader.path
     channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
     return TrainData(path, reader, meta, labels, list(meta.classes), channels)
 
@@ -89,11 +94,11 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
             )
 
 
-def pick_shuffle(lcfg: LoaderConfig, path: Path, say: Log) -> str:
+def pick_shuffle(lcfg: LoaderConfig, reader: Reader, say: Log) -> str:
     """The shuffle to use: ``auto`` picks ``random`` or ``window`` by store size against memory, and says so."""
     if lcfg.shuffle != "auto":
         return lcfg.shuffle
-    choice = choose_shuffle(os.path.getsize(path / DATA_FILE))
+    choice = choose_shuffle(data_file_bytes(reader))
     say(f"shuffle: {choice.shuffle} ({choice.reason})")
     return choice.shuffle
 
@@ -101,27 +106,35 @@ def pick_shuffle(lcfg: LoaderConfig, path: Path, say: Log) -> str:
 def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, say: Log) -> Sampler:
     """This rank's sampler of the training split: class-balanced with ``lcfg.balanced``, else in the order
     :func:`pick_shuffle` chooses (the window order reads each next window ahead, in large runs)."""
-    meta, rank, world = data.meta, info.rank, info.world_size
+    meta, rank, world, reader = data.meta, info.rank, info.world_size, data.reader
     if lcfg.balanced:
         per_class = [train_idx[data.labels[train_idx] == c] for c in range(len(data.classes))]
-        return BalancedBatchSampler(
-            per_class, lcfg.batch_size, seed=lcfg.seed, rank=rank, world_size=world, class_names=data.classes
+        return grouped(
+            BalancedBatchSampler(
+                per_class, lcfg.batch_size, seed=lcfg.seed, rank=rank, world_size=world, class_names=data.classes
+            ),
+            reader,
         )
-    shuffle = pick_shuffle(lcfg, data.path, say)
+    shuffle = pick_shuffle(lcfg, reader, say)
+    space = set_space(reader)  # a set of stores: orders drawn where each store starts on a value boundary
+    idx = space.to_padded(train_idx) if space is not None else train_idx
     if shuffle == "window":
-        return WindowBatchSampler(
-            train_idx,
+        fresh = copy.deepcopy(reader)  # this process's own reader for the read-ahead (the loaders' is closed)
+        prefetch = SetPrefetch(fresh, space) if isinstance(fresh, StoreSet) else fresh.prefetch
+        window = WindowBatchSampler(
+            idx,
             lcfg.batch_size,
             samples_per_value=meta.samples_per_value,
             sample_bytes=meta.sample_bytes,
             window_bytes=None if lcfg.window_mb is None else lcfg.window_mb << 20,
-            prefetch=StoreReader(data.path).prefetch,
+            prefetch=prefetch,
             seed=lcfg.seed,
             rank=rank,
             world_size=world,
         )
-    return EpochBatchSampler(
-        train_idx,
+        return grouped(window, reader, space)
+    epoch = EpochBatchSampler(
+        idx,
         lcfg.batch_size,
         shuffle=shuffle,  # type: ignore[arg-type]
         samples_per_value=meta.samples_per_value,
@@ -130,19 +143,29 @@ def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
         rank=rank,
         world_size=world,
     )
+    return grouped(epoch, reader, space)
 
 
 def make_loaders(
-    data: TrainData, sampler: Sampler, val_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, device: torch.device
+    data: TrainData,
+    sampler: Sampler,
+    val_idx: np.ndarray,
+    lcfg: LoaderConfig,
+    info: DistInfo,
+    device: torch.device,
+    val_batches: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any | None]:
     """The training DataLoader over ``sampler`` and the validation one over ``val_idx`` in index order
-    (``None`` without a validation split); pinned memory by default when training on CUDA."""
+    (``None`` without a validation split; ``val_batches`` wraps its sampler, e.g. to equal steps on every
+    rank); pinned memory by default when training on CUDA."""
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
     dataset = LmdbBatchDataset(data.reader)
     train_loader = make_loader(dataset, sampler, lcfg, pin_memory=pin)
     if not len(val_idx):
         return train_loader, None
-    val_sampler = EpochBatchSampler(
+    val_sampler: Any = EpochBatchSampler(
         val_idx, lcfg.batch_size, shuffle="none", rank=info.rank, world_size=info.world_size
     )
+    if val_batches is not None:
+        val_sampler = val_batches(val_sampler)
     return train_loader, make_loader(dataset, val_sampler, lcfg, pin_memory=pin)
