@@ -20,16 +20,23 @@ worker moves FREE -> g, only the main process moves g -> HELD -> FREE.  Each bat
 generation of the iteration that asked for it (:class:`TaggedSampler`), so a slot still marked with an older
 generation belongs to a result that an abandoned iteration never delivered (persistent workers drain
 those before the next iteration starts): it counts as free.
+
+A batch handed out on a slot never reaches another process as a view of it: pickled (queues, spawned
+processes) it travels as a copy, and a child forked while it is held gets a private copy of the slot
+(:mod:`lmdbstore.loader.sharing`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from lmdbstore.loader.sharing import track
 
 FREE = 0
 HELD = -1
@@ -85,6 +92,17 @@ class BatchBuffers:
         self.stats = torch.zeros(spec.workers, 2, dtype=torch.int64).share_memory_()
         self._base = [_use_count(s) for s in self.slots]  # main process only
         self._held: dict[int, None] = {}
+        self.owner_pid = os.getpid()
+        self._ranges = [(s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in self.slots]
+        track(self)
+
+    def held_slots(self) -> Iterator[tuple[int, tuple[int, int]]]:
+        """``(slot, (address, bytes))`` of every slot handed out and not yet known to be free (main process)."""
+        return ((slot, self._ranges[slot]) for slot in list(self._held))
+
+    def pin(self, slot: int) -> None:
+        """Never reuse ``slot`` (another process may see its batch): it stays taken; workers use the others."""
+        self._held.pop(slot, None)
 
     # ---------------------------------------------------------------- worker side
     def acquire(self, worker: int, rows: int, gen: int) -> int | None:
