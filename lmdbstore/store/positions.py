@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,11 +140,20 @@ def build_table(
     return table
 
 
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL | None:
+    with contextlib.suppress(OSError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return None
+
+
 def _give_back_free_memory() -> None:
     """Return the parse's freed temporaries to the OS (glibc keeps freed heap memory in the process
     otherwise, and the reader's resident memory would look like it grew with the store)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        libc = _libc()
+        if libc is not None:
+            libc.malloc_trim(0)
 
 
 def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None) -> None:
