@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format.pages import (
     F_BIGDATA,
     F_SUBDATA,
@@ -33,6 +32,7 @@ from lmdbstore.format.pages import (
     LmdbDb,
     LmdbMeta,
     PageReader,
+    damaged,
     overflow_pages,
 )
 
@@ -80,13 +80,11 @@ def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
     w = base // 2
     ksize = words[w + 3].astype(np.int64)
     if int((ptr + NODESIZE + ksize).max()) > ps:
-        raise CorruptStoreError(f"{what} branch page {level[int(row[0])]} has a key outside its page", path=pages.path)
+        raise damaged(f"{what} branch page {level[int(row[0])]} has a key outside its page", path=pages.path)
     first = np.r_[True, row[1:] != row[:-1]]
     if ((ksize != KEY_BYTES) & ~first).any():
         i = int(np.flatnonzero((ksize != KEY_BYTES) & ~first)[0])
-        raise CorruptStoreError(
-            f"{what} branch page {level[int(row[i])]} holds a key that is not 8 bytes", path=pages.path
-        )
+        raise damaged(f"{what} branch page {level[int(row[i])]} holds a key that is not 8 bytes", path=pages.path)
     child = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16 | words[w + 2].astype(np.int64) << 32
     idx = (base + NODESIZE)[:, None] + np.arange(KEY_BYTES)
     sep = flat[np.minimum(idx, flat.size - 1)].copy().view(">u8").reshape(-1).astype(np.uint64)
@@ -97,7 +95,7 @@ def _walk(pages: PageReader, db: LmdbDb, what: str) -> tuple[list[int], list[_Le
     """The leaf page numbers of ``db`` in key order and its branch levels, read level by level (each level's
     reads in flight together); no page twice, no level larger than the file."""
     if not 1 <= db.depth <= MAX_DEPTH:
-        raise CorruptStoreError(f"{what} B-tree has depth {db.depth}", path=pages.path)
+        raise damaged(f"{what} B-tree has depth {db.depth}", path=pages.path)
     level, levels, seen = [db.root], [], 1
     for _ in range(db.depth - 1):
         lv = _branch_level(pages, level, what)
@@ -105,10 +103,10 @@ def _walk(pages: PageReader, db: LmdbDb, what: str) -> tuple[list[int], list[_Le
         level = lv.child.tolist()
         seen += len(level)
         if seen > pages.n_pages:
-            raise CorruptStoreError(f"{what} B-tree reaches more pages than the file holds", path=pages.path)
+            raise damaged(f"{what} B-tree reaches more pages than the file holds", path=pages.path)
     every = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(level, np.int64)])
     if np.unique(every).size != every.size:
-        raise CorruptStoreError(f"{what} B-tree reaches a page twice", path=pages.path)
+        raise damaged(f"{what} B-tree reaches a page twice", path=pages.path)
     return level, levels
 
 
@@ -126,14 +124,14 @@ def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
             dsize = int(words[w]) | int(words[w + 1]) << 16
             flags, ksize = int(words[w + 2]), int(words[w + 3])
             if o + NODESIZE + ksize + dsize > pages.psize:
-                raise CorruptStoreError(f"page {pgno} has a node outside its page", path=pages.path)
+                raise damaged(f"page {pgno} has a node outside its page", path=pages.path)
             key = page[o + NODESIZE : o + NODESIZE + ksize].tobytes()
             if key == name:
                 if flags != F_SUBDATA or dsize != MDB_DB_SIZE:
-                    raise CorruptStoreError(f"main-database node {name!r} has flags {flags:#x}", path=pages.path)
+                    raise damaged(f"main-database node {name!r} has flags {flags:#x}", path=pages.path)
                 start = o + NODESIZE + ksize
                 return LmdbDb.parse(page[start : start + MDB_DB_SIZE].tobytes())
-    raise CorruptStoreError(f"no sub-database {name.decode()!r}", path=pages.path)
+    raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
 
 
 def _check_separators(
@@ -154,7 +152,7 @@ def _check_separators(
         j = np.flatnonzero(~first_in_page)
         bad = (lv.sep[j] <= sub_max[j - 1]) | (lv.sep[j] > sub_min[j])
         if bad.any():
-            raise CorruptStoreError(
+            raise damaged(
                 f"{what} B-tree: a separator key ({int(lv.sep[j[bad][0]])}) does not separate its subtrees",
                 path=path,  # type: ignore[arg-type]
             )
@@ -169,11 +167,11 @@ def _check_overflow_runs(pos: np.ndarray, sizes: np.ndarray, tree: np.ndarray, p
     order = np.argsort(first, kind="stable")
     f, n = first[order], np.asarray(overflow_pages(sizes[order], ps), np.int64)
     if (f[1:] < f[:-1] + n[:-1]).any():
-        raise CorruptStoreError("two values of the samples B-tree share overflow pages", path=path)  # type: ignore[arg-type]
+        raise damaged("two values of the samples B-tree share overflow pages", path=path)  # type: ignore[arg-type]
     k = np.searchsorted(f, tree, side="right") - 1
     inside = (k >= 0) & (tree < f[np.maximum(k, 0)] + n[np.maximum(k, 0)])
     if inside.any():
-        raise CorruptStoreError(
+        raise damaged(
             f"an overflow run covers B-tree page {int(tree[inside][0])}",
             path=path,  # type: ignore[arg-type]
         )
@@ -199,13 +197,13 @@ def samples_positions(
     db = main_db_entry(pages, meta.main, name)
     what = name.decode()
     if db.flags & 0x7FFF:
-        raise CorruptStoreError(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=path)
+        raise damaged(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=path)
     if db.entries == 0:
         z = np.zeros(0, np.int64)
         return BTreeValues(z.astype(np.uint64), z, z, z.astype(bool))
     ps = meta.psize
     if db.entries > pages.n_pages * (ps // (NODESIZE + KEY_BYTES + 2)):
-        raise CorruptStoreError(f"{what} B-tree claims {db.entries} entries, more than the file holds", path=path)
+        raise damaged(f"{what} B-tree claims {db.entries} entries, more than the file holds", path=path)
     keys = np.empty(db.entries, np.uint64)
     sizes = np.empty(db.entries, np.int64)
     pos = np.empty(db.entries, np.int64)
@@ -225,15 +223,15 @@ def samples_positions(
         dsize = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16
         flags, ksize = words[w + 2], words[w + 3]
         if (ksize != KEY_BYTES).any() or (flags & ~np.uint16(F_BIGDATA)).any():
-            raise CorruptStoreError(f"{what} B-tree holds a node that is not an 8-byte key with a value", path=path)
+            raise damaged(f"{what} B-tree holds a node that is not an 8-byte key with a value", path=path)
         big = (flags & F_BIGDATA).astype(bool)
         data = ptr + NODESIZE + KEY_BYTES
         bad = np.flatnonzero(data + np.where(big, 8, dsize) > ps)
         if bad.size:
-            raise CorruptStoreError(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
+            raise damaged(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
         n = len(ptr)
         if done + n > db.entries:
-            raise CorruptStoreError(f"more values in the {what} B-tree than its header's {db.entries}", path=path)
+            raise damaged(f"more values in the {what} B-tree than its header's {db.entries}", path=path)
         keys[done : done + n] = flat[(base + NODESIZE)[:, None] + np.arange(KEY_BYTES)].copy().view(">u8").reshape(-1)
         sizes[done : done + n] = dsize
         p = np.asarray(pgnos, np.int64)[row] * ps + data
@@ -242,16 +240,16 @@ def samples_positions(
             ov = ov.astype(np.int64)
             need = np.asarray(overflow_pages(dsize[big], ps), np.int64)
             if (ov < 2).any() or (ov > pages.n_pages).any() or ((ov + need) > pages.n_pages).any():
-                raise CorruptStoreError("a value points at overflow pages outside the file", path=path)
+                raise damaged("a value points at overflow pages outside the file", path=path)
             p[big] = ov * ps + 16
         pos[done : done + n] = p
         big_all[done : done + n] = big
         done += n
     if done != db.entries:
-        raise CorruptStoreError(f"{done} values in the {what} B-tree, its header says {db.entries}", path=path)
+        raise damaged(f"{done} values in the {what} B-tree, its header says {db.entries}", path=path)
     if (keys[1:] <= keys[:-1]).any():
         i = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
-        raise CorruptStoreError(f"{what} B-tree keys out of order ({int(keys[i])} then {int(keys[i + 1])})", path=path)
+        raise damaged(f"{what} B-tree keys out of order ({int(keys[i])} then {int(keys[i + 1])})", path=path)
     ends = np.cumsum(per_leaf)
     if levels:
         _check_separators(levels, keys[ends - per_leaf], keys[ends - 1], what, path)

@@ -28,6 +28,7 @@ import numpy as np
 from lmdbstore.errors import CorruptStoreError
 
 __all__ = [
+    "DAMAGE_HINT",
     "META_BYTES",
     "P_BRANCH",
     "P_LEAF",
@@ -38,6 +39,7 @@ __all__ = [
     "PageReader",
     "UnsupportedLayout",
     "bad_overflow_headers",
+    "damaged",
     "overflow_pages",
     "parse_meta",
     "read_meta_page",
@@ -56,6 +58,15 @@ META_STRUCT_BYTES = 4 + 4 + 8 + 8 + 2 * MDB_DB_SIZE + 8 + 8
 #: Bytes of a meta page that describe a snapshot completely: the page header and the ``MDB_meta``.
 META_BYTES = PAGEHDRSZ + META_STRUCT_BYTES
 _DB = struct.Struct("<IHHQQQQQ")  # md_pad, md_flags, md_depth, branch, leaf, overflow pages, entries, root
+
+
+#: What to do about a data file that contradicts itself.
+DAMAGE_HINT = "run `lmdbstore verify` on the store"
+
+
+def damaged(message: str, *, path: str | Path | None = None, key: object = None) -> CorruptStoreError:
+    """The one-line error for a data file that contradicts itself (with :data:`DAMAGE_HINT`)."""
+    return CorruptStoreError(message, path=path, key=key, hint=DAMAGE_HINT)
 
 
 class UnsupportedLayout(Exception):
@@ -96,10 +107,10 @@ class LmdbMeta:
 
 def _pread_exact(fd: int, n: int, off: int, file_size: int, what: str, path: str | Path | None) -> bytes:
     if off < 0 or off + n > file_size:
-        raise CorruptStoreError(f"{what} lies outside the data file ({off}+{n} > {file_size})", path=path)
+        raise damaged(f"{what} lies outside the data file ({off}+{n} > {file_size})", path=path)
     buf = os.pread(fd, n, off)
     if len(buf) != n:
-        raise CorruptStoreError(f"data file shorter than expected while reading {what}", path=path)
+        raise damaged(f"data file shorter than expected while reading {what}", path=path)
     return buf
 
 
@@ -160,15 +171,13 @@ class PageReader:
         """
         for p in pgnos:
             if not 2 <= p < self.n_pages:
-                raise CorruptStoreError(
-                    f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path
-                )
+                raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
         ps = self.psize
         arr = np.empty((len(pgnos), ps), np.uint8)
 
         def one(i: int) -> None:  # straight into its row: no per-page objects left behind
             if os.preadv(self.fd, [memoryview(arr[i])], pgnos[i] * ps) != ps:
-                raise CorruptStoreError(f"data file shorter than expected at page {pgnos[i]}", path=self.path)
+                raise damaged(f"data file shorter than expected at page {pgnos[i]}", path=self.path)
 
         if self.pmap is not None and len(pgnos) > 8:
             self.pmap(one, range(len(pgnos)))
@@ -180,7 +189,7 @@ class PageReader:
         bad = np.flatnonzero((hdr_pgno != np.asarray(pgnos, np.uint64)) | (flags != want))
         if bad.size:
             i = int(bad[0])
-            raise CorruptStoreError(
+            raise damaged(
                 f"page {pgnos[i]} has header (page {int(hdr_pgno[i])}, flags {int(flags[i]):#x}), expected flags {want:#x}",
                 path=self.path,
             )
@@ -192,12 +201,12 @@ class PageReader:
         words = page.view("<u2")
         lower, upper = int(words[6]), int(words[7])
         if not PAGEHDRSZ <= lower <= upper <= ps or lower % 2:
-            raise CorruptStoreError(f"page {pgno} has bad bounds lower={lower} upper={upper}", path=self.path)
+            raise damaged(f"page {pgno} has bad bounds lower={lower} upper={upper}", path=self.path)
         ptr = words[PAGEHDRSZ // 2 : lower // 2].astype(np.int64)
         if ptr.size == 0:
-            raise CorruptStoreError(f"page {pgno} is an empty B-tree page", path=self.path)
+            raise damaged(f"page {pgno} is an empty B-tree page", path=self.path)
         if int(ptr.min()) < upper or int(ptr.max()) + NODESIZE > ps or (ptr % 2).any():
-            raise CorruptStoreError(f"page {pgno} has a node outside its page", path=self.path)
+            raise damaged(f"page {pgno} has a node outside its page", path=self.path)
         return ptr, words
 
     def nodes_2d(self, arr: np.ndarray, pgnos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -210,14 +219,14 @@ class PageReader:
         )
         if bad.size:
             i = int(bad[0])
-            raise CorruptStoreError(f"page {pgnos[i]} has bad bounds lower={lower[i]} upper={upper[i]}", path=self.path)
+            raise damaged(f"page {pgnos[i]} has bad bounds lower={lower[i]} upper={upper[i]}", path=self.path)
         nkeys = (lower - PAGEHDRSZ) // 2
         row = np.repeat(np.arange(len(arr)), nkeys)
         slot = np.arange(int(nkeys.sum())) - np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
         ptr = words[row, PAGEHDRSZ // 2 + slot].astype(np.int64)
         bad = np.flatnonzero((ptr < upper[row]) | (ptr + NODESIZE > ps) | (ptr % 2 == 1))
         if bad.size:
-            raise CorruptStoreError(f"page {pgnos[int(row[bad[0]])]} has a node outside its page", path=self.path)
+            raise damaged(f"page {pgnos[int(row[bad[0]])]} has a node outside its page", path=self.path)
         return row, ptr
 
 

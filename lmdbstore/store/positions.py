@@ -34,7 +34,7 @@ import numpy as np
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format.btree import samples_positions
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.format.pages import PAGEHDRSZ, LmdbMeta, bad_overflow_headers, overflow_pages
+from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, LmdbMeta, bad_overflow_headers, overflow_pages
 from lmdbstore.store.preads import PreadEngine
 
 __all__ = ["VERIFY_SAMPLE", "PositionTable", "TableKey", "build_table", "check_headers", "table_key"]
@@ -44,7 +44,7 @@ VERIFY_SAMPLE = 16
 #: What a table is of: (store id, st_dev, st_ino of the data file, txnid, free root, main root, last page).
 TableKey = tuple[str, int, int, int, int, int, int]
 #: Hint of every contradiction the table finds.
-VERIFY_HINT = "run `lmdbstore verify` on the store"
+VERIFY_HINT = DAMAGE_HINT
 
 
 def table_key(store_id: str, st: os.stat_result, snap: LmdbMeta) -> TableKey:
