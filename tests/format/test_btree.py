@@ -178,9 +178,9 @@ def deep(tmp_path: Path) -> tuple[Path, np.ndarray]:
 def test_a_separator_that_does_not_separate_is_refused(deep: tuple[Path, np.ndarray]) -> None:
     """liblmdb descends by the separators: one that lies above its subtree's first key would send a lookup
     to another leaf than the walk found, so the walk refuses it."""
-    path, x = deep
+    path, _ = deep
     _, branches, _ = _tree(path)
-    pgno, nodes = branches[-1]
+    _, nodes = branches[-1]
     _poke(path, nodes[1] + 8, encode_key(10**9))
     _refused(path, [0], "separator")
 
