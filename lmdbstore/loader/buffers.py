@@ -11,8 +11,9 @@ batch each in shared memory (workers inherit them across ``fork`` or receive the
 ``spawn``).  A worker reads a batch into one of its own free slots and sends only the slot number and the
 labels.  The main process hands out a tensor on that slot and frees the slot when nothing references its
 memory any more: not the tensor, not a view of it, not a numpy array made from it (the storage's reference
-count tells).  A consumer that keeps batches (``list(loader)``) is therefore safe: those slots stay taken and
-the worker falls back to a fresh segment when it has no free slot.
+count tells), not its storage object (its Python reference count tells).  A consumer that keeps batches
+(``list(loader)``) is therefore safe: those slots stay taken and the worker falls back to a fresh segment
+when it has no free slot.
 
 Slot states, one int64 per slot in shared memory: ``FREE`` (0); ``HELD`` (-1: delivered, maybe referenced);
 a generation ``g > 0``: being filled or in flight for the main process's iteration ``g``.  Only the owning
@@ -29,6 +30,7 @@ processes) it travels as a copy, and a child forked while it is held gets a priv
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -50,6 +52,12 @@ def reuse_supported() -> bool:
 
 def _use_count(t: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))  # type: ignore[attr-defined]
+
+
+def _storage_object_held(t: torch.Tensor) -> bool:
+    """Whether something holds the Python storage object of ``t`` (``x.untyped_storage()``): torch keeps one
+    such object per storage and does not count it in the storage's use count."""
+    return sys.getrefcount(t.untyped_storage()) > 2  # the temporary and getrefcount's own argument
 
 
 class TaggedBatch(NamedTuple):
@@ -160,7 +168,7 @@ class BatchBuffers:
         """Free every delivered slot whose memory nothing outside these buffers references any more."""
         state = self.state.numpy()
         for slot in list(self._held):
-            if _use_count(self.slots[slot]) <= self._base[slot]:
+            if _use_count(self.slots[slot]) <= self._base[slot] and not _storage_object_held(self.slots[slot]):
                 state[slot] = FREE
                 del self._held[slot]
 
