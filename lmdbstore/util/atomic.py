@@ -41,7 +41,8 @@ def remove_stale_temps(path: Path, tag: str, *, allowed: frozenset[str] | None =
     """Remove the temporaries ``.NAME.TAG-PID`` of ``path`` left by processes that no longer run.
 
     Only names of exactly that pattern, for this ``path`` and ``tag``, whose PID is not a running process
-    (and not this one) are touched.  A temporary file is removed; a temporary directory only when it holds
+    are touched (this process's own PID counts as not running: call this before creating the temporary, and
+    a leftover of a dead process that had this PID is then in the way).  A temporary file is removed; a temporary directory only when it holds
     nothing but regular files named in ``allowed`` (e.g. an LMDB environment's ``data.mdb``, ``lock.mdb``),
     so a user's own directory of that name is left alone.  Returns what was removed; errors are ignored
     (an unreadable directory, a leftover another process removes first).
@@ -54,7 +55,8 @@ def remove_stale_temps(path: Path, tag: str, *, allowed: frozenset[str] | None =
         return removed
     for e in entries:
         m = pattern.fullmatch(e.name)
-        if m is None or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
+        pid = int(m.group(1)) if m is not None else 0
+        if m is None or (pid != os.getpid() and pid_alive(pid)):
             continue
         p = Path(e.path)
         with contextlib.suppress(OSError):
