@@ -156,8 +156,11 @@ def _give_back_free_memory() -> None:
             libc.malloc_trim(0)
 
 
-def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None) -> None:
-    """Check the overflow-page headers of those of ``values`` not checked yet in this process, and mark them.
+def check_headers(
+    table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None, cold: bool | None = None
+) -> None:
+    """Check the overflow-page headers of those of ``values`` not checked yet in this process, and mark them
+    (``cold``: whether their pages are known to be out of the page cache, see :meth:`PreadEngine.read`).
 
     Raises:
         CorruptStoreError: a header is not an overflow page, names another page, or has too few pages for the
@@ -173,7 +176,7 @@ def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine,
             "value has the wrong length", path=path, key=v * table.samples_per_value, hint=VERIFY_HINT
         )
     page_starts = offs - PAGEHDRSZ
-    heads = engine.gather(page_starts.tolist(), PAGEHDRSZ)
+    heads = engine.gather(page_starts.tolist(), PAGEHDRSZ, cold)
     need = overflow_pages(table.lengths[todo], table.psize)
     bad = bad_overflow_headers(heads, page_starts // table.psize, np.asarray(need))
     if bad.any():

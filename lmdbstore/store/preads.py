@@ -52,6 +52,8 @@ class PreadEngine:
         self._mv: memoryview | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        #: whether the last :meth:`read` found its bytes out of the page cache
+        self.last_cold = False
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: start afresh in this process
@@ -101,20 +103,30 @@ class PreadEngine:
         for o, d, e in zip(offs, dsts, ends, strict=True):
             view[d:e] = src[o : o + e - d]
 
-    def read(self, view: memoryview, offs: list[int], dsts: list[int], ends: list[int]) -> None:
+    def read(
+        self, view: memoryview, offs: list[int], dsts: list[int], ends: list[int], cold: bool | None = None
+    ) -> None:
         """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``.
+
+        ``cold``: whether the bytes are known to be out of the page cache (``True``: straight to the pool),
+        in it (``False``: copies from the map), or to be found out by a probe (``None``, the default).
+        :attr:`last_cold` says what this read found.
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built (truncated under us).
         """
         n = len(offs)
-        k = min(PROBE_RUNS, n)
+        k = 0 if cold is not None else min(PROBE_RUNS, n)
         t0 = time.perf_counter()
         self._pread(view, offs[:k], dsts[:k], ends[:k])
         if k == n:
+            self.last_cold = time.perf_counter() - t0 >= k * CACHED_READ_S
             return
         probed = sum(ends[:k]) - sum(dsts[:k])
-        if time.perf_counter() - t0 < k * CACHED_READ_S + probed * CACHED_BYTE_S:
+        if cold is None:
+            cold = time.perf_counter() - t0 >= k * CACHED_READ_S + probed * CACHED_BYTE_S
+        self.last_cold = cold
+        if not cold:
             self._copy(view, offs[k:], dsts[k:], ends[k:])
             return
         if self.threads == 1:
@@ -130,8 +142,8 @@ class PreadEngine:
         for f in futs:
             f.result()
 
-    def gather(self, offs: list[int], width: int) -> np.ndarray:
-        """``width`` bytes at each offset of ``offs``, as an ``(n, width)`` uint8 array (cached or not, as
+    def gather(self, offs: list[int], width: int, cold: bool | None = None) -> np.ndarray:
+        """``width`` bytes at each offset of ``offs``, as an ``(n, width)`` uint8 array (``cold`` as for
         :meth:`read`).
 
         Raises:
@@ -139,7 +151,7 @@ class PreadEngine:
         """
         buf = np.empty((len(offs), width), np.uint8)
         dsts = list(range(0, len(offs) * width, width))
-        self.read(memoryview(buf.reshape(-1)), offs, dsts, [d + width for d in dsts])  # type: ignore[arg-type]
+        self.read(memoryview(buf.reshape(-1)), offs, dsts, [d + width for d in dsts], cold)  # type: ignore[arg-type]
         return buf
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
