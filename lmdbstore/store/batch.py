@@ -17,8 +17,9 @@ import numpy as np
 from lmdbstore.errors import ChecksumError, CorruptStoreError
 from lmdbstore.format.checksums import compute_checksum
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
+from lmdbstore.format.pages import PAGEHDRSZ
 from lmdbstore.store.handle import Handle
-from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_headers
+from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_heads
 
 __all__ = ["Runs", "plan_runs", "prefetch_ranges", "read_by_lmdb", "read_by_offset", "value", "whole_value_runs"]
 
@@ -55,7 +56,8 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     """Fill ``out`` from the file at the table's offsets: one read per run.
 
     Every value's overflow-page header is checked the first time the value is read in this process (before
-    anything is returned); with ``checksums``, values read whole are checked against their stored checksum.
+    anything is returned; the run is then read from the header on, in one read); with ``checksums``, values
+    read whole are checked against their stored checksum.
 
     Raises:
         CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read.
@@ -69,17 +71,24 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     if (voffs < 0).any():
         key = int(runs.first[voffs < 0][0])
         raise CorruptStoreError("value has the wrong length", path=h.path, key=key, hint=VERIFY_HINT)
-    # Headers are checked before anything is returned.  A value read from its start (block order) has its
-    # header page read with its data, so its header is checked after, from the cache; for the others it is
-    # read first (its reads in flight together), and the kernel's read-ahead of that page usually brings in
-    # the sample too.
-    starts = runs.skip == 0
-    check_headers(table, values[~starts], engine, h.path)
     d0 = runs.dst * sb
     ends = d0 + runs.rows * sb
     view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    engine.read(view, (voffs + runs.skip * sb).tolist(), d0.tolist(), ends.tolist())
-    check_headers(table, values[starts], engine, h.path, cold=False)
+    # A value read for the first time in this process has its overflow header checked before anything is
+    # returned; its run is read from the header on, in the same read (one disk read, not two).
+    new = ~table.checked[values]
+    if new.any():
+        heads = engine.read_headed(
+            view,
+            (voffs[new] - PAGEHDRSZ).tolist(),
+            (runs.skip[new] * sb).tolist(),
+            d0[new].tolist(),
+            ends[new].tolist(),
+            PAGEHDRSZ,
+        )
+        check_heads(table, values[new], heads, h.path)
+    old = ~new
+    engine.read(view, (voffs[old] + runs.skip[old] * sb).tolist(), d0[old].tolist(), ends[old].tolist())
     if checksums and m.trailer_bytes:
         whole = whole_value_runs(runs, h)
         if whole.size:

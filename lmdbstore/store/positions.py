@@ -37,7 +37,7 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, LmdbMeta, bad_overflow_headers, overflow_pages
 from lmdbstore.store.preads import PreadEngine
 
-__all__ = ["VERIFY_SAMPLE", "PositionTable", "TableKey", "build_table", "check_headers", "table_key"]
+__all__ = ["VERIFY_SAMPLE", "PositionTable", "TableKey", "build_table", "check_headers", "check_heads", "table_key"]
 
 #: Values compared with liblmdb's bytes for the same key when a table is built.
 VERIFY_SAMPLE = 16
@@ -156,11 +156,8 @@ def _give_back_free_memory() -> None:
             libc.malloc_trim(0)
 
 
-def check_headers(
-    table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None, cold: bool | None = None
-) -> None:
-    """Check the overflow-page headers of those of ``values`` not checked yet in this process, and mark them
-    (``cold``: whether their pages are known to be out of the page cache, see :meth:`PreadEngine.read`).
+def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None) -> None:
+    """Check the overflow-page headers of those of ``values`` not checked yet in this process, and mark them.
 
     Raises:
         CorruptStoreError: a header is not an overflow page, names another page, or has too few pages for the
@@ -175,19 +172,28 @@ def check_headers(
         raise CorruptStoreError(
             "value has the wrong length", path=path, key=v * table.samples_per_value, hint=VERIFY_HINT
         )
-    page_starts = offs - PAGEHDRSZ
-    heads = engine.gather(page_starts.tolist(), PAGEHDRSZ, cold)
-    need = overflow_pages(table.lengths[todo], table.psize)
+    heads = engine.gather((offs - PAGEHDRSZ).tolist(), PAGEHDRSZ)
+    check_heads(table, todo, heads, path)
+
+
+def check_heads(table: PositionTable, values: np.ndarray, heads: np.ndarray, path: str | Path | None) -> None:
+    """Check the overflow-page headers ``heads`` (``(n, 16)``, as read) of ``values`` and mark them checked.
+
+    Raises:
+        CorruptStoreError: a header is not an overflow page, names another page, or has too few pages.
+    """
+    page_starts = table.offsets[values] - PAGEHDRSZ
+    need = overflow_pages(table.lengths[values], table.psize)
     bad = bad_overflow_headers(heads, page_starts // table.psize, np.asarray(need))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CorruptStoreError(
             f"the overflow page of a value has a wrong header (page {int(page_starts[i] // table.psize)})",
             path=path,
-            key=int(todo[i]) * table.samples_per_value,
+            key=int(values[i]) * table.samples_per_value,
             hint=VERIFY_HINT,
         )
-    table.checked[todo] = True
+    table.checked[values] = True
 
 
 def _agrees(
