@@ -152,6 +152,8 @@ class StoreReader:
                 hint="open a new reader (or call refresh()) to read the store that is there now",
             )
         self._identity, self._count = ident, max(self._count, meta.count)
+        if self._labels is not None and len(self._labels) != meta.count:
+            self._labels = None  # a newer snapshot of the store: its label table has more labels
 
     def _lost(self, action: str) -> LmdbStoreError:
         return LmdbStoreError(

@@ -95,9 +95,10 @@ class EnvRegistry:
     Any number of readers and one writer of a store share one environment, reference-counted.  The first
     user opens it in the mode it needs; a later user that needs more (a writer beside read-only readers,
     or a reader table beside lock-free readers) re-opens it in the stronger mode, which invalidates the
-    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs.  After a
-    fork, every inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  This is the one
-    piece of process-wide state in the library, because LMDB's rule it enforces is process-wide.
+    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs (their
+    snapshot rule, :mod:`lmdbstore.store.snapshot`, catches reads that raced with it).  After a fork, every
+    inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  It is process-wide state, because
+    LMDB's rule it enforces is process-wide.
     """
 
     def __init__(self) -> None:
