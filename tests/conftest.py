@@ -181,14 +181,15 @@ DAMAGES = ("truncate", "garble_leaf", "zero_leaf")
 
 def _samples_leaf_page(path: Path) -> tuple[int, int]:
     """(page number, page size) of the first leaf page of the ``samples`` B-tree."""
-    from lmdbstore.format.pages import P_BRANCH, _main_db_entry, _Pages, read_meta_page
+    from lmdbstore.format.btree import main_db_entry
+    from lmdbstore.format.pages import P_BRANCH, PageReader, read_meta_page
 
     fd = os.open(path / "data.mdb", os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
-        pages = _Pages(fd, size, meta, path, None)
-        db = _main_db_entry(pages, meta.main, DB_SAMPLES)
+        pages = PageReader(fd, size, meta, path, None)
+        db = main_db_entry(pages, meta.main, DB_SAMPLES)
         pgno = db.root
         for _ in range(db.depth - 1):  # leftmost child, level by level
             page = pages.read([pgno], P_BRANCH)[0]

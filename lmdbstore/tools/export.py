@@ -208,6 +208,9 @@ def export_store(
             _chunks(r, idx, chunk), (len(idx), *r.shape), r.dtype, remap[r.labels_of(idx)], names, progress, compress
         )
         with _atomic(paths, overwrite) as tmps:
-            write_export(kind, tmps, data)
+            try:
+                write_export(kind, tmps, data)
+            except OSError as exc:  # an unwritable place (/proc), a full disk: one line naming the output
+                raise LmdbStoreError(f"cannot write the export ({exc.strerror or exc})", path=out_p) from exc
     size = sum(p.stat().st_size for p in paths)
     return ExportReport([str(p) for p in paths], kind, len(idx), names, size, time.perf_counter() - t0)
