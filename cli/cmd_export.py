@@ -18,7 +18,7 @@ __all__ = ["copy", "export"]
 
 
 def export(
-    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory (several: exported as one set).")],
     out: Annotated[Path, typer.Argument(help="Output file: .npy (+ .labels.npy, .classes.json), .npz or .h5/.hdf5.")],
     fmt: Annotated[
         str | None, typer.Option("--format", help=f"{or_list(list(EXPORT_FORMATS))} (default: from OUT's suffix).")
@@ -39,7 +39,9 @@ def export(
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
 ) -> None:
-    """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again."""
+    """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again.
+
+    Several stores are exported as one set: one index space, classes mapped by name."""
     with cli_errors():
         from lmdbstore.tools.export import export_store, load_indices
 
@@ -47,7 +49,7 @@ def export(
         bar = progress_bar("export") if bars_wanted(progress) else None
         try:
             rep = export_store(
-                store,
+                stores[0] if len(stores) == 1 else stores,
                 out,
                 fmt=fmt,
                 classes=parse_names(classes),

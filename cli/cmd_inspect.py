@@ -17,33 +17,37 @@ __all__ = ["stats", "verify"]
 
 
 def stats(
-    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory (several: each, and the set read as one).")],
     as_json: JsonOption = False,
     sample: Annotated[
         int | None, typer.Option(help="Recompute value statistics from this many random samples read back.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Also draw class counts and a value histogram to this PNG.")] = None,
 ) -> None:
-    """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values."""
+    """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values.
+
+    Several stores: each, then the set they make read as one (classes mapped by name, merged values)."""
     with cli_errors():
+        from lmdbstore.tools.set_tools import format_set_stats, set_stats
         from lmdbstore.tools.stats import format_stats, store_stats
 
+        one = len(stores) == 1
         try:
-            s = store_stats(store, sample=sample)
-        except ValueError as exc:  # the only parameter store_stats checks is sample
-            raise ValueError(f"--sample: {exc}") from None
+            s = store_stats(stores[0], sample=sample) if one else set_stats(stores, sample=sample)
+        except ValueError as exc:  # the only parameter store_stats checks is sample (a set: also the stores)
+            raise ValueError(f"--sample: {exc}" if str(exc).startswith("sample") else str(exc)) from None
         out = Output(as_json)
         if not as_json:
-            out.say(format_stats(s))
+            out.say(format_stats(s) if one else format_set_stats(s))
         if plot is not None:
             from lmdbstore.tools.viz import plot_stats
 
-            out.say(f"wrote {plot_stats(store, plot).path}")
+            out.say(f"wrote {plot_stats(stores[0], plot).path}")
         out.result(s)
 
 
 def verify(
-    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory (several: each, as one set).")],
     as_json: JsonOption = False,
     checksums: Annotated[
         bool, typer.Option(help="Check per-value checksums (when the store has them).")
@@ -59,10 +63,10 @@ def verify(
     Checks the LMDB page structure, that sample keys are contiguous and every value has the right length
     and checksum, that labels, class counts and the class-index table agree, and that nothing extra is
     stored.  Lists the first problems with their sample indices.  Exit status: 0 clean, 1 problems found,
-    2 the store cannot be opened at all.
+    2 the store cannot be opened at all.  Several stores: each is checked, and that they make one set.
     """
     with cli_errors(code=2):
-        from lmdbstore.tools.verify import verify_store
+        from lmdbstore.tools.set_tools import verify_set
 
         bars: list[Any] = []  # created on the first progress call, so an unopenable store prints one line
 
@@ -72,8 +76,8 @@ def verify(
             bars[0].update(done - bars[0].n)
 
         try:
-            report = verify_store(
-                store,
+            report = verify_set(
+                stores,
                 checksums=checksums,
                 max_problems=max_problems,
                 structure=structure,
@@ -83,10 +87,12 @@ def verify(
             for bar in bars:
                 bar.close()
         out = Output(as_json)
-        for p in report.problems:
-            where = f" at {p.index}" if p.index is not None else ""
-            out.say(f"problem{where}: [{p.kind}] {p.message}")
-        out.say(f"{store}: {'OK' if report.ok else f'{len(report.problems)} problem(s) found'}")
-        out.result(report.to_dict())
+        for r in report.reports:
+            of = f" of {r.path}" if len(stores) > 1 else ""
+            for p in r.problems:
+                where = f" at {p.index}" if p.index is not None else ""
+                out.say(f"problem{where}{of}: [{p.kind}] {p.message}")
+            out.say(f"{r.path}: {'OK' if r.ok else f'{len(r.problems)} problem(s) found'}")
+        out.result(report.reports[0].to_dict() if len(stores) == 1 else report.to_dict())  # several: the set's
     if not report.ok:
         raise typer.Exit(1)

@@ -28,7 +28,7 @@ __all__ = ["demo", "eval_cmd", "train"]
 
 
 def train(
-    store: Annotated[Path, typer.Argument(help="Store directory.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory (several: read as one set).")],
     batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = LOADER.batch_size,
     epochs: Annotated[int, typer.Option(help="Epochs.")] = TRAIN.epochs,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
@@ -83,7 +83,8 @@ def train(
     Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
     waiting for data; metrics.jsonl, checkpoint.pt (every epoch, and every --checkpoint-every steps),
     best.pt and TensorBoard scalars (with the tensorboard package) go to --out.
-    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.
+    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
+    set: one index space, classes mapped by name.
     """
     with cli_errors():
         require_torch("train")
@@ -103,7 +104,9 @@ def train(
             block_buffer=block_buffer, window_mb=window_mb,
             workers=workers, seed=seed, balanced=balanced,
         )  # fmt: skip
-        out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / store.resolve().name
+        name = "+".join(s.resolve().name for s in stores)[:100]
+        out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / name
+        store = stores[0] if len(stores) == 1 else stores
         said = Output(as_json)
         result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=said.say, progress=progress)
         if not launch().is_main:

@@ -4,8 +4,11 @@ full speed.
 Public API (everything else is internal)::
 
     open_writer / StoreWriter      write samples and labels (bounded commits, resumable)
-    write_parallel                 many producer processes, one writer, in task order (resumable)
+    write_parallel                 many producer processes, one writer, in task order (resumable); producers
+                                   on a concurrent.futures executor, a Dask Client or Ray (executor=...)
+    RayExecutor                    a concurrent.futures executor over Ray tasks (Ray imported when made)
     open_reader / StoreReader      random, batched and sequential reads; labels; class index
+    StoreSet                       several stores read as one (open_reader([a, b, ...])): one index space
     StoreMeta                      the store's JSON metadata
     ingest / open_sources          validate files (or other stores) and append them, resumable
     verify_store                   check every value, label chunk, index entry and the metadata
@@ -46,12 +49,15 @@ from lmdbstore.format.layout import FORMAT_VERSION
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.ingestion.parallel import write_parallel
 from lmdbstore.ingestion.pipeline import ingest
+from lmdbstore.ingestion.ray_executor import RayExecutor
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.window import WindowBatchSampler
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.opening import open_writer
-from lmdbstore.store.reader import StoreReader, open_reader
+from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import open_reader
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.tools.copy import CopyReport, copy_store
 from lmdbstore.tools.export import ExportReport, export_store
@@ -127,6 +133,7 @@ __all__ = [
     "LoaderConfig",
     "NotAStoreError",
     "ParallelReport",
+    "RayExecutor",
     "SourceError",
     "StoreExistsError",
     "StoreFullError",
@@ -134,6 +141,7 @@ __all__ = [
     "StoreMeta",
     "StoreNotFoundError",
     "StoreReader",
+    "StoreSet",
     "StoreWriter",
     "TaskError",
     "TrainConfig",

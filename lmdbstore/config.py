@@ -18,6 +18,7 @@ from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
 
 __all__ = [
     "DEFAULT_CAST",
+    "DEFAULT_CHECK_WHOLE_VALUES",
     "DEFAULT_COMMIT_BYTES",
     "DEFAULT_COMPRESS",
     "DEFAULT_DEMO_DIR",
@@ -60,6 +61,10 @@ DEFAULT_MAX_VALUE_BYTES = 256 * 1024
 DEFAULT_COMMIT_BYTES = 64 * 1024 * 1024
 #: First LMDB map size of a new store; grown by doubling whenever a commit would not fit.
 DEFAULT_INITIAL_MAP_SIZE = 1 << 30
+#: Whether readers check the stored checksum of every value a batch reads whole (block and window orders) on
+#: the offset path (``StoreReader(check_whole_values=...)``).  Off: zlib's crc32 (~5 GB/s) costs 35-45 % of
+#: block-order read throughput, warm or cold (docs/design.md); ``verify`` and ``verify_checksums`` check them.
+DEFAULT_CHECK_WHOLE_VALUES = False
 #: Labels and per-class index lists are stored in chunks of this many entries.
 DEFAULT_LABEL_CHUNK = 1 << 16
 

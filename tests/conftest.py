@@ -38,6 +38,11 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
     ``"zero_leaf"`` (that whole page zeroed).  No reader of the store may be open in the process.
 ``cli_subprocess(*args, timeout=300)``
     Run ``python -m lmdbstore ARGS`` (this checkout's code) and return the ``CompletedProcess``.
+``SET_PARTS``, ``SET_CLASSES``, ``build_set(base, parts=SET_PARTS, seed=0) -> SetInfo``
+    A set of stores under ``base`` (``s0``, ``s1``, ...), one per ``(n, classes)`` part: by default three stores
+    of 1,000, 517 and 263 samples (off the 18-sample packing) whose class lists are reordered, add a class
+    ("x") and leave some out; ``SET_CLASSES`` is the set's class list.  ``x[i].flat[0]`` is ``i``'s index in
+    the set; ``SetInfo`` has ``paths``, ``x`` (all samples, in set order) and ``names`` (each one's class name).
 ``dir_bytes(path)``
     ``{name: bytes}`` of every file in the directory ``path``: compare two to prove it was left untouched.
 
@@ -176,14 +181,15 @@ DAMAGES = ("truncate", "garble_leaf", "zero_leaf")
 
 def _samples_leaf_page(path: Path) -> tuple[int, int]:
     """(page number, page size) of the first leaf page of the ``samples`` B-tree."""
-    from lmdbstore.format.pages import P_BRANCH, _main_db_entry, _Pages, read_meta_page
+    from lmdbstore.format.btree import main_db_entry
+    from lmdbstore.format.pages import P_BRANCH, PageReader, read_meta_page
 
     fd = os.open(path / "data.mdb", os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
-        pages = _Pages(fd, size, meta, path, None)
-        db = _main_db_entry(pages, meta.main, DB_SAMPLES)
+        pages = PageReader(fd, size, meta, path, None)
+        db = main_db_entry(pages, meta.main, DB_SAMPLES)
         pgno = db.root
         for _ in range(db.depth - 1):  # leftmost child, level by level
             page = pages.read([pgno], P_BRANCH)[0]
@@ -467,3 +473,31 @@ def truncate_file(path: Path, keep: float) -> None:
     """Cut the file at ``path`` to the fraction ``keep`` of its bytes."""
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
+
+
+#: Three stores: sizes off the 18-sample packing, classes reordered, one class ("x") only in the second,
+#: "c" and "d" missing from the third.
+SET_PARTS = [(1000, ["a", "b", "c", "d", "e"]), (517, ["c", "a", "x"]), (263, ["e", "b"])]
+SET_CLASSES = ["a", "b", "c", "d", "e", "x"]
+
+
+@dataclass(frozen=True)
+class SetInfo:
+    """The stores of a set and what the set must read: samples, class names per sample."""
+
+    paths: list[Path]
+    x: np.ndarray
+    names: np.ndarray
+
+
+def build_set(base: Path, parts: Sequence[tuple[int, list[str]]] = SET_PARTS, seed: int = 0) -> SetInfo:
+    """Write one store per part; ``x[i].flat[0]`` is ``i``'s index in the set."""
+    paths, xs, names, first = [], [], [], 0
+    for k, (n, classes) in enumerate(parts):
+        x, y = make_data(n, seed + k, n_classes=len(classes))
+        x[:, 0, 0] = first + np.arange(n)
+        paths.append(build_store(base / f"s{k}", x, y, classes=classes))
+        xs.append(x)
+        names.append(np.asarray(classes)[y])
+        first += n
+    return SetInfo(paths, np.concatenate(xs), np.concatenate(names))

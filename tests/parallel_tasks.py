@@ -156,6 +156,25 @@ def kill_self_at_4(task: int) -> int:
     return task
 
 
+def produce_dies_once(task: tuple[int, int, str]) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``(seed, n, marks)``: :func:`produce` of ``(seed, n)``, except that task seed 3, the first time it
+    runs, leaves ``died-3`` in the directory ``marks`` and kills its own worker process with SIGKILL (as the
+    OOM killer would).  An engine that retries the task gets the normal result the second time."""
+    seed, n, marks = task
+    mark = Path(marks, f"died-{seed}")
+    if seed == 3 and not mark.exists():
+        mark.touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task_data((seed, n))
+
+
+def produce_kills_at_4(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`produce`, except that the worker running task seed 4 kills itself with SIGKILL, every time."""
+    if task[0] == 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return task_data(task)
+
+
 def main() -> int:
     from lmdbstore import write_parallel
 

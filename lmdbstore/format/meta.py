@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import secrets
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -23,11 +25,33 @@ from lmdbstore.format.layout import FORMAT_NAME, FORMAT_VERSION
 from lmdbstore.format.limits import MAX_CLASSES, MAX_COUNT, MAX_DIM, MAX_NDIM, MAX_SAMPLE_BYTES
 from lmdbstore.format.value_stats import ValueStats
 
-__all__ = ["StoreMeta", "check_classes"]
+__all__ = ["STORE_ID_HEX", "StoreMeta", "check_classes", "control_character", "new_store_id"]
+
+#: Hex digits of a store id (128 random bits; see :attr:`StoreMeta.store_id`).
+STORE_ID_HEX = 32
+_STORE_ID = re.compile(f"[0-9a-f]{{{STORE_ID_HEX}}}")
+
+
+def new_store_id() -> str:
+    """A fresh random store id: 128 bits as 32 lowercase hex digits."""
+    return secrets.token_hex(STORE_ID_HEX // 2)
+
+
+def control_character(name: str) -> str | None:
+    """The first control character (C0, DEL or C1: NUL, newline, escape...) in ``name``, or ``None``.
+
+    Class names never hold them: numpy drops trailing NULs from strings, so ``"a\\0"`` would silently become
+    ``"a"``, and the others garble every listing and message that shows the name.
+    """
+    for c in name:
+        if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
+            return c
+    return None
 
 
 def check_classes(classes: Sequence[object]) -> list[str]:
-    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank.
+    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank,
+    none holding a control character (:func:`control_character`).
 
     Raises:
         ValueError: naming ``classes``, with at most a few of the offending names.
@@ -40,6 +64,14 @@ def check_classes(classes: Sequence[object]) -> list[str]:
     if blank:
         raise ValueError(
             f"classes must not hold empty or blank names; blank at position {preview(blank, total=len(blank))}"
+        )
+    controlled = [i for i, c in enumerate(names) if control_character(c) is not None]
+    if controlled:
+        i = controlled[0]
+        raise ValueError(
+            f"classes must not hold control characters; class {i} ({names[i]!r}) holds {control_character(names[i])!r}"[
+                :300
+            ]
         )
     repeated = [c for c, k in Counter(names).items() if k > 1]
     if repeated:
@@ -57,7 +89,10 @@ class StoreMeta:
     """The JSON metadata record of a store (sub-database ``meta``, key ``meta``).
 
     ``count`` and ``class_counts`` are rewritten in the same transaction as the samples they describe,
-    so after any crash they agree with what is committed.
+    so after any crash they agree with what is committed.  ``store_id`` is a random id written when the
+    store is created (and anew for a copy): readers use it to tell a store replaced at the same path from
+    the one they opened.  It is optional (``""``: a store written before it existed) and left out of the
+    JSON when empty.
     """
 
     shape: tuple[int, ...]
@@ -74,6 +109,7 @@ class StoreMeta:
     value_stats: ValueStats = field(default_factory=ValueStats)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
+    store_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.class_counts:
@@ -114,6 +150,20 @@ class StoreMeta:
         n = min(self.samples_per_value, self.count - first)
         return n * self.sample_bytes + self.trailer_bytes
 
+    def identity(self) -> tuple[Any, ...]:
+        """What stays the same for as long as a store is the same store: its id (``""`` for stores written
+        before ids existed), creation time and layout; only ``count`` and what follows from it grow."""
+        return (
+            self.store_id,
+            self.created_at,
+            self.shape,
+            self.dtype,
+            self.samples_per_value,
+            self.checksum,
+            tuple(self.classes),
+            self.label_chunk,
+        )
+
     def with_(self, **changes: Any) -> StoreMeta:
         return replace(self, **changes)
 
@@ -121,6 +171,8 @@ class StoreMeta:
     def to_json(self) -> bytes:
         d = asdict(self)
         d["shape"] = list(self.shape)
+        if not self.store_id:
+            del d["store_id"]
         return json.dumps(d, sort_keys=True, allow_nan=False).encode()
 
     @classmethod
@@ -205,6 +257,9 @@ class StoreMeta:
             stats = ValueStats(**{k: vs[k] for k in fields if k in vs}).validated()
         except ValueError as exc:
             raise bad(str(exc)) from None
+        store_id = d.get("store_id", "")
+        if not isinstance(store_id, str) or (store_id and not _STORE_ID.fullmatch(store_id)):
+            raise bad(f"store_id must be {STORE_ID_HEX} lowercase hex digits, got {str(store_id)[:40]!r}")
         return cls(
             shape=tuple(shape),
             dtype=dtype,
@@ -218,4 +273,5 @@ class StoreMeta:
             created_at=str(d.get("created_at", "")),
             updated_at=str(d.get("updated_at", "")),
             value_stats=stats,
+            store_id=store_id,
         )

@@ -257,7 +257,7 @@ def open_feed(
         rank=rank, world_size=world_size,
     )  # fmt: skip
     if config.drop_last and hasattr(sampler, "drop_last"):
-        sampler.drop_last = True
+        sampler.drop_last = True  # type: ignore[union-attr]
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
     return BatchFeed(
         path, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,

@@ -14,10 +14,10 @@ import hashlib
 import os
 import pickle
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
 from lmdbstore.format.ledger import parallel_key, parallel_prefix
 from lmdbstore.format.value_stats import ValueStats
+from lmdbstore.ingestion.engines import Engine, EnginePool, TaskLost, engine_of
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import ParallelReport, writing
 from lmdbstore.store.validation import check_samples, label_ids
@@ -121,18 +122,23 @@ def _check_picklable(produce: Callable[[Any], Any]) -> None:
         raise ValueError(f"produce must be a module-level function that worker processes can import ({exc})") from None
 
 
+class ResultSource(Protocol):
+    """What runs the producers: the local :class:`OrderedPool` or an :class:`EnginePool`."""
+
+    def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
+        """``(index, result)`` of every task from ``start`` on, in task order."""
+
+
 def commit_in_order(
     w: StoreWriter,
-    producer: TaskResults,
+    pool: ResultSource,
     tasks: Sequence[Any],
     start: int,
     ledger: Ledger,
     *,
-    workers: int,
-    in_flight: int,
     report: Callable[[int], None],
 ) -> int:
-    """Run ``producer`` over ``tasks[start:]`` in ``workers`` processes and append each result, in order,
+    """Run ``pool``'s producer (a :class:`TaskResults`) over ``tasks[start:]`` and append each result, in order,
     with its ledger entry ``ledger(index)``, then calls ``report(samples of the task)``; returns the samples
     appended.
 
@@ -140,9 +146,9 @@ def commit_in_order(
 
     Raises:
         ValidationError: a task's result does not fit the store (the message names the task).
-        TaskError: ``produce`` raised, could not be imported by the workers, or a worker died.
+        TaskError: ``produce`` raised, could not be imported by the workers, a worker died, or an engine lost
+            a task.
     """
-    pool = OrderedPool(producer, workers, max(1, workers) * in_flight)
     added = 0
     results = pool.results(tasks, start)
     try:
@@ -151,7 +157,7 @@ def commit_in_order(
             w.append(x, y, progress=(key, done), progress_total=total, stats=stats)
             added += len(y)
             report(len(y))
-    except (TaskFailure, WorkerDied) as exc:
+    except (TaskFailure, WorkerDied, TaskLost) as exc:
         results.close()  # stop the workers before the commit
         w.commit()  # keep every task before the failing one
         raise as_error(exc, tasks, w.path) from exc
@@ -167,8 +173,8 @@ def carry_error(exc: LmdbStoreError) -> LmdbStoreError:
     return exc
 
 
-def as_error(exc: TaskFailure | WorkerDied, tasks: Sequence[Any], path: Path) -> Exception:
-    """The error to raise in the parent for a failed task or a dead worker."""
+def as_error(exc: TaskFailure | WorkerDied | TaskLost, tasks: Sequence[Any], path: Path) -> Exception:
+    """The error to raise in the parent for a failed task, a dead worker or a task an engine lost."""
     if isinstance(exc, TaskFailure) and isinstance(exc.payload, tuple) and len(exc.payload) == 5:
         kind, message, where, key, hint = exc.payload
         cls = getattr(errors, kind, None)
@@ -177,6 +183,14 @@ def as_error(exc: TaskFailure | WorkerDied, tasks: Sequence[Any], path: Path) ->
         return cls(message, path=where, key=key, hint=hint)
     if isinstance(exc, WorkerDied):
         return TaskError(str(exc), path=path, hint="look for an out-of-memory kill; rerun to resume")
+    if isinstance(exc, TaskLost):
+        return TaskError(
+            f"task #{exc.index} ({task_repr(tasks[exc.index])}) was lost with its worker: {exc.type_name}: "
+            f"{exc.message}",
+            path=path,
+            key=exc.index,
+            hint="the engine did not retry it (or gave up); rerun the same call to resume from this task",
+        )
     if exc.index == LOAD_FAILED:
         return TaskError(
             f"worker processes cannot load produce: {exc.type_name}: {exc.message}",
@@ -196,7 +210,8 @@ def write_parallel(
     produce: Callable[[Any], Any],
     tasks: Iterable[Any],
     *,
-    workers: int,
+    workers: int | None = None,
+    executor: Any = None,
     shape: Sequence[int] | None = None,
     dtype: Any = None,
     classes: Sequence[str] | None = None,
@@ -206,48 +221,58 @@ def write_parallel(
     cast: bool = False,
     progress: bool = True,
 ) -> ParallelReport:
-    """Run ``produce(task)`` for every task in ``workers`` processes and write the results into ``store``.
+    """Run ``produce(task)`` for every task in ``workers`` processes, or on ``executor``, and write the results
+    into ``store``.
 
     ``produce(task)`` returns ``(x, y)`` -- samples ``(n, *shape)`` and ``n`` labels (ids or class names) --
     or yields several such pairs.  It must be a module-level function (workers are *spawned* and import
     it), and should be deterministic per task for a resumed run to equal an uninterrupted one.  Results
     are validated in the workers (shape, dtype, finite values, labels: the writer's own checks) and
-    committed by one writer in this process in task order, so the store is the same for any ``workers``.
-    Each task's samples are one unit: appended together, committed in one transaction with the ledger.
+    committed by one writer in this process in task order, so the store is the same for any ``workers``
+    and any executor.  Each task's samples are one unit: appended together, committed in one transaction
+    with the ledger.
 
     Resume: the ledger entry ``parallel:<name>:<digest of the tasks' reprs>`` counts committed tasks;
-    calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips those.
+    calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips those, with
+    or without an executor.
 
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
         tasks: small picklable descriptors with a stable repr (seeds, paths, ranges); listed up front.
-        workers: worker processes; ``0`` runs ``produce`` in this process (for debugging).
+        workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
+            With ``executor``: the tasks it runs at once, to size the window (default: what the executor
+            tells -- ``max_workers``, a Dask cluster's threads, ``RayExecutor.workers`` -- else 1).
+        executor: run the tasks on an engine you already run instead of local processes: any
+            ``concurrent.futures.Executor`` (``ProcessPoolExecutor``, ``dask_client.get_executor()``,
+            :class:`~lmdbstore.ingestion.ray_executor.RayExecutor`) or a Dask ``distributed.Client``
+            (see :mod:`lmdbstore.ingestion.engines`).  Default: the local spawned pool (the fastest on one
+            machine).
         config: writer settings (``commit_bytes`` bounds a transaction, but never splits a task).
         name: names the run in the ledger (default: ``produce``'s module and qualified name).
         in_flight: results per worker produced and not yet committed (memory: about
-            ``workers * in_flight`` task results).
+            ``workers * in_flight`` task results; with an executor, also on the cluster).
         cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
         progress: show a tqdm bar (tasks, samples/s) on stderr.
 
     Raises:
-        ValueError: bad ``workers``/``in_flight``, ``produce`` not importable, tasks without a stable repr,
-            or an unfinished run of the same name with other tasks in the store.
+        ValueError: bad ``workers``/``in_flight``/``executor``, ``produce`` not importable, tasks without a
+            stable repr, or an unfinished run of the same name with other tasks in the store.
         ValidationError: a result does not fit the store (names the task); earlier tasks stay committed.
-        TaskError: ``produce`` raised (names the task) or a worker died; earlier tasks stay committed.
+        TaskError: ``produce`` raised (names the task), a worker died, or the executor lost a task with its
+            worker and did not retry it (names the task); earlier tasks stay committed.
         StoreExistsError, StoreLockedError, StoreFullError...: as :func:`~lmdbstore.open_writer`.
     """
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
-    if in_flight < 1:
-        raise ValueError(f"in_flight must be positive, got {in_flight}")
+    engine = _check_runner(workers, executor, in_flight)
     task_list = list(tasks)
-    if workers:
+    if workers or engine is not None:
         _check_picklable(produce)
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
     key = parallel_key(run, tasks_digest(task_list))
     config = config or WriterConfig()
     path = Path(store)
+    if engine is not None:
+        engine.start()  # before the writer opens (see FuturesEngine.start)
     t0 = time.perf_counter()
     with writing(path, t0, shape=shape, dtype=dtype, classes=classes, config=config) as (w, outcome):
         start = _resume_point(w, key, run, len(task_list))
@@ -262,21 +287,37 @@ def write_parallel(
             bar.update(1)
             bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
 
+        pool: ResultSource = (
+            OrderedPool(producer, workers or 0, max(1, workers or 0) * in_flight)
+            if engine is None
+            else EnginePool(producer, engine, in_flight, workers)
+        )
         try:
             if start < n:
-                commit_in_order(
-                    w,
-                    producer,
-                    task_list,
-                    start,
-                    lambda i: (key, i + 1, n),
-                    workers=workers,
-                    in_flight=in_flight,
-                    report=report,
-                )
+                commit_in_order(w, pool, task_list, start, lambda i: (key, i + 1, n), report=report)
         finally:
             bar.close()
     return ParallelReport(str(path), n, start, outcome.added, outcome.total, outcome.seconds)
+
+
+def _check_runner(workers: int | None, executor: Any, in_flight: int) -> Engine | None:
+    """The engine of ``executor`` (``None``: the local pool), after checking the arguments that choose it.
+
+    Raises:
+        ValueError: ``in_flight`` below 1; no ``workers`` and no ``executor``; ``workers`` below 0, or below 1
+            with an executor; an ``executor`` that is none of the kinds :func:`engine_of` knows.
+    """
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be positive, got {in_flight}")
+    if executor is None:
+        if workers is None:
+            raise ValueError("workers: give a number of worker processes (0: this process), or an executor")
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        return None
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be positive with an executor (the tasks it runs at once), got {workers}")
+    return engine_of(executor)
 
 
 def _resume_point(w: StoreWriter, key: str, run: str, n: int) -> int:

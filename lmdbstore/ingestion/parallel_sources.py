@@ -99,9 +99,8 @@ def ingest_parallel(plan: IngestPlan, *, workers: int, progress: ProgressFactory
             return keys[i], hi, len(srcs[i])
 
         try:
-            commit_in_order(
-                w, producer, chunks, 0, ledger_of, workers=workers, in_flight=DEFAULT_IN_FLIGHT, report=bar.update
-            )
+            pool = OrderedPool(producer, workers, workers * DEFAULT_IN_FLIGHT)
+            commit_in_order(w, pool, chunks, 0, ledger_of, report=bar.update)
         finally:
             bar.close()
     reports = [

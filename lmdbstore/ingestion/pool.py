@@ -20,12 +20,13 @@ import pickle
 import queue
 import signal
 import struct
+import threading
 import traceback
 from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
-__all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied"]
+__all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied", "pickled_task"]
 
 #: How often (seconds) a waiting side checks that the other side is still alive.
 POLL_SECONDS = 0.5
@@ -88,8 +89,12 @@ def receive(fd: int) -> Any:
 
 
 def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
-    """Worker loop: take ``(index, pickled task)`` from the shared queue, send ``(index, ok, payload)``
-    pickled through this worker's own pipe ``results``, until ``None``."""
+    """Worker loop: take ``(index, pickled task)`` from this worker's own pipe ``tasks``, send
+    ``(index, ok, payload)`` pickled through its own pipe ``results``, until ``None``.
+
+    Both directions are plain pipes, one pair per worker: no queue, lock or semaphore is shared, so
+    nothing is left for multiprocessing's resource tracker to clean up (or to warn about) however the
+    run ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         fn = pickle.loads(fn_blob)
@@ -99,11 +104,13 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
         return
     while True:
         try:
-            item = tasks.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if os.getppid() != parent:
-                os._exit(0)  # orphaned: the parent was killed
-            continue
+            if not tasks.poll(POLL_SECONDS):
+                if os.getppid() != parent:
+                    os._exit(0)  # orphaned: the parent was killed
+                continue
+            item = tasks.recv()
+        except (EOFError, OSError):
+            return  # the parent closed our task pipe (or is gone)
         if item is None:
             return
         index, blob = item
@@ -121,11 +128,52 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
             os._exit(0)  # the parent is gone
 
 
-def _pickled_task(tasks: Sequence[Any], i: int) -> bytes:
+def pickled_task(tasks: Sequence[Any], i: int) -> bytes:
+    """``tasks[i]`` pickled, as every pool sends a task to its workers.
+
+    Raises:
+        ValueError: the task cannot be pickled (names its index).
+    """
     try:
         return pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         raise ValueError(f"tasks[{i}] cannot be sent to a worker process ({exc})") from None
+
+
+class _Feeder:
+    """Sends tasks down one worker's task pipe from a thread of its own.
+
+    A task can be larger than a pipe's buffer; sent from the parent's own thread it could block while that
+    worker, busy with an earlier task, itself blocks sending a result the parent is not reading yet.  The
+    feeder thread takes that wait instead, as ``multiprocessing.Queue``'s feeder does, but with no shared
+    semaphore for the resource tracker to keep.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.busy = conn, 0  # busy: tasks given to this worker and not yet answered
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="lmdbstore-pool-feeder", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not _STOP:
+            try:
+                self.conn.send(item)
+            except OSError:  # the worker is gone; the pool notices through its result pipe
+                return
+
+    def put(self, item: Any) -> None:
+        """Queue ``item`` for the worker (never blocks)."""
+        self._q.put(item)
+
+    def close(self) -> None:
+        """Stop the thread (after its worker is stopped, so a blocked send fails at once) and close the pipe."""
+        self._q.put(_STOP)
+        self._thread.join(TERMINATE_GRACE)
+        self.conn.close()
+
+
+_STOP = object()
 
 
 class OrderedPool:
@@ -143,6 +191,7 @@ class OrderedPool:
         self.fn, self.workers, self.limit = fn, workers, limit
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        self._feeders: list[_Feeder] = []  # parent -> worker task pipes, one per worker
 
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
         """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
@@ -164,24 +213,29 @@ class OrderedPool:
                 yield i, out
             return
         ctx = mp.get_context("spawn")
-        task_q = ctx.Queue()
         fn_blob = pickle.dumps(self.fn)
         try:
             n_procs = min(self.workers, max(len(tasks) - start, 1))
             for _ in range(n_procs):
                 rx, tx = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker_main, args=(fn_blob, task_q, tx, os.getpid()), daemon=True)
+                task_rx, task_tx = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker_main, args=(fn_blob, task_rx, tx, os.getpid()), daemon=True)
                 p.start()
                 tx.close()  # the worker holds the only write end: its death closes the pipe
+                task_rx.close()
                 self._procs.append(p)
                 self._conns.append(rx)
+                self._feeders.append(_Feeder(task_tx))
             nxt, head, ready = start, start, {}
             while head < len(tasks):
                 while nxt < len(tasks) and nxt - head < self.limit:
-                    task_q.put((nxt, _pickled_task(tasks, nxt)))
+                    feeder = min(self._feeders, key=lambda f: f.busy)  # the least busy worker takes it
+                    feeder.put((nxt, pickled_task(tasks, nxt)))
+                    feeder.busy += 1
                     nxt += 1
                 while head not in ready and LOAD_FAILED not in ready:
-                    index, ok, payload = self._receive()
+                    w, (index, ok, payload) = self._receive()
+                    self._feeders[w].busy -= 1
                     ready[index] = (ok, payload)
                 if LOAD_FAILED in ready:
                     raise TaskFailure(LOAD_FAILED, *ready[LOAD_FAILED][1])
@@ -190,21 +244,19 @@ class OrderedPool:
                     raise TaskFailure(head, *payload)
                 yield head, payload
                 head += 1
-            for _ in self._procs:
-                task_q.put(None)
+            for feeder in self._feeders:
+                feeder.put(None)
             for p in self._procs:
                 p.join(TERMINATE_GRACE)
         finally:
             self._stop()
-            task_q.cancel_join_thread()  # never block exit on a pipe nobody reads any more
-            task_q.close()
 
-    def _receive(self) -> tuple[int, bool, Any]:
-        """The next result any worker sends; raises WorkerDied when one ends instead."""
+    def _receive(self) -> tuple[int, tuple[int, bool, Any]]:
+        """``(worker, result)`` of the next result any worker sends; raises WorkerDied when one ends instead."""
         while True:
             for conn in wait(self._conns, timeout=POLL_SECONDS):
                 try:
-                    return receive(conn.fileno())  # type: ignore[no-any-return,union-attr]
+                    return self._conns.index(conn), receive(conn.fileno())  # type: ignore[union-attr,arg-type]
                 except EOFError:  # its worker ended
                     proc = self._procs[self._conns.index(conn)]
                     proc.join(TERMINATE_GRACE)
@@ -223,6 +275,8 @@ class OrderedPool:
             if p.is_alive():
                 p.kill()
                 p.join()
+        for feeder in self._feeders:
+            feeder.close()
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._feeders = [], [], []

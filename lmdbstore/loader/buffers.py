@@ -11,8 +11,9 @@ batch each in shared memory (workers inherit them across ``fork`` or receive the
 ``spawn``).  A worker reads a batch into one of its own free slots and sends only the slot number and the
 labels.  The main process hands out a tensor on that slot and frees the slot when nothing references its
 memory any more: not the tensor, not a view of it, not a numpy array made from it (the storage's reference
-count tells).  A consumer that keeps batches (``list(loader)``) is therefore safe: those slots stay taken and
-the worker falls back to a fresh segment when it has no free slot.
+count tells), not its storage object (its Python reference count tells).  A consumer that keeps batches
+(``list(loader)``) is therefore safe: those slots stay taken and the worker falls back to a fresh segment
+when it has no free slot.
 
 Slot states, one int64 per slot in shared memory: ``FREE`` (0); ``HELD`` (-1: delivered, maybe referenced);
 a generation ``g > 0``: being filled or in flight for the main process's iteration ``g``.  Only the owning
@@ -20,14 +21,23 @@ worker moves FREE -> g, only the main process moves g -> HELD -> FREE.  Each bat
 generation of the iteration that asked for it (:class:`~lmdbstore.loader.sampling.LoaderSampler`), so a slot still marked with an older
 generation belongs to a result that an abandoned iteration never delivered (persistent workers drain
 those before the next iteration starts): it counts as free.
+
+A batch handed out on a slot never reaches another process as a view of it: pickled (queues, spawned
+processes) it travels as a copy, and a child forked while it is held gets a private copy of the slot
+(:mod:`lmdbstore.loader.sharing`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+
+from lmdbstore.loader.sharing import track
 
 FREE = 0
 HELD = -1
@@ -41,6 +51,12 @@ def reuse_supported() -> bool:
 
 def _use_count(t: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))  # type: ignore[attr-defined]
+
+
+def _storage_object_held(t: torch.Tensor) -> bool:
+    """Whether something holds the Python storage object of ``t`` (``x.untyped_storage()``): torch keeps one
+    such object per storage and does not count it in the storage's use count."""
+    return sys.getrefcount(t.untyped_storage()) > 2  # the temporary and getrefcount's own argument
 
 
 class TaggedBatch(NamedTuple):
@@ -83,6 +99,17 @@ class BatchBuffers:
         self.stats = torch.zeros(spec.workers, 2, dtype=torch.int64).share_memory_()
         self._base = [_use_count(s) for s in self.slots]  # main process only
         self._held: dict[int, None] = {}
+        self.owner_pid = os.getpid()
+        self._ranges = [(s.untyped_storage().data_ptr(), s.untyped_storage().nbytes()) for s in self.slots]
+        track(self)
+
+    def held_slots(self) -> Iterator[tuple[int, tuple[int, int]]]:
+        """``(slot, (address, bytes))`` of every slot handed out and not yet known to be free (main process)."""
+        return ((slot, self._ranges[slot]) for slot in list(self._held))
+
+    def pin(self, slot: int) -> None:
+        """Never reuse ``slot`` (another process may see its batch): it stays taken; workers use the others."""
+        self._held.pop(slot, None)
 
     # ---------------------------------------------------------------- worker side
     def acquire(self, worker: int, rows: int, gen: int) -> int | None:
@@ -136,7 +163,7 @@ class BatchBuffers:
         """Free every delivered slot whose memory nothing outside these buffers references any more."""
         state = self.state.numpy()
         for slot in list(self._held):
-            if _use_count(self.slots[slot]) <= self._base[slot]:
+            if _use_count(self.slots[slot]) <= self._base[slot] and not _storage_object_held(self.slots[slot]):
                 state[slot] = FREE
                 del self._held[slot]
 

@@ -12,32 +12,44 @@ the Keras ``PyDataset`` and the ``tf.data`` factory (numpy only, no torch).
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
+from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
 from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
 from lmdbstore.store.env import DATA_FILE
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader, data_file_bytes
 
 __all__ = ["SPLITS", "Sampler", "make_sampler_for", "pick_shuffle", "split_indices"]
 
-#: Any sampler this module builds (a window sampler is an epoch sampler).
-Sampler = EpochBatchSampler | BalancedBatchSampler
+#: Any sampler this module builds (a window sampler is an epoch sampler; a set's batches come grouped by store).
+Sampler = EpochBatchSampler | BalancedBatchSampler | SetBatches
 #: The parts of a store :func:`split_indices` knows.
 SPLITS = ("train", "val")
 
 
-def pick_shuffle(lcfg: LoaderConfig, path: Path, say: Callable[[str], None]) -> str:
-    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by store size against memory, and says so."""
+def _data_bytes(store: Path | Reader) -> int:
+    if isinstance(store, (StoreReader, StoreSet)):
+        return data_file_bytes(store)
+    return os.path.getsize(Path(store) / DATA_FILE)
+
+
+def pick_shuffle(lcfg: LoaderConfig, store: Path | Reader, say: Callable[[str], None]) -> str:
+    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by the size of the store's data file(s)
+    (a path, a reader or a set of stores) against memory, and says so."""
     if lcfg.shuffle != "auto":
         return lcfg.shuffle
-    choice = choose_shuffle(os.path.getsize(path / DATA_FILE))
+    choice = choose_shuffle(_data_bytes(store))
     say(f"shuffle: {choice.shuffle} ({choice.reason})")
     return choice.shuffle
 
@@ -57,8 +69,15 @@ def split_indices(labels: np.ndarray, split: str | None, val_fraction: float, se
     return train if split == "train" else val
 
 
+def _prefetch(store: Path | Reader) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The window sampler's read-ahead: this process's own reader (the loaders' one is closed)."""
+    if isinstance(store, StoreSet):
+        return SetPrefetch(copy.deepcopy(store), set_space(store))
+    return StoreReader(store.path if isinstance(store, StoreReader) else store).prefetch
+
+
 def make_sampler_for(
-    path: Path,
+    store: Path | Reader,
     meta: StoreMeta,
     labels: np.ndarray,
     indices: np.ndarray,
@@ -69,33 +88,43 @@ def make_sampler_for(
     world_size: int | None = None,
     say: Callable[[str], None] = lambda _msg: None,
 ) -> Sampler:
-    """The sampler of ``indices`` of the store at ``path``: class-balanced with ``lcfg.balanced``, else in
-    the order ``shuffle`` names (default: :func:`pick_shuffle` of ``lcfg``; ``"none"``: index order).
+    """The sampler of ``indices`` of ``store`` (a path, a reader, or a :class:`~lmdbstore.store.multi.StoreSet`):
+    class-balanced with ``lcfg.balanced``, else in the order ``shuffle`` names (default: :func:`pick_shuffle`
+    of ``lcfg``; ``"none"``: index order).  Over a set of several stores the orders are drawn in its padded
+    index space (:mod:`lmdbstore.loader.sets`: each store's packed values kept whole) and every batch comes
+    grouped by store.
 
     Raises:
         ValueError: a class with no sample among ``indices`` under ``balanced``, bad sizes.
     """
-    kw = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
+    kw: dict[str, Any] = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
+    reader = store if isinstance(store, (StoreReader, StoreSet)) else None
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes
         per_class = [indices[labels[indices] == c] for c in range(len(classes))]
-        return BalancedBatchSampler(per_class, lcfg.batch_size, class_names=classes, **kw)  # type: ignore[arg-type]
-    shuffle = shuffle if shuffle is not None else pick_shuffle(lcfg, path, say)
+        balanced = BalancedBatchSampler(per_class, lcfg.batch_size, class_names=classes, **kw)
+        return grouped(balanced, reader) if reader is not None else balanced
+    shuffle = shuffle if shuffle is not None else pick_shuffle(lcfg, store, say)
+    space = set_space(reader) if reader is not None else None
+    idx = space.to_padded(indices) if space is not None else indices
+    sampler: EpochBatchSampler
     if shuffle == "window":
-        return WindowBatchSampler(
-            indices,
+        sampler = WindowBatchSampler(
+            idx,
             lcfg.batch_size,
             samples_per_value=meta.samples_per_value,
             sample_bytes=meta.sample_bytes,
             window_bytes=None if lcfg.window_mb is None else lcfg.window_mb << 20,
-            prefetch=StoreReader(path).prefetch,
-            **kw,  # type: ignore[arg-type]
+            prefetch=_prefetch(store),
+            **kw,
         )
-    return EpochBatchSampler(
-        indices,
-        lcfg.batch_size,
-        shuffle=shuffle,  # type: ignore[arg-type]
-        samples_per_value=meta.samples_per_value,
-        block_buffer=lcfg.block_buffer,
-        **kw,  # type: ignore[arg-type]
-    )
+    else:
+        sampler = EpochBatchSampler(
+            idx,
+            lcfg.batch_size,
+            shuffle=shuffle,  # type: ignore[arg-type]
+            samples_per_value=meta.samples_per_value,
+            block_buffer=lcfg.block_buffer,
+            **kw,
+        )
+    return grouped(sampler, reader, space) if reader is not None else sampler

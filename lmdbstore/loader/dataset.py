@@ -18,30 +18,32 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, get_worker_info
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.dtypes import DTYPES
 from lmdbstore.loader.buffers import EXTRA_SLOTS, BatchBuffers, BufferSpec, SlotBatch, TaggedBatch, reuse_supported
 from lmdbstore.loader.sampling import LoaderSampler
 from lmdbstore.loader.transform import Transform, apply_transform
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.util.procs import start_method
 
-__all__ = ["BufferedLoader", "LmdbBatchDataset", "make_loader"]
+__all__ = ["BufferedLoader", "LmdbBatchDataset", "as_batch_dataset", "make_loader"]
 
 
 class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Batch-indexed dataset: ``ds[indices] -> (x, y)``.
 
     Args:
-        store: a path or a :class:`StoreReader` (it is closed here, so that no open environment
-            crosses into the workers; each process re-opens it lazily).
+        store: a path, a list of paths (read as one set: :class:`~lmdbstore.store.multi.StoreSet`), or a
+            :class:`StoreReader` or set (it is closed here, so that no open environment crosses into the
+            workers; each process re-opens it lazily).
         add_channel: insert a channel axis after the batch axis for samples of fewer than 3 dimensions
             (default ``True``: (N, 1, H, W) for (H, W), (N, 1, L) for (L,)); samples of 3 or more dimensions
             are taken to have one first, (C, H, W), and come as (N, C, H, W).  ``False``: always (N, *shape).
@@ -64,12 +66,12 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __init__(
         self,
-        store: str | os.PathLike[str] | StoreReader,
+        store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
         *,
         add_channel: bool = True,
         transform: Transform | None = None,
     ):
-        self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
+        self.reader = as_reader(store)
         self.transform = transform
         try:
             meta = self.reader.meta
@@ -202,8 +204,29 @@ class BufferedLoader(DataLoader[Any]):
         return ds.buffers.reuse_counts() if ds.buffers is not None else (0, 0)
 
 
+def as_batch_dataset(dataset: Any) -> LmdbBatchDataset:
+    """``dataset`` itself, or for a ``ConcatDataset`` of :class:`LmdbBatchDataset` (``ds_a + ds_b``) the one
+    dataset over the set of their stores, which has the same indices and reads whole batches.
+
+    Raises:
+        ValueError: anything else (a one-line error pointing to the set of stores).
+    """
+    if isinstance(dataset, LmdbBatchDataset):
+        return dataset
+    parts = list(dataset.datasets) if isinstance(dataset, ConcatDataset) else []
+    ours = [d for d in parts if isinstance(d, LmdbBatchDataset)]
+    same = len({d.add_channel for d in ours}) == 1 and len({id(d.transform) for d in ours}) == 1
+    if parts and len(ours) == len(parts) and same:
+        readers = [r for d in ours for r in (d.reader.readers if isinstance(d.reader, StoreSet) else [d.reader])]
+        return LmdbBatchDataset(StoreSet(readers), add_channel=ours[0].add_channel, transform=ours[0].transform)
+    raise ValueError(
+        f"dataset must be an LmdbBatchDataset, got {type(dataset).__name__}; for several stores use "
+        "LmdbBatchDataset([store_a, store_b, ...]) (one set of stores, one index space)"
+    )
+
+
 def make_loader(
-    dataset: LmdbBatchDataset,
+    dataset: LmdbBatchDataset | ConcatDataset[Any],
     sampler: Any,
     config: LoaderConfig | None = None,
     *,
@@ -218,9 +241,11 @@ def make_loader(
     buffers.  Its ``sampler`` is ``sampler`` wrapped (:class:`~lmdbstore.loader.sampling.LoaderSampler`):
     ``loader.sampler.set_epoch``/``state_dict`` reach ``sampler``, and PyTorch Lightning keeps it under DDP.
     Each pass over the loader is a pass over ``sampler``: the next epoch's order unless ``set_epoch``
-    pinned one (:mod:`lmdbstore.loader.passes`).
+    pinned one (:mod:`lmdbstore.loader.passes`).  A ``ConcatDataset`` of datasets over stores is read as the
+    set of those stores (:func:`as_batch_dataset`).
     """
     config = config or LoaderConfig()
+    dataset = as_batch_dataset(dataset)
     kwargs: dict[str, Any] = {}
     if config.workers > 0:
         kwargs.update(

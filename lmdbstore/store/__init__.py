@@ -6,6 +6,8 @@
 * ``opening``: ``open_writer``, which creates a store when needed; ``writer``: ``StoreWriter``'s appends and
   commits; ``tail``: the partly filled last pieces a commit rewrites; ``validation``: the checks applied to
   everything written;
-* ``reader``: ``StoreReader``; ``handle``: its per-process open state; ``positions``: reads by file offset;
-  ``labels``: the label table and the per-class index lists.
+* ``reader``: ``StoreReader``; ``handle``: its per-process open state (one snapshot); ``snapshot``: the rule
+  saying when a snapshot's pages may be trusted; ``batch``: reading one batch; ``positions``: the position
+  table of a snapshot and its checks; ``preads``: reads by file offset; ``labels``: the label table and the
+  per-class index lists.
 """

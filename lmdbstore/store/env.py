@@ -36,6 +36,7 @@ __all__ = [
     "check_file_size",
     "check_store_dir",
     "open_env",
+    "open_reader_env",
     "raise_if_unborn",
     "read_meta",
     "to_be_created",
@@ -185,6 +186,31 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
         env.close()
         raise
     return env
+
+
+#: A reader maps at least this much of the data file's address space (virtual memory only: the map is
+#: read-only), and at least :data:`READER_MAP_FACTOR` times the file, so that a writer growing the store
+#: rarely obliges it to adopt a larger map (``set_mapsize``, which ends every transaction of the environment).
+READER_MAP_MIN = 64 << 30
+READER_MAP_FACTOR = 4
+
+
+def open_reader_env(path: Path, lock: bool) -> lmdb.Environment:
+    """Open the store's environment read-only for readers, with room to grow (see :data:`READER_MAP_MIN`).
+
+    Where the address space is limited (``ulimit -v``), the map falls back to LMDB's own size.  Errors as
+    :func:`open_env`.
+    """
+    try:
+        size = os.path.getsize(path / DATA_FILE)
+    except OSError:
+        size = 0
+    try:
+        return open_env(path, readonly=True, lock=lock, map_size=max(READER_MAP_MIN, READER_MAP_FACTOR * size))
+    except LmdbStoreError as exc:
+        if not isinstance(exc.__cause__, lmdb.MemoryError):
+            raise
+    return open_env(path, readonly=True, lock=lock)
 
 
 def begin_read(env: lmdb.Environment) -> lmdb.Transaction:

@@ -22,7 +22,7 @@ from lmdbstore.format.checksums import checksum_size
 from lmdbstore.format.dtypes import normalize_dtype
 from lmdbstore.format.layout import ALL_DBS, DB_META, META_KEY
 from lmdbstore.format.limits import LMDB_PAGE_SIZE
-from lmdbstore.format.meta import StoreMeta, check_classes
+from lmdbstore.format.meta import StoreMeta, check_classes, new_store_id
 from lmdbstore.format.packing import choose_samples_per_value
 from lmdbstore.store.env import (
     DATA_FILE,
@@ -81,6 +81,7 @@ def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: Wri
         created_by=f"lmdbstore {__version__}",
         created_at=now,
         updated_at=now,
+        store_id=new_store_id(),
     )
 
 

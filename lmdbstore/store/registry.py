@@ -2,6 +2,14 @@
 
 py-lmdb refuses to open one path twice in a process, so every reader and the writer of a store in this
 process share one environment, reference-counted, through leases (:class:`EnvLease`; see :class:`EnvRegistry`).
+
+Across ``fork()`` a child inherits the parent's environments, and with them the parent's reader table
+(``lock.mdb``) mapped *shared*: closing or dropping an inherited environment in the child would abort the
+parent's read transactions in that table and expose the parent's snapshots to a writer.  Right after a fork
+the child therefore makes its copy of every inherited reader table private
+(:func:`lmdbstore.util.forking.privatize`); from then on closing those environments is harmless, and the
+child opens its own (a writer open in the parent, or a ``lock=True`` reader, no longer keeps forked
+DataLoader workers from reading the store).
 """
 
 from __future__ import annotations
@@ -9,31 +17,51 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lmdb
+
+from lmdbstore.store.locks import LOCK_FILE
+from lmdbstore.util.forking import file_ranges, privatize, supported
 
 __all__ = ["ENVS", "EnvLease", "EnvRegistry"]
 
 
 class _Entry:
-    """One open environment of a path in this process, and how many users share it."""
+    """One open environment of a path in this process, and how many users share it.
 
-    def __init__(self, env: lmdb.Environment, writable: bool, lock: bool):
+    ``lock_file``: ``(st_dev, st_ino)`` of its reader table (``lock.mdb``) when it has one; ``writing``: a
+    write transaction is open on it now (the writer's commit); ``private``: in a forked child, the inherited
+    reader table was made private to the child, so closing the environment cannot touch the parent's.
+    """
+
+    def __init__(self, env: lmdb.Environment, writable: bool, lock: bool, lock_file: tuple[int, int] | None = None):
         self.env, self.writable, self.lock = env, writable, lock
+        self.lock_file = lock_file
         self.refs = 0
         self.pid = os.getpid()
+        self.writing = 0
+        self.private = False
+
+    def privatize_after_fork(self) -> None:
+        """In a forked child, right after the fork: make the inherited reader table private to the child
+        (not while a write transaction was open: closing that would wait for the parent's thread)."""
+        if self.lock and self.lock_file is not None and not self.writing and supported():
+            with contextlib.suppress(OSError, ValueError):
+                for start, end in file_ranges(*self.lock_file):
+                    privatize(start, end)
+                self.private = True
 
     def forget_after_fork(self) -> None:
         """Let go of an environment inherited through ``fork()``.
 
-        A lock-free environment shares nothing with the parent and is closed.  One with a reader table
-        must not be closed here (aborting its transactions would free the *parent's* reader slots and
-        expose its snapshots to a writer); it is only dereferenced, and py-lmdb forgets it, without
-        touching the slots, when the last reference goes.
+        A lock-free environment shares nothing with the parent, and one whose reader table was made private
+        (:meth:`privatize_after_fork`) no longer does: both are closed, so the child can open its own.  Any
+        other one with a reader table must not be closed (that would free the *parent's* reader slots): it
+        is only dereferenced, and py-lmdb keeps refusing a second open of its path in this process.
         """
-        if not self.lock:
+        if not self.lock or self.private:
             with contextlib.suppress(lmdb.Error):
                 self.env.close()
 
@@ -67,15 +95,35 @@ class EnvRegistry:
     Any number of readers and one writer of a store share one environment, reference-counted.  The first
     user opens it in the mode it needs; a later user that needs more (a writer beside read-only readers,
     or a reader table beside lock-free readers) re-opens it in the stronger mode, which invalidates the
-    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs.  After a
-    fork, every inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  This is the one
-    piece of process-wide state in the library, because LMDB's rule it enforces is process-wide.
+    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs (their
+    snapshot rule, :mod:`lmdbstore.store.snapshot`, catches reads that raced with it).  After a fork, every
+    inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  It is process-wide state, because
+    LMDB's rule it enforces is process-wide.
     """
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._mutex = threading.RLock()
         self._pid = os.getpid()
+
+    def privatize_after_fork(self) -> None:
+        """``os.register_at_fork(after_in_child=...)``: make every inherited reader table private to the
+        child at once, before anything in the child could close or drop an inherited environment.  Runs
+        single-threaded in the new child, so it takes no lock (a parent thread may have held it)."""
+        for e in list(self._entries.values()):
+            e.privatize_after_fork()
+
+    @contextlib.contextmanager
+    def writing(self, env: lmdb.Environment) -> Iterator[None]:
+        """Mark ``env`` as holding an open write transaction for the block (see :meth:`privatize_after_fork`)."""
+        entry = next((e for e in list(self._entries.values()) if e.env is env), None)
+        if entry is not None:
+            entry.writing += 1
+        try:
+            yield
+        finally:
+            if entry is not None:
+                entry.writing -= 1
 
     def _after_fork(self) -> None:
         if self._pid != os.getpid():
@@ -119,7 +167,7 @@ class EnvRegistry:
     def adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> lmdb.Environment:
         """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
         with self._mutex:
-            e = _Entry(env, writable, lock or writable)
+            e = _Entry(env, writable, lock or writable, _lock_file(path) if lock or writable else None)
             e.refs = 1
             self._entries[os.path.realpath(path)] = e
         return env
@@ -146,5 +194,17 @@ class EnvRegistry:
         env.close()
 
 
-#: The environments of this process (see :class:`EnvRegistry`).
+def _lock_file(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the store's reader table, or ``None`` when it cannot be found."""
+    try:
+        st = os.stat(Path(path) / LOCK_FILE)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+#: The environments of this process (see :class:`EnvRegistry`).  Process-wide because LMDB's rule it
+#: enforces (one environment per file and process) and what ``fork()`` shares are process-wide.
 ENVS = EnvRegistry()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=ENVS.privatize_after_fork)

@@ -15,6 +15,7 @@ import numpy as np
 
 from lmdbstore.errors import ValidationError, clip, preview
 from lmdbstore.format.dtypes import label_dtype_for
+from lmdbstore.format.meta import control_character
 
 __all__ = ["check_samples", "label_ids"]
 
@@ -23,9 +24,11 @@ def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None
     """Turn labels (ids, class names, or one id/name for all ``n``) into class ids of the label dtype.
 
     Raises:
-        ValidationError: wrong length, an unknown class name, or an id outside ``0..len(classes)-1``.
+        ValidationError: wrong length, an unknown class name, a name holding a control character (numpy would
+            drop a trailing NUL and match ``"a\\0"`` to ``"a"``), or an id outside ``0..len(classes)-1``.
     """
     n_classes = len(classes)
+    _refuse_control_characters(y, path)
     if isinstance(y, (str, int, np.integer)):
         y = [y] * n
     arr = np.asarray(y)
@@ -50,6 +53,21 @@ def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None
     else:
         raise ValidationError(f"labels must be integers or class names, got dtype {arr.dtype}", path=path)
     return ids.astype(label_dtype_for(n_classes))
+
+
+def _refuse_control_characters(y: Any, path: str | Path | None) -> None:
+    """Refuse class names given as Python strings (or bytes) that hold a control character, before numpy
+    turns them into fixed-width strings and drops trailing NULs."""
+    if isinstance(y, (str, bytes)):
+        names: Any = (y,)
+    elif isinstance(y, (list, tuple)) and y and isinstance(y[0], (str, bytes)):
+        names = set(y)
+    else:
+        return
+    for name in names:
+        text = name.decode("latin-1") if isinstance(name, bytes) else name
+        if isinstance(text, str) and control_character(text) is not None:
+            raise ValidationError(f"class label {text!r} holds a control character"[:200], path=path)
 
 
 def check_samples(

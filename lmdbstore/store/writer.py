@@ -196,7 +196,7 @@ class StoreWriter:
             self._env.reader_check()
         while True:
             try:
-                with translate_lmdb_errors(self.path, "commit"):
+                with ENVS.writing(self._env), translate_lmdb_errors(self.path, "commit"):
                     new_meta, new_tail = self._write(x, y, stats)
                 break
             except StoreFullError as exc:

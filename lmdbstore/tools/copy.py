@@ -1,21 +1,34 @@
 """A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting.
 
-The copy reads one snapshot under a registered read transaction, so it is safe while readers and a
-writer run; it is made in a temporary directory beside the destination and renamed into place.
+The copy reads one snapshot under a registered read transaction, so it is safe while readers and a writer
+run; it is made in a temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left
+is removed by the next copy to the same destination), given a store id of its own, and renamed into place.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, translate_lmdb_errors
+from lmdbstore.format.layout import DB_META, META_KEY
+from lmdbstore.format.meta import new_store_id
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
-from lmdbstore.util.atomic import fsync_path, temp_beside
+from lmdbstore.store.locks import LOCK_FILE
+from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
 
-__all__ = ["CopyReport", "copy_store"]
+__all__ = ["COPY_TAG", "CopyReport", "copy_store"]
+
+#: Tag of the temporary directory a copy is made in (``.DEST.copy-PID``).
+COPY_TAG = "copy"
+#: What a copy's temporary directory holds: the copied data file and, once its metadata is rewritten, the
+#: lock file LMDB creates (a directory holding anything else is never removed as a leftover).
+COPY_FILES = frozenset({DATA_FILE, LOCK_FILE})
+#: Room beyond the copied file for the transaction that gives the copy its store id.
+COPY_MAP_SLACK = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -31,27 +44,37 @@ class CopyReport:
     seconds: float
 
 
+def _check_dest(dst: Path) -> None:
+    """Refuse a destination that exists or whose parent is not a writable directory (one line each)."""
+    if dst.exists() and not (dst.is_dir() and not any(dst.iterdir())):
+        raise StoreExistsError("destination exists", path=dst, hint="give a new directory")
+    if not dst.parent.is_dir():
+        raise LmdbStoreError("destination's parent directory does not exist", path=dst.parent)
+    if not os.access(dst.parent, os.W_OK | os.X_OK):
+        raise LmdbStoreError("cannot write to the destination's directory: permission denied", path=dst.parent)
+
+
 def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, compact: bool = False) -> CopyReport:
     """Copy ``store`` to the new directory ``dest`` with LMDB's own consistent copy.
 
     The copy is of one snapshot, taken under a registered read transaction (``lock=True``), so it is
     consistent while readers and a writer use the store; a writer's later commits are not in it.
-    ``compact=True`` omits free pages and renumbers the rest (a smaller file; slower).  The copy is
-    made in a temporary directory beside ``dest`` and renamed into place, then fsynced.
+    ``compact=True`` omits free pages and renumbers the rest (a smaller file; slower).  The copy gets a new
+    store id (its pages are not the source's: a reader must never take one for the other), is made in a
+    temporary directory beside ``dest`` and renamed into place, then fsynced.
 
     py-lmdb refuses a second environment of one path in a process: close this process's readers of
     ``store`` first (DataLoader workers and other processes are fine).
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
-        StoreNotFoundError, NotAStoreError, CorruptStoreError, LmdbStoreError: the store cannot be read.
+        LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
+            no directories, a full disk).
+        StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)
-    if dst.exists() and not (dst.is_dir() and not any(dst.iterdir())):
-        raise StoreExistsError("destination exists", path=dst, hint="give a new directory")
-    if not dst.parent.is_dir():
-        raise LmdbStoreError("destination's parent directory does not exist", path=dst.parent)
+    _check_dest(dst)
     t0 = time.perf_counter()
     try:
         env = open_env(src, readonly=True, lock=True)
@@ -61,12 +84,17 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
                 str(exc.message), path=src, hint="close this process's readers of the store first"
             ) from exc
         raise
-    tmp = temp_beside(dst, "copy")
+    remove_stale_temps(dst, COPY_TAG, allowed=COPY_FILES)
+    tmp = temp_beside(dst, COPY_TAG)
     try:
-        with translate_lmdb_errors(src, "copy"):
+        try:
             tmp.mkdir()
+        except OSError as exc:
+            raise LmdbStoreError(f"cannot create the copy ({exc.strerror or exc})", path=dst) from exc
+        with translate_lmdb_errors(src, "copy"):
             env.copy(str(tmp), compact=compact)
-        count = _sample_count(tmp)  # of the snapshot the copy took (a writer may have committed since)
+        env.close()
+        count = _give_own_id(tmp)
         fsync_path(tmp / DATA_FILE)
         if dst.exists():
             dst.rmdir()
@@ -75,9 +103,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     finally:
         env.close()
         if tmp.exists():
-            for child in tmp.iterdir():
-                child.unlink()
-            tmp.rmdir()
+            shutil.rmtree(tmp, ignore_errors=True)
     return CopyReport(
         str(src),
         str(dst),
@@ -89,15 +115,21 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     )
 
 
-def _sample_count(path: Path) -> int:
-    """The sample count a freshly copied store's metadata holds (nobody else has it open yet)."""
-    env = open_env(path, readonly=True, lock=False)
+def _give_own_id(path: Path) -> int:
+    """Give the fresh copy at ``path`` (nobody else has it open) a store id of its own, in one durable
+    transaction; returns the sample count of the snapshot the copy took."""
+    size = os.path.getsize(path / DATA_FILE)
+    env = open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True)
     try:
-        with translate_lmdb_errors(path, "read the copy"):
+        with translate_lmdb_errors(path, "give the copy its store id"):
             txn = begin_read(env)
             try:
-                return read_meta(env, txn, path).count
+                meta = read_meta(env, txn, path)
             finally:
                 txn.abort()
+            with env.begin(write=True) as w:
+                db = env.open_db(DB_META, txn=w, create=False)
+                w.put(META_KEY, meta.with_(store_id=new_store_id()).to_json(), db=db)
+        return meta.count
     finally:
         env.close()

@@ -30,7 +30,7 @@ import numpy as np
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
 
@@ -78,7 +78,7 @@ def _class_ids(classes: Sequence[str | int], names: Sequence[str]) -> list[int]:
 
 
 def select_indices(
-    reader: StoreReader,
+    reader: Reader,
     *,
     classes: Sequence[str | int] | None = None,
     split: str | None = None,
@@ -141,7 +141,7 @@ class ExportReport:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def _chunks(reader: StoreReader, idx: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+def _chunks(reader: Reader, idx: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
     for lo in range(0, len(idx), chunk):
         yield reader.read_batch(idx[lo : lo + chunk])
 
@@ -159,7 +159,7 @@ def _atomic(paths: list[Path], overwrite: bool) -> Iterator[list[Path]]:
 
 
 def export_store(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
     fmt: str | None = None,
@@ -176,7 +176,8 @@ def export_store(
     """Write a selection of ``store`` (see :func:`select_indices`) to ``out``, streamed.
 
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them exported as one set (one index space, classes mapped by
+            name: :class:`~lmdbstore.store.multi.StoreSet`).
         out: the output file; its suffix picks the format unless ``fmt`` (``npy``, ``npz``, ``h5``) is given.
         classes, split, val_fraction, seed, indices: the selection (default: every sample, index order).
         compress: deflate the ``.npz`` members / gzip the HDF5 samples (default: stored, as ``np.savez``).
@@ -196,7 +197,7 @@ def export_store(
     kind = format_of(out_p, fmt)
     paths = export_paths(out_p, kind)
     t0 = time.perf_counter()
-    with StoreReader(store) as r:
+    with as_reader(store) as r:
         idx, keep = select_indices(
             r, classes=classes, split=split, val_fraction=val_fraction, seed=seed, indices=indices
         )
@@ -207,6 +208,9 @@ def export_store(
             _chunks(r, idx, chunk), (len(idx), *r.shape), r.dtype, remap[r.labels_of(idx)], names, progress, compress
         )
         with _atomic(paths, overwrite) as tmps:
-            write_export(kind, tmps, data)
+            try:
+                write_export(kind, tmps, data)
+            except OSError as exc:  # an unwritable place (/proc), a full disk: one line naming the output
+                raise LmdbStoreError(f"cannot write the export ({exc.strerror or exc})", path=out_p) from exc
     size = sum(p.stat().st_size for p in paths)
     return ExportReport([str(p) for p in paths], kind, len(idx), names, size, time.perf_counter() - t0)

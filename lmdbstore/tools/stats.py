@@ -13,14 +13,17 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader
 
-__all__ = ["format_stats", "store_stats"]
+__all__ = ["class_rows", "exact_values", "fmt_bytes", "fmt_num", "format_stats", "sampled_stats", "store_stats"]
 
 
-def _sampled_stats(reader: StoreReader, sample: int, seed: int) -> dict[str, Any]:
-    """Mean/std/min/max over ``sample`` random samples (read through the normal random-access path)."""
+def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
+    """Mean/std/min/max over ``sample`` random samples of a store or a set (read through the normal
+    random-access path)."""
     n = len(reader)
     k = min(sample, n)
     idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
@@ -41,6 +44,20 @@ def _sampled_stats(reader: StoreReader, sample: int, seed: int) -> dict[str, Any
         "max": float(finite.max()) if finite.size else None,
         "nonfinite": int(f.size - finite.size),
     }
+
+
+def exact_values(vs: ValueStats, method: str) -> dict[str, Any]:
+    """The ``values`` entry of a stats dict from exact value statistics, saying how they were obtained."""
+    return {"method": method, "mean": vs.mean, "std": vs.std, "min": vs.min, "max": vs.max, "nonfinite": vs.nonfinite}
+
+
+def class_rows(classes: list[str], counts: list[int]) -> list[dict[str, Any]]:
+    """The ``classes`` entry of a stats dict: id, name, count and share of each class."""
+    total = max(sum(counts), 1)
+    return [
+        {"id": i, "name": n, "count": c, "share": c / total}
+        for i, (n, c) in enumerate(zip(classes, counts, strict=True))
+    ]
 
 
 def store_stats(
@@ -70,17 +87,9 @@ def store_stats(
         raw = m.count * m.sample_bytes
         sample_bytes_disk = pages["samples"] * psize
         st = os.stat(p / DATA_FILE)
-        vs = m.value_stats
-        values: dict[str, Any] = {
-            "method": "exact (accumulated by the writer over every value)",
-            "mean": vs.mean,
-            "std": vs.std,
-            "min": vs.min,
-            "max": vs.max,
-            "nonfinite": vs.nonfinite,
-        }
+        values = exact_values(m.value_stats, "exact (accumulated by the writer over every value)")
         if sample is not None and m.count:
-            values = _sampled_stats(reader, sample, seed)
+            values = sampled_stats(reader, sample, seed)
         total = max(m.count, 1)
         return {
             "path": str(p),
@@ -94,10 +103,7 @@ def store_stats(
             "sample_bytes": m.sample_bytes,
             "samples_per_value": m.samples_per_value,
             "checksum": m.checksum,
-            "classes": [
-                {"id": i, "name": name, "count": c, "share": c / total}
-                for i, (name, c) in enumerate(zip(m.classes, m.class_counts, strict=True))
-            ],
+            "classes": class_rows(m.classes, m.class_counts),
             "bytes": {
                 "raw": raw,
                 "samples_db": sample_bytes_disk,
@@ -122,7 +128,7 @@ def store_stats(
         }
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
@@ -130,7 +136,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{n}"  # pragma: no cover
 
 
-def _fmt_num(v: float | None) -> str:
+def fmt_num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
@@ -149,14 +155,14 @@ def format_stats(s: dict[str, Any]) -> str:
         lines.append(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%")
     lines += [
         "",
-        f"raw payload  {_fmt_bytes(b['raw'])}",
-        f"on disk      {_fmt_bytes(b['samples_db'])} in sample pages ({b['per_sample_on_disk']:,.1f} B/sample, "
-        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw); {_fmt_bytes(b['used_pages_total'])} all used pages; "
-        f"file {_fmt_bytes(b['file_size'])} ({_fmt_bytes(b['file_allocated'])} allocated)",
+        f"raw payload  {fmt_bytes(b['raw'])}",
+        f"on disk      {fmt_bytes(b['samples_db'])} in sample pages ({b['per_sample_on_disk']:,.1f} B/sample, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw); {fmt_bytes(b['used_pages_total'])} all used pages; "
+        f"file {fmt_bytes(b['file_size'])} ({fmt_bytes(b['file_allocated'])} allocated)",
         f"lmdb         page {lm['page_size']} B, depth {lm['depth']['samples']} (samples), "
-        f"{lm['pages']['samples']:,} sample pages, map {_fmt_bytes(lm['map_size'])}",
-        f"values       mean {_fmt_num(v['mean'])}  std {_fmt_num(v['std'])}  min {_fmt_num(v['min'])}  "
-        f"max {_fmt_num(v['max'])}  non-finite {v['nonfinite']}",
+        f"{lm['pages']['samples']:,} sample pages, map {fmt_bytes(lm['map_size'])}",
+        f"values       mean {fmt_num(v['mean'])}  std {fmt_num(v['std'])}  min {fmt_num(v['min'])}  "
+        f"max {fmt_num(v['max'])}  non-finite {v['nonfinite']}",
         f"             {v['method']}",
     ]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ once with one :class:`~lmdbstore.errors.ValidationError` line.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.choose import Sampler, make_sampler_for
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
@@ -31,29 +32,31 @@ __all__ = ["Sampler", "TrainData", "check_inputs", "make_loaders", "make_sampler
 
 @dataclass(frozen=True)
 class TrainData:
-    """The store as the trainer sees it: path, metadata, labels, class names, CNN input channels, and the
-    (closed) reader the loaders' dataset is made from."""
+    """The store (or set of stores) as the trainer sees it: path (a set's first store), metadata, labels, class
+    names, CNN input channels, and the (closed) reader the loaders' dataset is made from."""
 
     path: Path
-    reader: StoreReader
+    reader: Reader
     meta: StoreMeta
     labels: np.ndarray
     classes: list[str]
     channels: int
 
 
-def read_store(store: str | os.PathLike[str]) -> TrainData:
-    """Read the metadata and labels of ``store`` (the reader is closed again at once: workers open their own)
-    and check that the CNN can take its samples.
+def read_store(store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader) -> TrainData:
+    """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
+    closed again at once: workers open their own) and check that the CNN can take its samples.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
-        ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4).
+        ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
+            of a set that do not make one set.
     """
-    path = Path(store)
-    with StoreReader(path) as reader:
+    reader = as_reader(store)
+    with reader:
         meta = reader.meta
         labels = reader.labels()
+    path = reader.path
     channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
     return TrainData(path, reader, meta, labels, list(meta.classes), channels)
 
@@ -88,23 +91,33 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
 
 def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, say: Log) -> Sampler:
     """This rank's sampler of the training split (:func:`~lmdbstore.loader.choose.make_sampler_for`:
-    class-balanced, or the shuffle ``lcfg`` names, ``auto`` said in one line)."""
+    class-balanced, or the shuffle ``lcfg`` names, ``auto`` said in one line; over a set of stores, batches
+    grouped by store)."""
     return make_sampler_for(
-        data.path, data.meta, data.labels, train_idx, lcfg, rank=info.rank, world_size=info.world_size, say=say
+        data.reader, data.meta, data.labels, train_idx, lcfg, rank=info.rank, world_size=info.world_size, say=say
     )
 
 
 def make_loaders(
-    data: TrainData, sampler: Sampler, val_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, device: torch.device
+    data: TrainData,
+    sampler: Sampler,
+    val_idx: np.ndarray,
+    lcfg: LoaderConfig,
+    info: DistInfo,
+    device: torch.device,
+    val_batches: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any | None]:
     """The training DataLoader over ``sampler`` and the validation one over ``val_idx`` in index order
-    (``None`` without a validation split); pinned memory by default when training on CUDA."""
+    (``None`` without a validation split; ``val_batches`` wraps its sampler, e.g. to equal steps on every
+    rank); pinned memory by default when training on CUDA."""
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
     dataset = LmdbBatchDataset(data.reader)
     train_loader = make_loader(dataset, sampler, lcfg, pin_memory=pin)
     if not len(val_idx):
         return train_loader, None
-    val_sampler = EpochBatchSampler(
+    val_sampler: Any = EpochBatchSampler(
         val_idx, lcfg.batch_size, shuffle="none", rank=info.rank, world_size=info.world_size
     )
+    if val_batches is not None:
+        val_sampler = val_batches(val_sampler)
     return train_loader, make_loader(dataset, val_sampler, lcfg, pin_memory=pin)

@@ -50,18 +50,28 @@ def all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def resolve_device(spec: str, info: DistInfo) -> torch.device:
-    """``"auto"``: CUDA (this rank's GPU) when available, else CPU.  Anything else is used as given.
+    """``"auto"``: CUDA (this rank's GPU) when available, else CPU.  Otherwise ``cpu``, ``cuda`` (this rank's
+    GPU) or ``cuda:N``, checked against the machine.
 
     Raises:
-        ValueError: CUDA asked for but not available.
+        ValueError: a device string torch does not parse, a device type other than cpu and cuda, CUDA asked
+            for but not available, or a GPU index the machine does not have.
     """
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(spec)
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {spec!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {spec!r} (lmdbstore trains on CPU or CUDA)")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {spec!r} asked for, but CUDA is not available")
+        count = torch.cuda.device_count()
         if dev.index is None:
-            dev = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+            dev = torch.device("cuda", info.local_rank % count)
+        elif dev.index >= count:
+            raise ValueError(f"device {spec!r} asked for, but this machine has {count} CUDA device(s)")
         torch.cuda.set_device(dev)
     return dev

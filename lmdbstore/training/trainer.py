@@ -21,6 +21,7 @@ have C channels (kept in the checkpoint); other shapes, and images under 4x4, ar
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.data import TrainData, check_inputs, make_loaders, make_sampler, read_store
+from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
 from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
+from lmdbstore.training.placement import rank_data
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.training.run import TrainRun
 from lmdbstore.training.tboard import ScalarLog, open_scalar_log
@@ -70,7 +71,7 @@ class TrainResult:
 
 
 def train(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str] | None,
     config: TrainConfig | None = None,
     loader: LoaderConfig | None = None,
@@ -82,7 +83,8 @@ def train(
     """Train the CNN on ``store`` and return the metrics.
 
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them read as one set (one index space, classes mapped by
+            name; see :class:`~lmdbstore.store.multi.StoreSet`).
         out_dir: where ``checkpoint.pt`` (every epoch, and every ``config.checkpoint_every`` steps),
             ``best.pt`` (best validation accuracy), ``metrics.jsonl`` (one JSON object per epoch),
             ``summary.json`` and, with the ``tensorboard`` package installed, TensorBoard scalars go;
@@ -112,10 +114,9 @@ def train(
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
-    train_idx, val_idx = stratified_split(data.labels, cfg.val_fraction, lcfg.seed)
-    check_inputs(data, train_idx, lcfg, info)
+    mine = rank_data(data, cfg.val_fraction, lcfg, info, say)  # the same stores everywhere, or shards per node
+    data, sampler, placement = mine.data, mine.sampler, mine.placement
     model, net = _build_model(data, cfg.width, lcfg.seed, info, device)
-    sampler = make_sampler(data, train_idx, lcfg, info, say)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     out = Path(out_dir) if out_dir is not None else None
@@ -123,11 +124,13 @@ def train(
     _continue_inside(state, sampler, steps, out)
     scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
     tb = _run_files(out if info.is_main else None, state, steps, resume)
-    train_loader, val_loader = make_loaders(data, sampler, val_idx, lcfg, info, device)
+    train_loader, val_loader = make_loaders(
+        data, sampler, mine.val_idx, lcfg, placement.share, device, mine.val_batches
+    )
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb
     )
-    say(_plan_line(run, len(train_idx), len(val_idx)))
+    say(_plan_line(run, *mine.sizes) + (f", {placement.groups} sets of shards" if placement.sharded else ""))
     first = state.start_epoch
     try:
         conf = run_epochs(run, state, train_loader, val_loader)

@@ -1,17 +1,21 @@
 """Files that appear whole or not at all: written under a temporary name beside the target, then renamed.
 
 A crash or an error while writing leaves the target as it was (absent, or the old file); the temporary
-is hidden (``.NAME.TAG-PID``) and removed when the write fails.
+is hidden (``.NAME.TAG-PID``) and removed when the write fails.  A process killed mid-write cannot remove
+its own: :func:`remove_stale_temps` lets the next write to the same target remove it, and nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_paths", "fsync_path", "temp_beside"]
+__all__ = ["atomic_paths", "fsync_path", "pid_alive", "remove_stale_temps", "temp_beside"]
 
 
 def temp_beside(path: Path, tag: str) -> Path:
@@ -20,10 +24,63 @@ def temp_beside(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts: it may be the writer)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(path: Path, tag: str, *, allowed: frozenset[str] | None = None) -> list[Path]:
+    """Remove the temporaries ``.NAME.TAG-PID`` of ``path`` left by processes that no longer run.
+
+    Only names of exactly that pattern, for this ``path`` and ``tag``, whose PID is not a running process
+    are touched (this process's own PID counts as not running: call this before creating the temporary, and
+    a leftover of a dead process that had this PID is then in the way).  A temporary file is removed; a temporary directory only when it holds
+    nothing but regular files named in ``allowed`` (e.g. an LMDB environment's ``data.mdb``, ``lock.mdb``),
+    so a user's own directory of that name is left alone.  Returns what was removed; errors are ignored
+    (an unreadable directory, a leftover another process removes first).
+    """
+    pattern = re.compile(re.escape(f".{path.name}.{tag}-") + r"([0-9]{1,10})")
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for e in entries:
+        m = pattern.fullmatch(e.name)
+        pid = int(m.group(1)) if m is not None else 0
+        if m is None or (pid != os.getpid() and pid_alive(pid)):
+            continue
+        p = Path(e.path)
+        with contextlib.suppress(OSError):
+            if e.is_file(follow_symlinks=False):
+                p.unlink()
+                removed.append(p)
+            elif e.is_dir(follow_symlinks=False) and allowed is not None and _only(p, allowed):
+                shutil.rmtree(p)
+                removed.append(p)
+    return removed
+
+
+def _only(directory: Path, names: frozenset[str]) -> bool:
+    """Whether ``directory`` holds only regular files whose names are in ``names``."""
+    return all(c.name in names and c.is_file(follow_symlinks=False) for c in os.scandir(directory))
+
+
 @contextmanager
 def atomic_paths(paths: Sequence[Path], tag: str = "part") -> Iterator[list[Path]]:
     """Temporary names for ``paths``, renamed into place (in order) only if the block succeeds; on any
-    error the temporaries are removed and the targets are left as they were."""
+    error the temporaries are removed and the targets are left as they were.  Temporaries of these targets
+    left by killed processes are removed first (:func:`remove_stale_temps`)."""
+    for p in paths:
+        remove_stale_temps(p, tag)
     tmps = [temp_beside(p, tag) for p in paths]
     try:
         yield tmps

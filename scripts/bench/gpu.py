@@ -73,9 +73,7 @@ def end_to_end(store: Path, width: int, workers: int, pinned: bool, a: argparse.
     from lmdbstore.training.trainer import train
 
     tcfg = TrainConfig(epochs=2, width=width, device=a.device, max_steps_per_epoch=a.steps, val_fraction=0.01)
-    lcfg = LoaderConfig(
-        batch_size=a.batch, workers=workers, shuffle="random", pin_memory=pinned, reuse_buffers=pinned
-    )
+    lcfg = LoaderConfig(batch_size=a.batch, workers=workers, shuffle="random", pin_memory=pinned, reuse_buffers=pinned)
     m = train(store, None, tcfg, lcfg, log=None, progress=False).final
     return {"samples_per_s": m.samples_per_s, "data_wait": m.data_wait_share, "step_ms": m.step_time_ms}
 
@@ -130,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small defaults: a dry run")
     p.add_argument("--out", type=Path, default=Path("bench_gpu_out"))
     a = p.parse_args(argv)
-    for name, full, quick in (("n", 500_000, 20_000), ("batch", 4096, 512), ("steps", 40, 3), ("workers", [0, 4, 8, 16], [0, 2])):
+    for name, full, quick in (
+        ("n", 500_000, 20_000),
+        ("batch", 4096, 512),
+        ("steps", 40, 3),
+        ("workers", [0, 4, 8, 16], [0, 2]),
+    ):
         if getattr(a, name) is None:
             setattr(a, name, quick if a.quick else full)
     import torch

@@ -108,3 +108,33 @@ def test_no_worker_outlives_the_results(fn: Callable[[int], int], end: Callable[
     end(results)
     assert not mp.active_children()
     assert not workers & _children(), "a worker is still running or was not reaped"
+
+
+_FAIL_AND_EXIT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import parallel_tasks as pt
+from lmdbstore.ingestion.pool import OrderedPool, TaskFailure
+if __name__ == "__main__":
+    try:
+        for _ in OrderedPool(pt.raise_at_3, 2, 8).results(list(range(40))):
+            pass
+    except TaskFailure as exc:
+        print(exc.index)
+"""
+
+
+def test_a_failed_run_leaves_nothing_for_the_resource_tracker(tmp_path: Path) -> None:
+    # multiprocessing's resource tracker warns at exit about semaphores a run left behind ("leaked semaphore
+    # objects"); the pool shares none with its workers, so a failing run exits with a clean stderr.
+    import subprocess
+    import sys
+
+    from conftest import TESTS
+
+    script = tmp_path / "fail.py"
+    script.write_text(_FAIL_AND_EXIT)
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script), str(TESTS)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "3", proc.stderr
+        assert proc.stderr == ""

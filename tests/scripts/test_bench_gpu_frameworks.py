@@ -21,7 +21,9 @@ def _bench(name: str, *args: str, out: Path) -> subprocess.CompletedProcess[str]
 
 
 def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
-    proc = _bench("gpu", "--device", "cpu", "--quick", "-n", "4000", "--widths", "8,16", "--workers", "0,1", out=tmp_path)
+    proc = _bench(
+        "gpu", "--device", "cpu", "--quick", "-n", "4000", "--widths", "8,16", "--workers", "0,1", out=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
     assert [(r["width"], r["workers"], r["pinned_reused"]) for r in rows] == [

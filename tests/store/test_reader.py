@@ -227,7 +227,16 @@ def test_checksum_catches_a_flipped_byte(tmp_path: Path, checksum: str, how: str
             with pytest.raises(ChecksumError) as exc:
                 read()
             assert exc.value.key == 18 and "\n" not in str(exc.value)
-    with StoreReader(path) as r:  # without verification the damage goes unnoticed
+    with StoreReader(path, check_whole_values=True) as r:  # asked to check the values it reads whole
+        with pytest.raises(ChecksumError) as exc:
+            r.read_range(18, 36)
+        assert exc.value.key == 18
+        got = r.read_batch([18, 20])  # samples, not whole values, are not checked (random order)
+        if how == "flip":
+            assert got[0].tobytes() != x[18].tobytes()
+        else:
+            np.testing.assert_array_equal(got, x[[18, 20]])
+    with StoreReader(path) as r:  # by default (the check costs ~40 % of block reads), nothing notices
         got = r.read_range(18, 36)
         if how == "flip":
             assert got.tobytes() != x[18:36].tobytes()
@@ -238,8 +247,15 @@ def test_checksum_catches_a_flipped_byte(tmp_path: Path, checksum: str, how: str
 @pytest.mark.parametrize("verify", [False, True])
 @pytest.mark.parametrize("how", ["truncate", "delete"])
 def test_short_or_missing_value_is_corruption(small_store: StoreInfo, verify: bool, how: str) -> None:
+    """A short value fails the reads that touch it; a missing key contradicts the key sequence, which the
+    offset path refuses for every read (liblmdb lookups, ``verify_checksums``, fail only reads touching it)."""
     _damage(small_store.path, 36, how)
     with StoreReader(small_store.path, verify_checksums=verify) as r:
+        if how == "delete" and not verify:
+            with pytest.raises(CorruptStoreError, match="key 54 where 36 belongs") as exc:
+                r.read_batch([0, 35, 54])
+            assert "lmdbstore verify" in str(exc.value)
+            return
         r.read_batch([0, 35, 54])
         for read in (lambda: r.read(40), lambda: r.read_batch([1, 40, 2]), lambda: r.read_range(30, 60)):
             with pytest.raises(CorruptStoreError) as exc:
@@ -279,10 +295,8 @@ def test_read_errors_of_the_data_file_become_store_errors(small_store) -> None: 
     try:
         assert r.read_path == "positions"
         h = r._handle()
-        os.close(h.fd)  # every read by file offset now fails in the OS (EBADF), as a failing disk would
-        h.fd = os.open(os.devnull, os.O_RDONLY)  # keeps close() from closing a stranger's descriptor
         assert h.engine is not None
-        h.engine.fd = -1
+        h.engine.fd = -1  # every read by file offset now fails in the OS (EBADF), as a failing disk would
         with pytest.raises(CorruptStoreError, match="I/O error") as info:
             r.read_batch(np.arange(0, 2000, 7))
         assert str(small_store.path) in str(info.value)

@@ -137,7 +137,10 @@ def test_copy_and_compact_copy_verify_clean(small_store: StoreInfo, tmp_path: Pa
         rep = copy_store(small_store.path, dest, compact=compact)
         assert rep.samples == 2000 and rep.dest_bytes > 0
         assert verify_store(dest).ok
-        assert snapshot_store(dest) == snapshot_store(small_store.path)
+        copied, source = snapshot_store(dest), snapshot_store(small_store.path)
+        meta_c, meta_s = (json.loads(s.pop(b"meta")[b"meta"]) for s in (copied, source))
+        assert meta_c.pop("store_id") != meta_s.pop("store_id")  # the copy is another store: its own id
+        assert copied == source and meta_c == meta_s
     with pytest.raises(StoreExistsError):
         copy_store(small_store.path, tmp_path / "copyTrue")
     with pytest.raises(LmdbStoreError, match="no such store"):

@@ -22,6 +22,7 @@ import numpy as np
 from lmdbstore.errors import SourceError, ValidationError
 from lmdbstore.format.ledger import source_key
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS, MAX_CLASSES
+from lmdbstore.format.meta import control_character
 from lmdbstore.ingestion.sources.checks import Label
 
 __all__ = ["CLASS_NAMES_KEY", "FileSource", "Source", "const_labels"]
@@ -73,6 +74,8 @@ def _names_to_list(arr: np.ndarray, path: Path, what: str) -> list[str]:
     names = [str(s) for s in arr.astype(str).tolist()]
     if len(set(names)) != len(names) or any(not s.strip() for s in names):
         raise SourceError(f"{what} must hold distinct non-empty names", path=path)
+    if any(control_character(s) is not None for s in names):
+        raise SourceError(f"{what} holds a name with a control character", path=path)
     return names
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import SourceError
+from lmdbstore.format.meta import control_character
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_range, one_line
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_sample_dtype, check_size, pread_into, read_header
@@ -196,6 +197,9 @@ def open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...
             "directory has no class subdirectories", path=root, hint="lay it out as ROOT/<class_name>/*.npy"
         )
     names = [e.name for e in class_dirs]
+    bad = next((n for n in names if control_character(n) is not None), None)
+    if bad is not None:
+        raise SourceError(f"class subdirectory {bad!r} holds a control character"[:200], path=root)
     cache = _HeaderCache()
     per_class: list[tuple[str, list[_DirFile]]] = []
     for name in names:

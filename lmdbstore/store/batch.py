@@ -1,0 +1,190 @@
+"""Reading one batch of samples from one snapshot: by file offset, or through liblmdb lookups (private).
+
+:class:`~lmdbstore.store.reader.StoreReader` decides which path a batch takes and checks, before and after,
+that the snapshot is still the file's; the functions here only read.  A batch is cut into *runs*:
+consecutive samples of one value whose rows in the output are consecutive too (a block-order batch comes
+sorted, so its runs are whole pieces of values; in random order they are single samples).  Each run is one
+copy: one ``preadv`` (or slice copy) by offset, or one slice of liblmdb's value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.errors import ChecksumError, CorruptStoreError
+from lmdbstore.format.checksums import compute_checksum
+from lmdbstore.format.layout import DB_SAMPLES, encode_key
+from lmdbstore.format.pages import PAGEHDRSZ
+from lmdbstore.store.handle import Handle
+from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_heads
+
+__all__ = ["Runs", "plan_runs", "prefetch_ranges", "read_by_lmdb", "read_by_offset", "value", "whole_value_runs"]
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A batch's runs: ``first[r]`` the key of the value run ``r`` reads from, ``skip[r]`` samples into it,
+    ``dst[r]`` its first row in the output, ``rows[r]`` its length in samples."""
+
+    first: np.ndarray
+    skip: np.ndarray
+    dst: np.ndarray
+    rows: np.ndarray
+
+
+def plan_runs(idx: np.ndarray, spv: int) -> Runs:
+    """Cut the sample indices ``idx`` (any order, repeats allowed) into runs (see the module docstring)."""
+    n = len(idx)
+    order = np.argsort(idx, kind="stable")
+    sidx = idx[order]
+    firsts = sidx - sidx % spv
+    brk = np.flatnonzero(np.r_[True, (np.diff(sidx) != 1) | (firsts[1:] != firsts[:-1]) | (np.diff(order) != 1)])
+    return Runs(firsts[brk], sidx[brk] - firsts[brk], order[brk], np.diff(np.r_[brk, n]))
+
+
+def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
+    """Indices of the runs that copy a whole value (block and window orders read most values whole)."""
+    m = h.meta
+    full = np.minimum(m.samples_per_value, m.count - runs.first)
+    return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
+
+
+def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray, checksums: bool) -> None:
+    """Fill ``out`` from the file at the table's offsets: one read per run.
+
+    Every value's overflow-page header is checked the first time the value is read in this process (before
+    anything is returned; the run is then read from the header on, in one read); with ``checksums``, values
+    read whole are checked against their stored checksum.
+
+    Raises:
+        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read.
+        ChecksumError: a whole value does not match its checksum.
+    """
+    m, engine = h.meta, h.engine
+    assert engine is not None
+    sb, spv = m.sample_bytes, m.samples_per_value
+    values = runs.first // spv
+    voffs = table.offsets[values]
+    if (voffs < 0).any():
+        key = int(runs.first[voffs < 0][0])
+        raise CorruptStoreError("value has the wrong length", path=h.path, key=key, hint=VERIFY_HINT)
+    d0 = runs.dst * sb
+    ends = d0 + runs.rows * sb
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    # A value read for the first time in this process has its overflow header checked before anything is
+    # returned; its run is read from the header on, in the same read (one disk read, not two).
+    new = ~table.checked[values]
+    if new.any():
+        heads = engine.read_headed(
+            view,
+            (voffs[new] - PAGEHDRSZ).tolist(),
+            (runs.skip[new] * sb).tolist(),
+            d0[new].tolist(),
+            ends[new].tolist(),
+            PAGEHDRSZ,
+        )
+        check_heads(table, values[new], heads, h.path)
+    old = ~new
+    engine.read(view, (voffs[old] + runs.skip[old] * sb).tolist(), d0[old].tolist(), ends[old].tolist())
+    if checksums and m.trailer_bytes:
+        whole = whole_value_runs(runs, h)
+        if whole.size:
+            _check_whole(h, view, voffs[whole], d0[whole], ends[whole], runs.first[whole])
+
+
+def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray, ends: np.ndarray, keys: Any) -> None:
+    """Compare each whole value read into ``view[d0:end]`` with its stored checksum (the trailer after it)."""
+    m, engine = h.meta, h.engine
+    assert engine is not None
+    fn = compute_checksum(m.checksum)
+    assert fn is not None
+    t = m.trailer_bytes
+    trailers = engine.gather((voffs + (ends - d0)).tolist(), t)
+    for i, (d, e) in enumerate(zip(d0.tolist(), ends.tolist(), strict=True)):
+        if fn(view[d:e]) != trailers[i].tobytes():
+            raise ChecksumError("checksum mismatch", path=h.path, key=int(keys[i]), hint=VERIFY_HINT)
+
+
+def value(h: Handle, first: int, verify: bool) -> memoryview:
+    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed).
+
+    Raises:
+        CorruptStoreError: the value is missing or of the wrong length.  ChecksumError: with ``verify``.
+    """
+    m = h.meta
+    buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
+    if buf is None:
+        raise CorruptStoreError("value missing", path=h.path, key=first)
+    want = m.expected_value_len(first)
+    if len(buf) != want:
+        raise CorruptStoreError(f"value has {len(buf)} bytes, expected {want}", path=h.path, key=first)
+    payload = buf[: want - m.trailer_bytes]
+    if verify and m.trailer_bytes:
+        fn = compute_checksum(m.checksum)
+        assert fn is not None
+        if fn(payload) != bytes(buf[want - m.trailer_bytes :]):
+            raise ChecksumError("checksum mismatch", path=h.path, key=first)
+    return memoryview(payload)
+
+
+def read_by_lmdb(h: Handle, runs: Runs, out: np.ndarray, verify: bool) -> None:
+    """Fill ``out`` through liblmdb lookups: each value looked up once per run of samples that share it.
+
+    This is the hot path of ``positions=False`` readers in random order: numpy prepares every per-run input
+    up front (one 8-byte key object per run), so the loop does no slicing or arithmetic of its own.
+
+    Raises:
+        CorruptStoreError: a missing or wrong-length value.  ChecksumError: with ``verify``.
+    """
+    m = h.meta
+    sb, spv = m.sample_bytes, m.samples_per_value
+    keys = runs.first.astype(">u8").view("V8").tolist()
+    offs = (runs.skip * sb).tolist()
+    dsts = (runs.dst * sb).tolist()
+    ends = (runs.dst * sb + runs.rows * sb).tolist()
+    ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
+    get, db = h.txn.get, h.dbs[DB_SAMPLES]
+    # unchecked fast path: still refuse a value of the wrong length (the last value is shorter)
+    full_len, tail_first = spv * sb + m.trailer_bytes, m.count - m.count % spv
+    tail_len = m.expected_value_len(tail_first) if tail_first < m.count else full_len
+    tail_key = encode_key(tail_first)
+    last: Any = None
+    buf: Any = None
+    for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
+        if k != last:
+            last = k
+            if verify:
+                buf = value(h, int.from_bytes(k, "big"), True)
+            else:
+                buf = get(k, db=db)
+                if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
+                    buf = value(h, int.from_bytes(k, "big"), False)  # raises the precise error
+        ov[d:e] = buf[o : o + e - d]
+
+
+def prefetch_ranges(table: PositionTable, lo: Any, hi: Any) -> tuple[list[int], list[int]]:
+    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1``: one range per sample
+    range whose values lie together (the writer appends them in order), else one per value."""
+    spv = table.samples_per_value
+    lo_v = np.asarray(lo, np.int64).reshape(-1) // spv
+    hi_v = (np.asarray(hi, np.int64).reshape(-1) - 1) // spv
+    off = table.offsets
+    vlen = int(table.lengths.max()) if len(off) else 0
+    starts: list[int] = []
+    ends: list[int] = []
+    for a, b in zip(lo_v.tolist(), hi_v.tolist(), strict=True):
+        seg = off[max(a, 0) : min(b, len(off) - 1) + 1]
+        seg = seg[seg >= 0]
+        if seg.size == 0:
+            continue
+        s0, s1 = int(seg.min()), int(seg.max()) + vlen
+        if s1 - s0 <= 2 * vlen * seg.size:  # laid out together: one read
+            starts.append(s0)
+            ends.append(min(s1, table.file_size))
+        else:  # scattered pages: one read per value
+            starts.extend(seg.tolist())
+            ends.extend(np.minimum(seg + vlen, table.file_size).tolist())
+    return starts, ends

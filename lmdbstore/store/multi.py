@@ -1,0 +1,359 @@
+"""Many stores read as one: :class:`StoreSet` (:func:`lmdbstore.store.readers.open_reader` opens one store or a set).
+
+Data made on several machines ends up as several stores; a set reads them in place, with no merge copy.  It has
+the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader and the tools use it (``len``,
+``shape``, ``dtype``, ``classes``, ``meta``, ``labels()``, ``read_batch``, ``read_range``, ``iter_chunks``,
+``prefetch``, ``class_indices``, picklable, opened lazily in each process), over:
+
+* **one index space**: store ``i``'s samples follow store ``i - 1``'s (``offsets[i]`` is its first index);
+* **classes mapped by name**: the set's classes are the union of the stores' class names in first-seen order
+  (store order, then each store's own order), so stores with the same class list keep it, and a set of one
+  store is that store; a class missing from a store is fine, the same name is the same class.
+  ``classes=`` fixes the order instead (it must name every class of every store);
+* **one shape and dtype**: a store that differs is a one-line :class:`~lmdbstore.errors.ValidationError`
+  naming it.
+
+Every store keeps its own position table, reads by file offset and reads in flight: a batch is read store by
+store, each part straight into its rows of the output when the batch is grouped by store (as the trainer's set
+samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.errors import ValidationError, preview
+from lmdbstore.format.dtypes import label_dtype_for
+from lmdbstore.format.meta import StoreMeta
+from lmdbstore.format.value_stats import ValueStats
+from lmdbstore.store.preads import DEFAULT_IO_THREADS
+from lmdbstore.store.reader import StoreReader
+
+__all__ = ["CACHED_SAMPLE_S", "StoreSet"]
+
+StorePath = str | os.PathLike[str]
+
+#: A store's part of a batch read faster than this per sample came from the page cache (warm random reads take
+#: about 0.6 us per sample on 2 cores, cold ones several us even with 16 reads in flight): the set then reads
+#: the other stores' parts one after the other; slower, it reads them all at once on threads.
+CACHED_SAMPLE_S = 2e-6
+
+
+class StoreSet:
+    """Several stores read as one (see the module docstring).
+
+    Args:
+        stores: store paths or :class:`StoreReader` objects, in index order (at least one; a reader keeps its own
+            options, paths take the ones below).
+        classes: the set's class names in order (default: the union of the stores', first seen first).
+        lock, verify_checksums, positions, io_threads: as :class:`StoreReader`, for every store given by path.
+
+    Raises:
+        ValueError: no store, or a store given twice.
+        ValidationError (on first use): stores of different shapes or dtypes, or a store's class missing from
+            ``classes``.
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError (on first use): a store.
+    """
+
+    def __init__(
+        self,
+        stores: Sequence[StorePath | StoreReader],
+        *,
+        classes: Sequence[str] | None = None,
+        lock: bool | None = None,
+        verify_checksums: bool = False,
+        positions: bool = True,
+        io_threads: int = DEFAULT_IO_THREADS,
+    ) -> None:
+        if isinstance(stores, (str, bytes, os.PathLike)) or not len(stores):
+            raise ValueError(f"stores must be a non-empty list of store paths, got {stores!r}")
+        self.readers = [
+            s
+            if isinstance(s, StoreReader)
+            else StoreReader(
+                s, lock=lock, verify_checksums=verify_checksums, positions=positions, io_threads=io_threads
+            )
+            for s in stores
+        ]
+        self.paths = [r.path for r in self.readers]
+        resolved = [p.resolve() for p in self.paths]
+        twice = [str(p) for i, p in enumerate(self.paths) if resolved[i] in resolved[:i]]
+        if twice:
+            raise ValueError(f"stores: {preview(twice)} given twice (a store's samples would count twice)")
+        self.path = self.paths[0]  #: the first store (messages about the set as a whole name it)
+        self.wanted_classes = list(classes) if classes is not None else None
+        self._meta: StoreMeta | None = None
+        self._offsets: np.ndarray | None = None
+        self._remaps: list[np.ndarray] = []
+        self._labels: np.ndarray | None = None
+        self._threads: ThreadPoolExecutor | None = None
+        self._threads_pid = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> StoreSet:
+        """Open every store and check that they make one set.  Returns ``self``."""
+        self._layout()
+        return self
+
+    def close(self) -> None:
+        """Close every store in this process (call in the parent before starting workers)."""
+        if self._threads is not None and self._threads_pid == os.getpid():
+            self._threads.shutdown(wait=True)
+        self._threads = None
+        for r in self.readers:
+            r.close()
+
+    def refresh(self) -> None:
+        """New read snapshots of every store (see samples committed since), and the set's layout again."""
+        for r in self.readers:
+            r.refresh()
+        self._meta, self._offsets, self._remaps, self._labels = None, None, [], None
+
+    def __enter__(self) -> StoreSet:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_labels"] = None  # rebuilt from the stores' tables on first use
+        state["_threads"], state["_threads_pid"] = None, 0  # threads stay in their process
+        return state
+
+    def __repr__(self) -> str:
+        return f"StoreSet({[str(p) for p in self.paths]!r})"
+
+    # ------------------------------------------------------------------ layout
+    def _layout(self) -> StoreMeta:
+        """The set's metadata, offsets and class maps, computed once (from the stores' metadata only)."""
+        if self._meta is not None:
+            return self._meta
+        metas = [r.meta for r in self.readers]
+        first = metas[0]
+        for r, m in zip(self.readers, metas, strict=True):
+            if m.shape != first.shape or m.dtype != first.dtype:
+                raise ValidationError(
+                    f"samples of shape {m.shape} {m.np_dtype.name} differ from the set's first store "
+                    f"({first.shape} {first.np_dtype.name}, {self.paths[0]})",
+                    path=r.path,
+                    hint="a set reads stores of one sample shape and dtype",
+                )
+        names = self._class_names(metas)
+        index = {c: i for i, c in enumerate(names)}
+        self._remaps = [np.array([index[c] for c in m.classes], label_dtype_for(len(names))) for m in metas]
+        self._offsets = np.cumsum([0, *(m.count for m in metas)]).astype(np.int64)
+        counts = np.zeros(len(names), np.int64)
+        stats = ValueStats()
+        for m, remap in zip(metas, self._remaps, strict=True):
+            np.add.at(counts, remap.astype(np.int64), m.class_counts)
+            stats.merge(m.value_stats)
+        self._meta = first.with_(
+            classes=names, count=int(self._offsets[-1]), class_counts=counts.tolist(), value_stats=stats
+        )
+        return self._meta
+
+    def _class_names(self, metas: list[StoreMeta]) -> list[str]:
+        """The union of the stores' class names, first seen first, or ``classes=`` checked to cover them."""
+        if self.wanted_classes is None:
+            return list(dict.fromkeys(c for m in metas for c in m.classes))
+        for r, m in zip(self.readers, metas, strict=True):
+            missing = [c for c in m.classes if c not in self.wanted_classes]
+            if missing:
+                raise ValidationError(
+                    f"classes {preview(missing, quote=True)} of this store are not in the set's classes "
+                    f"{preview(self.wanted_classes, quote=True)}",
+                    path=r.path,
+                    hint="name every class of every store in classes=",
+                )
+        return list(self.wanted_classes)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``offsets[i]``: the set index of store ``i``'s first sample; ``offsets[-1]`` is the set's length."""
+        self._layout()
+        assert self._offsets is not None
+        return self._offsets
+
+    @property
+    def counts(self) -> list[int]:
+        """Samples of each store, in order."""
+        return np.diff(self.offsets).tolist()
+
+    def store_of(self, indices: Any) -> np.ndarray:
+        """The store (its position in the set) holding each of the set indices ``indices``."""
+        return np.searchsorted(self.offsets, np.asarray(indices, np.int64), side="right") - 1
+
+    def class_map(self, i: int) -> np.ndarray:
+        """Store ``i``'s class ids -> the set's class ids."""
+        self._layout()
+        return self._remaps[i]
+
+    # ------------------------------------------------------------------ metadata
+    @property
+    def meta(self) -> StoreMeta:
+        """The set as one store's metadata: total ``count``, the set's ``classes`` and ``class_counts``, the
+        merged ``value_stats``; shape, dtype and packing fields are the first store's."""
+        return self._layout()
+
+    def __len__(self) -> int:
+        return self.meta.count
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.meta.np_dtype
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.meta.classes)
+
+    @property
+    def read_path(self) -> str:
+        """``"positions"`` when every store is read by file offset, else ``"lmdb"``."""
+        return "positions" if all(r.read_path == "positions" for r in self.readers) else "lmdb"
+
+    # ------------------------------------------------------------------ samples
+    def _check_indices(self, idx: np.ndarray) -> None:
+        outside = (idx < 0) | (idx >= len(self))
+        if outside.any():
+            raise IndexError(f"sample index {int(idx[outside][0])} out of range for a set of {len(self)} samples")
+
+    def read(self, index: int) -> np.ndarray:
+        """One sample (a copy)."""
+        return self.read_batch(np.array([index]))[0]
+
+    def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like
+        :meth:`StoreReader.read_batch`.  Indices grouped by store (each store's indices together, stores in
+        order) are read straight into ``out``; others are read store by store and put in place with one copy.
+
+        Raises:
+            IndexError: an index outside the set.  ValueError: a bad ``out``.
+            CorruptStoreError / ChecksumError: as the store read.
+        """
+        m = self.meta
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        store = self.store_of(idx)  # -1 below the set, len(readers) beyond it
+        if idx.size and (store.min() < 0 or store.max() >= len(self.readers)):
+            self._check_indices(idx)
+        n, sb = len(idx), m.sample_bytes
+        if out is None:
+            out = np.empty((n, *m.shape), m.np_dtype)
+        elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
+        if n == 0:
+            return out
+        if (store[1:] >= store[:-1]).all():  # grouped: each store's part is a slice of out
+            self._read_groups(idx, store, out)
+            return out
+        order = np.argsort(store, kind="stable")
+        out[order] = self.read_batch(idx[order])
+        return out
+
+    def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
+        """Each store's part of a grouped batch straight into its rows: the first on this thread, and the others
+        after it on this thread too when it came from the page cache, else all at once on threads (cold reads
+        wait on the disk, and every store's reads in flight together keep it busy)."""
+        parts = [(i, idx[lo:hi] - self.offsets[i], out[lo:hi]) for i, lo, hi in _groups(store)]
+        i, local, rows = parts[0]
+        t0 = time.perf_counter()
+        self.readers[i].read_batch(local, out=rows)
+        if len(parts) == 1:
+            return
+        if time.perf_counter() - t0 < len(local) * CACHED_SAMPLE_S:
+            for i, local, rows in parts[1:]:
+                self.readers[i].read_batch(local, out=rows)
+            return
+        for i, _, _ in parts[1:]:
+            self.readers[i].meta  # noqa: B018  # opened on this thread, read on the pool's
+        futures = [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in parts[1:]]
+        for f in futures:
+            f.result()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """This process's threads for cold reads of several stores at once (made after a fork anew)."""
+        if self._threads is None or self._threads_pid != os.getpid():
+            self._threads = ThreadPoolExecutor(max(1, len(self.readers) - 1), thread_name_prefix="lmdbstore-set")
+            self._threads_pid = os.getpid()
+        return self._threads
+
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Samples ``start..stop-1`` in order (each store's part read as its own range)."""
+        n = len(self)
+        if not 0 <= start <= stop <= n:
+            raise IndexError(f"range {start}..{stop} outside a set of {n} samples")
+        out = np.empty((stop - start, *self.shape), self.dtype)
+        for i, (lo, hi) in enumerate(self._pieces(start, stop)):
+            if hi > lo:
+                local = np.arange(lo, hi, dtype=np.int64) - self.offsets[i]
+                self.readers[i].read_batch(local, out=out[lo - start : hi - start])
+        return out
+
+    def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Per store, the part ``lo..hi`` of ``start..stop`` it holds (set indices; empty where none)."""
+        off = self.offsets
+        return [(max(start, int(a)), min(stop, int(b))) for a, b in itertools.pairwise(off.tolist())]
+
+    def prefetch(self, lo: Any, hi: Any) -> None:
+        """Ask the OS to read the samples of set ranges ``lo[i]..hi[i]-1`` in the background (each store its
+        own part; see :meth:`StoreReader.prefetch`)."""
+        lo_a, hi_a = np.asarray(lo, np.int64).reshape(-1), np.asarray(hi, np.int64).reshape(-1)
+        off = self.offsets
+        for i, r in enumerate(self.readers):
+            a, b = np.maximum(lo_a, off[i]), np.minimum(hi_a, off[i + 1])
+            keep = b > a
+            if keep.any():
+                r.prefetch(a[keep] - off[i], b[keep] - off[i])
+
+    def iter_chunks(
+        self, chunk: int = 65536, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples
+        (a chunk never spans two stores)."""
+        stop = len(self) if stop is None else stop
+        labels = self.labels()
+        for lo, hi in self._pieces(start, stop):
+            for a in range(lo, hi, chunk):
+                b = min(a + chunk, hi)
+                yield a, self.read_range(a, b), labels[a:b]
+
+    # ------------------------------------------------------------------ labels and classes
+    def labels(self) -> np.ndarray:
+        """Every sample's class id in the set's classes (uint8 up to 256 classes), cached."""
+        if self._labels is None:
+            self._layout()
+            parts = [remap[r.labels()] for r, remap in zip(self.readers, self._remaps, strict=True)]
+            self._labels = np.concatenate(parts) if parts else np.zeros(0, label_dtype_for(len(self.classes)))
+        return self._labels
+
+    def labels_of(self, indices: Any) -> np.ndarray:
+        """Class ids of ``indices``."""
+        return self.labels()[np.asarray(indices, dtype=np.int64)]
+
+    def class_indices(self, class_id: int) -> np.ndarray:
+        """Set indices of class ``class_id`` in ascending order, from each store's class-index table."""
+        name = self.classes[class_id]
+        parts = []
+        for r, off in zip(self.readers, self.offsets[:-1].tolist(), strict=True):
+            if name in r.classes:
+                parts.append(r.class_indices(r.classes.index(name)).astype(np.int64) + off)
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _groups(store: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """``(store, lo, hi)`` of each run of equal values in the non-decreasing ``store``."""
+    starts = np.flatnonzero(np.r_[True, store[1:] != store[:-1]])
+    ends = np.r_[starts[1:], len(store)]
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield int(store[lo]), lo, hi

@@ -1,0 +1,157 @@
+"""``stats`` and ``verify`` over a set of stores read as one (:class:`~lmdbstore.store.multi.StoreSet`).
+
+Each store is described and verified on its own, exactly as :func:`~lmdbstore.tools.stats.store_stats` and
+:func:`~lmdbstore.tools.verify.verify_store` do for one store; the set adds what only the whole tells: that the
+stores make one set (one shape and dtype: otherwise the one-line error of opening the set), its samples, its
+classes mapped by name with their counts, bytes against raw, and the value statistics merged exactly over all
+stores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmdbstore.config import (
+    DEFAULT_MAX_PROBLEMS,
+    DEFAULT_SAMPLE_SEED,
+    DEFAULT_VERIFY_CHECKSUMS,
+    DEFAULT_VERIFY_STRUCTURE,
+)
+from lmdbstore.store.env import DATA_FILE
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.tools.stats import (
+    class_rows,
+    exact_values,
+    fmt_bytes,
+    fmt_num,
+    format_stats,
+    sampled_stats,
+    store_stats,
+)
+from lmdbstore.tools.verify import VerifyReport, verify_store
+
+__all__ = ["SetVerifyReport", "format_set_stats", "set_stats", "verify_set"]
+
+StorePath = str | os.PathLike[str]
+
+
+def set_stats(
+    stores: Sequence[StorePath], *, sample: int | None = None, seed: int = DEFAULT_SAMPLE_SEED
+) -> dict[str, Any]:
+    """Describe each store (``"stores"``: :func:`store_stats` of each) and the set (``"set"``).
+
+    The set's value statistics are exact (the stores' merged); with ``sample=N`` they are recomputed from N
+    random samples of the whole set, as each store's are from N of its own.
+
+    Raises:
+        ValueError: ``sample`` below 1, no store or a store given twice.
+        ValidationError: stores that do not make one set.
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: a store.
+    """
+    whole_set = StoreSet(stores)  # a store given twice: refused before anything is read
+    per = [store_stats(p, sample=sample, seed=seed) for p in stores]
+    with whole_set as s:
+        m = s.meta
+        values = exact_values(m.value_stats, "exact (the stores' statistics merged)")
+        if sample is not None and m.count:
+            values = sampled_stats(s, sample, seed)
+        raw = m.count * m.sample_bytes
+        on_disk = sum(d["bytes"]["used_pages_total"] for d in per)
+        whole = {
+            "paths": [str(p) for p in s.paths],
+            "samples": m.count,
+            "store_samples": s.counts,
+            "shape": list(m.shape),
+            "dtype": m.dtype,
+            "sample_bytes": m.sample_bytes,
+            "classes": class_rows(m.classes, m.class_counts),
+            "bytes": {
+                "raw": raw,
+                "used_pages_total": on_disk,
+                "file_size": sum(os.path.getsize(Path(p) / DATA_FILE) for p in s.paths),
+                "ratio_total_to_raw": on_disk / raw if raw else None,
+            },
+            "values": values,
+        }
+    return {"stores": per, "set": whole}
+
+
+def format_set_stats(s: dict[str, Any]) -> str:
+    """Each store's table (:func:`format_stats`), then the set's: samples per store and per class, bytes and
+    values over the whole."""
+    w, b, v = s["set"], s["set"]["bytes"], s["set"]["values"]
+    lines = [*(format_stats(d) + "\n" for d in s["stores"])]
+    ratio = b["ratio_total_to_raw"]
+    lines += [
+        f"set          {len(w['paths'])} stores read as one: {', '.join(w['paths'])}",
+        f"samples      {w['samples']:,} ({' + '.join(f'{n:,}' for n in w['store_samples'])})  shape "
+        f"{tuple(w['shape'])}  dtype {w['dtype']}",
+        "",
+        f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}",
+        *(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%" for c in w["classes"]),
+        "",
+        f"bytes        {fmt_bytes(b['used_pages_total'])} in used pages, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw; files {fmt_bytes(b['file_size'])}",
+        f"values       mean {fmt_num(v['mean'])}  std {fmt_num(v['std'])}  min {fmt_num(v['min'])}  "
+        f"max {fmt_num(v['max'])}  non-finite {v['nonfinite']}",
+        f"             {v['method']}",
+    ]
+    return "\n".join(lines)
+
+
+@dataclass
+class SetVerifyReport:
+    """What :func:`verify_set` found: a :class:`VerifyReport` per store, in the set's order."""
+
+    paths: list[str]
+    reports: list[VerifyReport] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No store has a problem."""
+        return all(r.ok for r in self.reports)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``ok``, the paths and each store's report."""
+        return {"ok": self.ok, "paths": self.paths, "stores": [r.to_dict() for r in self.reports]}
+
+
+def verify_set(
+    stores: Sequence[StorePath],
+    *,
+    checksums: bool = DEFAULT_VERIFY_CHECKSUMS,
+    max_problems: int = DEFAULT_MAX_PROBLEMS,
+    progress: Callable[[int], None] | None = None,
+    structure: bool = DEFAULT_VERIFY_STRUCTURE,
+) -> SetVerifyReport:
+    """Verify every store (:func:`verify_store`, up to ``max_problems`` each), then check that they make one set
+    (skipped while a store's page structure is damaged: its metadata is not read through liblmdb then);
+    ``progress`` gets the samples checked so far over the whole set.  One store is just :func:`verify_store`.
+
+    Raises:
+        ValueError: ``max_problems`` below 1, no store or a store given twice.
+        ValidationError: stores that do not make one set.
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: a store cannot be opened.
+    """
+    if not stores:
+        raise ValueError("stores: give at least one store")
+    report = SetVerifyReport([str(p) for p in stores])
+    before = 0
+    for path in stores:
+        step = None if progress is None else _offset(progress, before)
+        one = verify_store(path, checksums=checksums, max_problems=max_problems, progress=step, structure=structure)
+        report.reports.append(one)
+        before += one.count
+    damaged = any(p.kind == "structure" for r in report.reports for p in r.problems)
+    if len(stores) > 1 and not damaged:
+        StoreSet(stores).open().close()  # one shape and dtype, classes by name: or the one-line error
+    return report
+
+
+def _offset(progress: Callable[[int], None], before: int) -> Callable[[int], None]:
+    """``progress`` for one store of a set: its count plus the samples of the stores before it."""
+    return lambda done: progress(before + done)

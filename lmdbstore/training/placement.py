@@ -1,0 +1,236 @@
+"""Where the training data lives across the ranks of a ``torchrun`` job: the same stores on every node (a copy per
+node), or each node with its own shards of a set.
+
+The ranks compare what they were given (:func:`place`, one ``all_gather`` before anything is read for training):
+
+* **The same data everywhere** (every rank's stores have the same metadata: copies made by ``lmdbstore copy``,
+  ``rsync`` or ``mdb_copy`` do): nothing changes.  Every rank draws the same epoch order over the whole set and
+  takes its round-robin share of it.
+* **Different data per node** (shards): ranks holding the same stores form a *group*; each group trains on its
+  own stores, its ranks sharing them round-robin as above, so every sample of every node is read exactly once
+  per epoch across the job.  All ranks train on one class list (the union of every rank's classes, first seen
+  in rank order: each rank's labels are mapped to it by name), and DDP needs the same number of steps
+  everywhere, so a group with fewer batches than the largest splits its largest batches until it has as many
+  (:class:`EqualSteps`): shards of about equal size keep batches about equal.  Each group validates on its own
+  split; the metrics are summed over all ranks as always.
+
+Samples of one shape and dtype are required across the job (a one-line ``ValidationError`` on every rank
+otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+from lmdbstore.config import LoaderConfig
+from lmdbstore.errors import ValidationError
+from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader
+from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
+from lmdbstore.training.distributed import DistInfo
+from lmdbstore.training.metrics import Log
+
+__all__ = [
+    "EqualSteps",
+    "Placement",
+    "RankData",
+    "equal_steps",
+    "fingerprint",
+    "gather",
+    "place",
+    "rank_data",
+    "shard_data",
+    "split_sizes",
+]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This rank's share of the data.
+
+    Attributes:
+        share: rank and world size among the ranks holding the same stores (the job's own without shards).
+        groups: how many different store sets the job's ranks hold (1: the same everywhere).
+        classes: the class list every rank trains on.
+        group_ranks: the job's ranks of this rank's group.
+        job: this rank's place in the whole job (rank, world size, local rank).
+    """
+
+    share: DistInfo
+    groups: int
+    classes: list[str]
+    group_ranks: tuple[int, ...]
+    job: tuple[int, int, int] = (0, 1, 0)  #: the job's own rank, world size and local rank
+
+    @property
+    def sharded(self) -> bool:
+        """Different data on different ranks."""
+        return self.groups > 1
+
+
+def fingerprint(reader: Reader) -> str:
+    """What identifies a rank's data: a digest of every store's metadata (counts, classes, times, statistics),
+    equal for copies of the same stores wherever they are."""
+    readers = reader.readers if isinstance(reader, StoreSet) else [reader]
+    h = hashlib.sha256()
+    for r in readers:
+        h.update(r.meta.to_json())
+    return h.hexdigest()
+
+
+def place(reader: Reader, info: DistInfo) -> Placement:
+    """Compare the ranks' data (see the module docstring) and return this rank's :class:`Placement`.
+
+    Raises:
+        ValidationError: ranks hold samples of different shapes or dtypes.
+    """
+    mine = (fingerprint(reader), list(reader.classes), list(reader.shape), str(reader.dtype))
+    if not info.active:
+        return Placement(info, 1, mine[1], (0,), _job(info))
+    every = gather(mine, info)
+    for rank, (_, _, shape, dtype) in enumerate(every):
+        if (shape, dtype) != (mine[2], mine[3]):
+            raise ValidationError(
+                f"rank {rank} reads samples of shape {tuple(shape)} {dtype}, this rank {tuple(mine[2])} {mine[3]}",
+                path=reader.path,
+                hint="give every node stores of one sample shape and dtype",
+            )
+    prints = list(dict.fromkeys(e[0] for e in every))
+    if len(prints) == 1:
+        return Placement(info, 1, mine[1], tuple(range(info.world_size)), _job(info))
+    members = tuple(r for r, e in enumerate(every) if e[0] == mine[0])
+    classes = list(dict.fromkeys(c for e in every for c in e[1]))
+    share = DistInfo(members.index(info.rank), len(members), info.local_rank)
+    return Placement(share, len(prints), classes, members, _job(info))
+
+
+def _job(info: DistInfo) -> tuple[int, int, int]:
+    return info.rank, info.world_size, info.local_rank
+
+
+def gather(value: Any, info: DistInfo) -> list[Any]:
+    """Every rank's ``value``, in rank order (``[value]`` for one process)."""
+    if not info.active:
+        return [value]
+    every: list[Any] = [None] * info.world_size
+    dist.all_gather_object(every, value)
+    return every
+
+
+def equal_steps(steps: int, info: DistInfo) -> int:
+    """The largest of the ranks' ``steps`` (every rank runs that many)."""
+    return max(int(s) for s in gather(steps, info))
+
+
+def split_sizes(placement: Placement, n_train: int, n_val: int, info: DistInfo) -> tuple[int, int]:
+    """The job's training and validation samples: each group's split counted once.
+
+    Raises:
+        ValidationError: some shards have validation samples and others none (the ranks would run validation
+            unequally).
+    """
+    every = gather((n_train, n_val, placement.share.world_size), info)
+    if any(v == 0 for _, v, _ in every) and any(v > 0 for _, v, _ in every):
+        raise ValidationError(
+            "some nodes' shards have no validation samples and others do",
+            hint="raise --val-fraction, or give every node shards of about the same size",
+        )
+    return round(sum(t / w for t, _, w in every)), round(sum(v / w for _, v, w in every))
+
+
+class EqualSteps:
+    """The batches of ``inner``, cut to exactly ``steps`` per epoch: its largest batches are halved until there
+    are as many (every sample still exactly once).  ``len``, ``set_epoch`` and ``batch_size`` as ``inner``'s.
+
+    Raises (when iterated):
+        ValidationError: fewer samples than ``steps`` this epoch (a shard far smaller than the others).
+    """
+
+    def __init__(self, inner: Any, steps: int) -> None:
+        self.inner, self.steps = inner, steps
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        batches = [np.asarray(b) for b in self.inner]
+        if sum(len(b) for b in batches) < self.steps:
+            raise ValidationError(
+                f"this rank's shard holds fewer samples than the {self.steps} steps the largest shard needs",
+                hint="give every node shards of about the same size",
+            )
+        while len(batches) < self.steps:
+            k = max(range(len(batches)), key=lambda i: len(batches[i]))
+            half = len(batches[k]) // 2
+            batches[k : k + 1] = [batches[k][:half], batches[k][half:]]
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """The inner sampler's order of ``epoch``."""
+        self.inner.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "steps"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def shard_data(data: TrainData, placement: Placement) -> TrainData:
+    """``data`` with the job's class list when the ranks hold different shards (labels mapped by name);
+    unchanged otherwise."""
+    if not placement.sharded or data.classes == placement.classes:
+        return data
+    readers = data.reader.readers if isinstance(data.reader, StoreSet) else [data.reader]
+    return read_store(StoreSet(readers, classes=placement.classes))
+
+
+@dataclass(frozen=True)
+class RankData:
+    """What this rank trains and validates on (see :func:`rank_data`).
+
+    Attributes:
+        data: the stores (with the job's class list when sharded).
+        placement: where the data lives across the ranks.
+        train_idx, val_idx: this rank's group's split.
+        sampler: this rank's training batches (as many per epoch as on every other rank).
+        sizes: the job's training and validation samples, each group's split counted once.
+    """
+
+    data: TrainData
+    placement: Placement
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    sampler: Any
+    sizes: tuple[int, int]
+
+    def val_batches(self, sampler: Any) -> Any:
+        """The validation sampler with as many steps as on every other rank (when sharded)."""
+        if not self.placement.sharded:
+            return sampler
+        return EqualSteps(sampler, equal_steps(len(sampler), DistInfo(*self.placement.job)))
+
+
+def rank_data(data: TrainData, val_fraction: float, lcfg: LoaderConfig, info: DistInfo, say: Log) -> RankData:
+    """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
+    ``lcfg.seed``), check it (:func:`~lmdbstore.training.data.check_inputs`) and make this rank's sampler
+    (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded): the trainer's data steps.
+
+    Raises:
+        ValidationError: as :func:`place`, :func:`split_sizes` and ``check_inputs``.
+    """
+    placement = place(data.reader, info)
+    data, share = shard_data(data, placement), placement.share
+    train_idx, val_idx = stratified_split(data.labels, val_fraction, lcfg.seed)
+    sizes = split_sizes(placement, len(train_idx), len(val_idx), info)
+    check_inputs(data, train_idx, lcfg, share)
+    sampler: Any = make_sampler(data, train_idx, lcfg, share, say)
+    if placement.sharded:  # DDP needs as many steps on every rank
+        sampler = EqualSteps(sampler, equal_steps(len(sampler), info))
+    return RankData(data, placement, train_idx, val_idx, sampler, sizes)

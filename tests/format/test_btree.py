@@ -1,0 +1,196 @@
+"""What the B-tree walk (lmdbstore.format.btree) and the position table (lmdbstore.store.positions) refuse:
+each damage below used to make the offset path return another value's bytes, or would; now each is a
+one-line CorruptStoreError naming ``lmdbstore verify``, while undamaged values still read."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_store, make_data
+
+from lmdbstore import WriterConfig
+from lmdbstore.errors import CorruptStoreError
+from lmdbstore.format.btree import main_db_entry
+from lmdbstore.format.layout import DB_SAMPLES, encode_key
+from lmdbstore.format.pages import P_BRANCH, P_LEAF, PageReader, read_meta_page
+from lmdbstore.store.positions import build_table
+from lmdbstore.store.preads import PreadEngine
+from lmdbstore.store.reader import StoreReader
+
+CFG = WriterConfig(sync=False)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A leaf node of the samples B-tree: its file offset, key and overflow page (0: inline)."""
+
+    at: int
+    key: int
+    ov: int
+
+
+def _tree(path: Path) -> tuple[list[Node], list[tuple[int, list[int]]], int]:
+    """Leaf nodes in key order, branch pages (file offset of each node), page size."""
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
+        pages, ps = PageReader(fd, size, meta, path, None), meta.psize
+        db = main_db_entry(pages, meta.main, DB_SAMPLES)
+        level, branches = [db.root], []
+        for _ in range(db.depth - 1):
+            nxt = []
+            for pgno, page in zip(level, pages.read(level, P_BRANCH), strict=True):
+                ptr, words = pages.nodes(page, pgno)
+                branches.append((pgno, [pgno * ps + o for o in ptr.tolist()]))
+                nxt += [int(words[o // 2]) | int(words[o // 2 + 1]) << 16 | int(words[o // 2 + 2]) << 32 for o in ptr]
+            level = nxt
+        nodes = []
+        for pgno, page in zip(level, pages.read(level, P_LEAF), strict=True):
+            ptr, words = pages.nodes(page, pgno)
+            for o in ptr.tolist():
+                key = int.from_bytes(page[o + 8 : o + 16].tobytes(), "big")
+                big = int(words[o // 2 + 2]) & 1
+                ov = int.from_bytes(page[o + 16 : o + 24].tobytes(), "little") if big else 0
+                nodes.append(Node(pgno * ps + o, key, ov))
+        return nodes, branches, ps
+    finally:
+        os.close(fd)
+
+
+def _poke(path: Path, offset: int, data: bytes) -> None:
+    with open(path / "data.mdb", "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def _refused(path: Path, indices: list[int], match: str) -> None:
+    with StoreReader(path) as r, pytest.raises(CorruptStoreError, match=match) as exc:
+        r.read_batch(indices)
+    assert "\n" not in str(exc.value) and "lmdbstore verify" in str(exc.value)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    x, y = make_data(2000, seed=21)  # 112 values of 18 samples, each in 11 overflow pages; one leaf
+    return build_store(tmp_path / "s", x, y, config=CFG), x
+
+
+def test_a_duplicated_key_is_refused(store: tuple[Path, np.ndarray]) -> None:
+    """The reported case: a flipped key bit made value 0's key equal value 2's; the table kept the later
+    node, so samples 0..17 came back as 36..53."""
+    path, _ = store
+    nodes, _, _ = _tree(path)
+    _poke(path, nodes[0].at + 8, encode_key(nodes[2].key))
+    _refused(path, list(range(18)), "out of order|where 0 belongs")
+
+
+def test_a_key_out_of_the_sequence_is_refused(store: tuple[Path, np.ndarray]) -> None:
+    path, _ = store
+    nodes, _, _ = _tree(path)
+    _poke(path, nodes[5].at + 8, encode_key(nodes[5].key + 1))  # still in order, not a multiple of k
+    _refused(path, [0], "where 90 belongs")
+
+
+def test_an_overflow_page_number_of_another_value_is_refused(store: tuple[Path, np.ndarray]) -> None:
+    path, _ = store
+    nodes, _, _ = _tree(path)
+    _poke(path, nodes[3].at + 16, struct.pack("<Q", nodes[7].ov))
+    _refused(path, [0], "share overflow pages")
+
+
+def test_an_overflow_page_number_into_another_run_is_refused(store: tuple[Path, np.ndarray]) -> None:
+    path, _ = store
+    nodes, _, _ = _tree(path)
+    _poke(path, nodes[3].at + 16, struct.pack("<Q", nodes[7].ov + 4))
+    _refused(path, [0], "share overflow pages")
+
+
+@pytest.mark.parametrize(("field", "value"), [(10, b"\x02\x00"), (0, b"\x07"), (12, struct.pack("<I", 1))])
+def test_a_damaged_overflow_header_is_refused_on_first_read(
+    store: tuple[Path, np.ndarray], field: int, value: bytes
+) -> None:
+    """flags (a leaf page, not an overflow page), its own page number, its page count (too short)."""
+    path, x = store
+    nodes, _, ps = _tree(path)
+    _poke(path, nodes[4].ov * ps + field, value)
+    with StoreReader(path) as r:
+        np.testing.assert_array_equal(r.read_batch([0, 1999]), x[[0, 1999]])  # the other values read
+        with pytest.raises(CorruptStoreError, match="overflow page") as exc:
+            r.read_batch([72, 5])  # sample 72 lies in value 4
+        assert exc.value.key == 72
+        assert r.read_path == "positions"
+
+
+def test_overflow_headers_are_checked_once_per_value(store: tuple[Path, np.ndarray]) -> None:
+    path, x = store
+    with StoreReader(path) as r:
+        np.testing.assert_array_equal(r.read_batch([40, 41]), x[[40, 41]])
+        table = r._table
+        assert table is not None
+        checked = set(np.flatnonzero(table.checked).tolist())
+        assert 2 in checked and len(checked) <= 2 + 16  # value 2, and the values sampled at build
+        r.read_batch(np.arange(2000))
+        assert table.checked.all()
+
+
+def test_values_whose_bytes_differ_from_liblmdbs_for_the_key_are_refused(store: tuple[Path, np.ndarray]) -> None:
+    """The build-time sample is compared with liblmdb's value *for that key*: a valid value (a good checksum)
+    of another key no longer passes."""
+    path, _ = store
+    with StoreReader(path) as r:
+        h = r._handle()
+        assert h.snapshot.meta is not None
+        db, spv = h.dbs[DB_SAMPLES], r.meta.samples_per_value
+        engine = PreadEngine(h.fd, os.fstat(h.fd).st_size, 4, path=path)
+        try:
+            build_table(h.fd, h.meta, h.snapshot.meta, DB_SAMPLES, lambda k: h.txn.get(encode_key(k), db=db), engine)
+            with pytest.raises(CorruptStoreError, match="differs from liblmdb"):
+                other = lambda k: h.txn.get(encode_key((k + spv) % (111 * spv)), db=db)  # noqa: E731
+                build_table(h.fd, h.meta, h.snapshot.meta, DB_SAMPLES, other, engine)
+        finally:
+            engine.close()
+
+
+def test_a_missing_last_value_contradicts_the_count(store: tuple[Path, np.ndarray]) -> None:
+    from conftest import raw_env
+
+    path, _ = store
+    with raw_env(path) as env, env.begin(write=True) as txn:
+        txn.delete(encode_key(1998), db=env.open_db(DB_SAMPLES, txn=txn, create=False))
+    _refused(path, [0], "holds 111 values; a count of 2000 means 112")
+
+
+@pytest.fixture
+def deep(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    x, y = make_data(2100, seed=22, shape=(99,))  # 396-byte samples, one per value, in leaf pages: depth 3
+    path = build_store(tmp_path / "d", x, y, config=WriterConfig(sync=False, samples_per_value=1))
+    with StoreReader(path) as r:
+        assert r.env_stats()["dbs"]["samples"]["depth"] == 3
+    return path, x
+
+
+def test_a_separator_that_does_not_separate_is_refused(deep: tuple[Path, np.ndarray]) -> None:
+    """liblmdb descends by the separators: one that lies above its subtree's first key would send a lookup
+    to another leaf than the walk found, so the walk refuses it."""
+    path, _ = deep
+    _, branches, _ = _tree(path)
+    _, nodes = branches[-1]
+    _poke(path, nodes[1] + 8, encode_key(10**9))
+    _refused(path, [0], "separator")
+
+
+def test_a_page_reached_twice_is_refused(deep: tuple[Path, np.ndarray]) -> None:
+    path, _ = deep
+    _, branches, _ = _tree(path)
+    _, nodes = branches[-1]
+    with open(path / "data.mdb", "rb") as f:
+        f.seek(nodes[0])
+        first_child = f.read(6)
+    _poke(path, nodes[1], first_child)
+    _refused(path, [0], "twice|out of order")
