@@ -33,7 +33,7 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.positions import DEFAULT_IO_THREADS
+from lmdbstore.store.preads import DEFAULT_IO_THREADS
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["CACHED_SAMPLE_S", "StoreSet"]

@@ -44,11 +44,12 @@ def _write(path: Path, tasks: list[Any] = TASKS, produce: Any = pt.produce, **kw
 
 
 def _store_bytes(path: Path) -> dict[bytes, Any]:
-    """Every key and value of every sub-database, the metadata without its timestamps."""
+    """Every key and value of every sub-database, the metadata without its timestamps and its store id (a
+    random id of each store, drawn at creation)."""
     snap: dict[bytes, Any] = dict(snapshot_store(path))
     meta = {k: json.loads(v) for k, v in snap.pop(DB_META).items()}
     for m in meta.values():
-        m.pop("created_at"), m.pop("updated_at")
+        m.pop("created_at"), m.pop("updated_at"), m.pop("store_id")
     snap[DB_META] = meta
     return snap
 
