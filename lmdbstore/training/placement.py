@@ -76,12 +76,13 @@ class Placement:
 
 
 def fingerprint(reader: Reader) -> str:
-    """What identifies a rank's data: a digest of every store's metadata (counts, classes, times, statistics),
-    equal for copies of the same stores wherever they are."""
+    """What identifies a rank's data: a digest of every store's metadata (counts, classes, times, statistics)
+    without its store id, equal for copies of the same stores wherever they are (``lmdbstore copy`` gives a copy
+    its own store id: the id names a file, not its samples)."""
     readers = reader.readers if isinstance(reader, StoreSet) else [reader]
     h = hashlib.sha256()
     for r in readers:
-        h.update(r.meta.to_json())
+        h.update(r.meta.with_(store_id="").to_json())
     return h.hexdigest()
 
 

@@ -29,7 +29,7 @@ def _loader(info: StoreInfo) -> tuple[Any, list[np.ndarray]]:
     sampler = EpochBatchSampler(np.arange(len(ds)), BATCH, shuffle="random", seed=4)
     loader = make_loader(ds, sampler, LoaderConfig(batch_size=BATCH, workers=2, multiprocessing_context="fork"))
     assert isinstance(loader, BufferedLoader)
-    return loader, [b.copy() for b in sampler]
+    return loader, sampler.batches(0)  # the loader's first pass: epoch 0 (this begins no pass)
 
 
 def _consumer(q: Any, out: Any) -> None:
