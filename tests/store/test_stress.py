@@ -121,7 +121,7 @@ def _loader(path: Path, context: str) -> tuple[Any, EpochBatchSampler]:
 
 def _epoch(loader: Any, sampler: EpochBatchSampler) -> int:
     n = 0
-    for (x, y), idx in zip(loader, sampler.batches(), strict=True):
+    for (x, y), idx in zip(loader, sampler.batches(sampler.upcoming_epoch()), strict=True):
         np.testing.assert_array_equal(x[:, 0].numpy(), truth(idx))
         np.testing.assert_array_equal(y.numpy(), labels(idx))
         n += len(idx)
