@@ -29,7 +29,7 @@ from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.batch import plan_runs, prefetch_ranges, read_by_lmdb, read_by_offset
+from lmdbstore.store.batch import prefetch_ranges, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.locks import lock_table_writable
@@ -283,22 +283,16 @@ class StoreReader:
             bad = int(idx[(idx < 0) | (idx >= m.count)][0])
             raise IndexError(f"sample index {bad} out of range for a store of {m.count} samples")
         n, sb = len(idx), m.sample_bytes
-        if out is None:
-            out = np.empty((n, *m.shape), m.np_dtype)
-        elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
+        if out is not None and (out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
-        if n:
-            self._guarded("read", lambda h: self._read_into(h, idx, out))
-        return out
+        if n == 0:
+            return np.empty((0, *m.shape), m.np_dtype) if out is None else out
+        return self._guarded("read", lambda h: self._read_into(h, idx, out))
 
-    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` with the samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``."""
-        runs = plan_runs(idx, h.meta.samples_per_value)
+    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array."""
         table = self._positions(h) if self.positions and not self.verify_checksums else None
-        if table is not None:
-            read_by_offset(h, table, runs, out, self.check_whole_values)
-        else:
-            read_by_lmdb(h, runs, out, self.verify_checksums)
+        return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""

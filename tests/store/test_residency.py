@@ -1,0 +1,238 @@
+"""Exact page-cache residency on the offset read path (lmdbstore.store.residency, lmdbstore.store.preads).
+
+Pages are dropped from the page cache with ``posix_fadvise(DONTNEED)`` (after the reader's own map let go of
+them), so each test knows, from an independent ``mincore`` on a map of its own, which bytes are cached; every
+batch's content is compared with the written samples, and the engine's counters say which runs went to the
+I/O threads: exactly the runs that were not cached, never a cached one (no timers decide).
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import StoreInfo, build_store, make_data
+
+from lmdbstore.store.preads import PreadEngine
+from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.residency import CALL_PAGES, Residency, major_faults
+
+N = 6000  # 25x25 float32 samples: 15 MB, 18 samples per value
+
+
+def _build(path: Path) -> None:
+    build_store(path, *make_data(N, seed=21))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> StoreInfo:
+    """Written by another process: the writer's environment (shared in a process) maps no page here."""
+    path = tmp_path_factory.mktemp("residency") / "store"
+    p = mp.get_context("fork").Process(target=_build, args=(path,))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    drop(path, None)  # the writer's pages may be large folios that a few mapped bytes keep whole: read anew
+    return StoreInfo(path, *make_data(N, seed=21))
+
+
+def engine_of(r: StoreReader) -> PreadEngine:
+    r.read_batch(np.arange(N))  # table built, every header checked, every page cached
+    h = r._handle()
+    assert h.engine is not None and r.read_path == "positions"
+    return h.engine
+
+
+def drop(path: Path, engine: PreadEngine | None, lo: int = 0, hi: int | None = None) -> None:
+    """Drop bytes ``lo..hi`` of the data file from the page cache (and from the engine's map first: a mapped
+    page is not dropped)."""
+    data = path / "data.mdb"
+    hi = os.path.getsize(data) if hi is None else hi
+    if engine is not None and engine._map is not None:
+        a = lo - lo % mmap.PAGESIZE
+        engine._map.madvise(mmap.MADV_DONTNEED, a, min(hi, engine.file_size) - a)
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        for _ in range(3):  # pages just written may sit in another CPU's LRU batch for a moment
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
+def cached_truth(path: Path, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Whether each byte run is in the page cache, asked through a map of this test's own."""
+    data = path / "data.mdb"
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        arr = np.frombuffer(m, np.uint8)
+        res = Residency(arr.ctypes.data, len(m))
+        got = res.cached(offs, lens)
+        del arr
+    return got
+
+
+def runs_of(r: StoreReader, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The file bytes of each sample of ``idx`` (one run per sample: random batches)."""
+    table = r._table
+    assert table is not None
+    sb = r.meta.sample_bytes
+    v = idx // table.samples_per_value
+    return table.offsets[v] + (idx - v * table.samples_per_value) * sb, np.full(len(idx), sb)
+
+
+def reset(e: PreadEngine) -> None:
+    e.stats = dict.fromkeys(e.stats, 0)
+
+
+def dropped(store: StoreInfo, r: StoreReader, e: PreadEngine) -> np.ndarray:
+    """Drop the file from the page cache; the samples whose bytes left it (liblmdb's own map keeps a few)."""
+    drop(store.path, e)
+    e.residency().distrust()  # as the next fault would tell it (test_a_trusted_map_that_lies...)
+    every = np.arange(N)
+    return every[~cached_truth(store.path, *runs_of(r, every))]
+
+
+def test_warm_batches_never_reach_the_io_threads(store: StoreInfo) -> None:
+    with StoreReader(store.path) as r:
+        e = engine_of(r)
+        reset(e)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            for b in (rng.integers(0, N, 500), np.arange(s := int(rng.integers(0, N - 700)), s + 700)):
+                out = np.empty((len(b), 25, 25), np.float32)
+                assert r.read_batch(b, out=out).tobytes() == store.x[b].tobytes()
+                assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+        assert e.stats["pread_runs"] == 0 and e.stats["pread_batches"] == 0
+        assert e.stats["copied_runs"] > 0
+        assert e.residency().trusted  # checks cost as much as one look at the whole file: trusted since
+
+
+def test_cold_batches_read_exactly_the_missing_runs(store: StoreInfo) -> None:
+    with StoreReader(store.path) as r:
+        e = engine_of(r)
+        cold = dropped(store, r, e)
+        if len(cold) < N // 2:
+            pytest.skip("this file system keeps the pages cached (fadvise DONTNEED has no effect)")
+        b = cold[np.r_[True, np.diff(cold // 18) > 0]][::3]  # one sample per value: one run each
+        reset(e)
+        assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+        assert e.stats["pread_runs"] == len(b) and e.stats["copied_runs"] == 0
+        reset(e)
+        assert r.read_batch(b).tobytes() == store.x[b].tobytes()  # now cached: read by the preads just done
+        assert e.stats["pread_runs"] == 0
+
+
+def test_mixed_batches_split_by_what_is_cached(store: StoreInfo) -> None:
+    with StoreReader(store.path) as r:
+        e = engine_of(r)
+        table = r._table
+        assert table is not None
+        half = int(table.offsets[table.offsets.size // 2])
+        drop(store.path, e, half)  # the second half of the values leaves the cache
+        e.residency().distrust()  # as the next fault would tell it (test_a_trusted_map_that_lies...)
+        rng = np.random.default_rng(2)
+        for b in (rng.integers(0, N, 400), np.sort(rng.integers(0, N, 400)), np.arange(N // 2 - 500, N // 2 + 500)):
+            offs, lens = runs_of(r, b)
+            truth = cached_truth(store.path, offs, lens)
+            if truth.all():
+                pytest.skip("this file system keeps the pages cached (fadvise DONTNEED has no effect)")
+            reset(e)
+            assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+            assert e.stats["pread_runs"] > 0 and e.stats["copied_runs"] > 0
+            if len(np.unique(b)) == len(b) and not (np.diff(np.sort(b)) == 1).any():  # one run per sample
+                assert e.stats["pread_runs"] == int((~truth).sum())
+            drop(store.path, e, half)
+            e.residency().distrust()
+
+
+def test_a_trusted_map_that_lies_is_corrected_by_the_kernel(store: StoreInfo) -> None:
+    """Pages leave the cache behind a trusted map: the copy faults (right bytes, read by the fault), the major
+    fault says so, and the next batch is checked page by page."""
+    with StoreReader(store.path) as r:
+        e = engine_of(r)
+        res = e.residency()
+        res.refresh()
+        assert res.trusted and res.pages[: res.npages].all()
+        cold = dropped(store, r, e)
+        if len(cold) < N // 2:
+            pytest.skip("this file system keeps the pages cached (fadvise DONTNEED has no effect)")
+        res.refresh()  # an old picture of the cache...
+        res.pages[: res.npages] = 1  # ...that says everything is cached
+        b = cold[::7]
+        before = major_faults()
+        assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+        if before < 0 or major_faults() == before:
+            pytest.skip("no per-thread major fault count here")
+        assert not res.trusted
+        drop(store.path, e)
+        reset(e)
+        assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+        assert e.stats["pread_runs"] > 0  # checked exactly now: the dropped pages went to the threads
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        pass
+
+
+def test_a_loaded_machine_and_many_buffers_change_nothing(store: StoreInfo) -> None:
+    """The decision is the kernel's answer: busy cores and lots of memory in use send no cached batch to the
+    I/O threads (timers did: 20-40 % of cached batches under load, issue 21)."""
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    spinners = [ctx.Process(target=_spin, args=(stop,)) for _ in range(os.cpu_count() or 2)]
+    for p in spinners:
+        p.start()
+    try:
+        with StoreReader(store.path) as r:
+            e = engine_of(r)
+            reset(e)
+            rng = np.random.default_rng(3)
+            held = []
+            t_end = time.monotonic() + 1.0
+            while time.monotonic() < t_end:
+                b = rng.integers(0, N, 256)
+                held.append((b, r.read_batch(b)))
+                s = int(rng.integers(0, N - 256))
+                held.append((np.arange(s, s + 256), r.read_batch(np.arange(s, s + 256))))
+            assert all(x.tobytes() == store.x[b].tobytes() for b, x in held)
+            assert e.stats["pread_runs"] == 0 and e.stats["batches"] >= 2
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join(10)
+
+
+def test_residency_checks_clusters_and_marks(tmp_path: Path) -> None:
+    """Runs close together are checked by one call; marks and distrust do what they say."""
+    f = tmp_path / "f"
+    f.write_bytes(os.urandom(1024 * mmap.PAGESIZE))  # more pages than a few checks cost
+    fh = open(f, "rb")  # noqa: SIM115
+    m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    arr = np.frombuffer(m, np.uint8)
+    try:
+        res = Residency(arr.ctypes.data, len(m))
+        p = mmap.PAGESIZE
+        assert res.cached(np.array([0, 10 * p - 1, 500 * p]), np.array([1, 2, 10])).all()
+        assert res.spent == 2 * CALL_PAGES + 11 + 1  # pages 0..10 in one call (close together), 500 in one
+        assert not res.trusted  # checks so far cost less than one look at the whole file
+        res.refresh()
+        assert res.trusted and res.pages[: res.npages].all()
+        res.pages[5] = 0
+        assert res.cached(np.array([5 * p]), np.array([1])).all()  # not known: asked again
+        res.distrust()
+        assert not res.trusted
+        res.pages[:] = 0
+        res.mark(np.array([0]), np.array([3 * p]))
+        assert res.pages[:3].all() and not res.pages[3:].any()
+        assert res.cached(np.zeros(0, np.int64), np.zeros(0, np.int64)).shape == (0,)
+    finally:
+        del arr  # the map closes when its last view is gone
+        fh.close()
