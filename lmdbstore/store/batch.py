@@ -23,6 +23,7 @@ from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_heads
 
 __all__ = [
     "Runs",
+    "cached_samples",
     "plan_runs",
     "prefetch_ranges",
     "read_by_lmdb",
@@ -70,6 +71,17 @@ def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
     m = h.meta
     full = np.minimum(m.samples_per_value, m.count - runs.first)
     return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
+
+
+def cached_samples(h: Handle, table: PositionTable, idx: np.ndarray) -> bool:
+    """Whether the page cache holds every byte of the samples at ``idx`` (in range) now, and their values'
+    headers were checked (so reading them needs no disk read)."""
+    spv, engine = h.meta.samples_per_value, h.engine
+    values = idx // spv
+    if engine is None or (table.offsets[values] < 0).any() or not table.checked[values].all():
+        return False
+    sb = h.meta.sample_bytes
+    return bool(engine.cached(table.offsets[values] + (idx - values * spv) * sb, np.full(len(idx), sb)).all())
 
 
 def read_samples(

@@ -29,7 +29,7 @@ from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.batch import prefetch_ranges, read_samples
+from lmdbstore.store.batch import cached_samples, prefetch_ranges, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.locks import lock_table_writable
@@ -293,6 +293,12 @@ class StoreReader:
         """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array."""
         table = self._positions(h) if self.positions and not self.verify_checksums else None
         return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
+
+    def cached(self, indices: Any) -> bool:
+        """Whether the page cache holds the samples at ``indices`` whole now (the kernel says; ``False`` on liblmdb)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        table = self._guarded("read", self._positions) if self.positions and not self.verify_checksums else None
+        return table is not None and self._guarded("read", lambda h: cached_samples(h, table, idx))
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""

@@ -236,3 +236,55 @@ def test_residency_checks_clusters_and_marks(tmp_path: Path) -> None:
     finally:
         del arr  # the map closes when its last view is gone
         fh.close()
+
+
+def _build_set(paths: list[Path]) -> None:
+    for i, p in enumerate(paths):
+        build_store(p, *make_data(N // 3, seed=40 + i))
+
+
+def test_a_set_reads_each_store_by_what_the_kernel_says(tmp_path: Path) -> None:
+    """A set of three stores, one dropped from the page cache: grouped batches come out exact, the warm
+    stores' parts are copied (no pread), the cold store's missing runs go to its I/O threads."""
+    from lmdbstore.store.multi import StoreSet
+
+    paths = [tmp_path / f"s{i}" for i in range(3)]
+    p = mp.get_context("fork").Process(target=_build_set, args=(paths,))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    for path in paths:
+        drop(path, None)
+    x = np.concatenate([make_data(N // 3, seed=40 + i)[0] for i in range(3)])
+    with StoreSet(paths) as s:
+        s.read_batch(np.arange(len(s)))  # every table built and header checked, every page cached
+        engines = [engine_of_reader(r) for r in s.readers]
+        rng = np.random.default_rng(7)
+        for e in engines:
+            reset(e)
+        for _ in range(5):
+            b = np.sort(rng.integers(0, len(s), 600))
+            assert s.read_batch(b).tobytes() == x[b].tobytes()
+        assert all(e.stats["pread_runs"] == 0 for e in engines)
+        drop(paths[1], engines[1])
+        engines[1].residency().distrust()
+        cold = dropped_samples(paths[1], s.readers[1])
+        if len(cold) < N // 6:
+            pytest.skip("this file system keeps the pages cached (fadvise DONTNEED has no effect)")
+        b = np.sort(rng.integers(0, len(s), 600))
+        for e in engines:
+            reset(e)
+        assert s.read_batch(b).tobytes() == x[b].tobytes()
+        assert engines[1].stats["pread_runs"] > 0
+        assert engines[0].stats["pread_runs"] == 0 and engines[2].stats["pread_runs"] == 0
+
+
+def engine_of_reader(r: StoreReader) -> PreadEngine:
+    h = r._handle()
+    assert h.engine is not None
+    return h.engine
+
+
+def dropped_samples(path: Path, r: StoreReader) -> np.ndarray:
+    every = np.arange(len(r))
+    return every[~cached_truth(path, *runs_of(r, every))]
