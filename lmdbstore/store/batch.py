@@ -23,11 +23,11 @@ from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_heads
 
 __all__ = [
     "Runs",
-    "cached_samples",
     "plan_runs",
     "prefetch_ranges",
     "read_by_lmdb",
     "read_by_offset",
+    "read_cached",
     "read_rows",
     "read_samples",
     "value",
@@ -73,15 +73,23 @@ def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
     return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
 
 
-def cached_samples(h: Handle, table: PositionTable, idx: np.ndarray) -> bool:
-    """Whether the page cache holds every byte of the samples at ``idx`` (in range) now, and their values'
-    headers were checked (so reading them needs no disk read)."""
-    spv, engine = h.meta.samples_per_value, h.engine
-    values = idx // spv
-    if engine is None or (table.offsets[values] < 0).any() or not table.checked[values].all():
+def read_cached(h: Handle, table: PositionTable | None, idx: np.ndarray, out: np.ndarray, whole: bool) -> bool:
+    """Fill ``out`` with the samples at ``idx`` (in range) if every byte is in the page cache and every value's
+    header was checked; ``False``: nothing was read (see :func:`read_samples` for the arguments)."""
+    if table is None or h.engine is None:
         return False
-    sb = h.meta.sample_bytes
-    return bool(engine.cached(table.offsets[values] + (idx - values * spv) * sb, np.full(len(idx), sb)).all())
+    if read_rows(h, table, idx, out, whole) is not None:
+        return True
+    m = h.meta
+    runs = plan_runs(idx, m.samples_per_value)
+    values = runs.first // m.samples_per_value
+    voffs = table.offsets[values]
+    if (voffs < 0).any() or not table.checked[values].all() or (whole and m.trailer_bytes):
+        return False
+    sb = m.sample_bytes
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    d0 = runs.dst * sb
+    return h.engine.read(view, voffs + runs.skip * sb, d0, d0 + runs.rows * sb, only_cached=True)
 
 
 def read_samples(

@@ -32,7 +32,6 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.preads import DEFAULT_IO_THREADS
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -64,7 +63,7 @@ class StoreSet:
         lock: bool | None = None,
         verify_checksums: bool = False,
         positions: bool = True,
-        io_threads: int = DEFAULT_IO_THREADS,
+        io_threads: int | None = None,
     ) -> None:
         if isinstance(stores, (str, bytes, os.PathLike)) or not len(stores):
             raise ValueError(f"stores must be a non-empty list of store paths, got {stores!r}")
@@ -257,21 +256,20 @@ class StoreSet:
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
         """Each store's part of a grouped batch straight into its rows.  The parts the page cache holds whole (the
-        kernel says so: :meth:`StoreReader.cached`) are copied on this thread; parts with bytes to read from the
-        disk are read on threads while it copies (each with its own reads in flight, so all the stores' reads
-        keep the disk busy together); one such part alone is read on this thread (its I/O threads suffice)."""
+        kernel says so: :meth:`StoreReader.read_if_cached`) are copied on this thread; the others then read
+        together on threads (each store's reads in flight at once keep the disk busy), or one alone here."""
         parts = [(i, idx[lo:hi] - self.offsets[i], out[lo:hi]) for i, lo, hi in _groups(store)]
-        cold = [p for p in parts if len(parts) > 1 and not self.readers[p[0]].cached(p[1])]
-        futures = []
-        if len(cold) > 1:
-            futures = [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]
-        try:
-            for i, local, rows in parts:
-                if len(cold) < 2 or not any(c[0] == i for c in cold):
-                    self.readers[i].read_batch(local, out=rows)
-        finally:
-            for f in futures:
-                f.result()
+        if len(parts) == 1:
+            i, local, rows = parts[0]
+            self.readers[i].read_batch(local, out=rows)
+            return
+        cold = [(i, local, rows) for i, local, rows in parts if not self.readers[i].read_if_cached(local, rows)]
+        if len(cold) == 1:
+            i, local, rows = cold[0]
+            self.readers[i].read_batch(local, out=rows)
+            return
+        for f in [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]:
+            f.result()
 
     def _pool(self) -> ThreadPoolExecutor:
         """This process's threads for cold reads of several stores at once (made after a fork anew)."""

@@ -16,6 +16,7 @@ import itertools
 import mmap
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from lmdbstore.errors import CorruptStoreError
+from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
 from lmdbstore.store.residency import Residency, major_faults
 
 __all__ = ["DEFAULT_IO_THREADS", "GATHER_MAX_BYTES", "PreadEngine"]
@@ -35,7 +37,7 @@ DEFAULT_IO_THREADS = 16
 #: longer ones by one slice copy each (a gather would copy them twice: through a temporary).
 GATHER_MAX_BYTES = 16384
 #: Rows one gather copies at a time (its temporary stays in the CPU cache).
-GATHER_ROWS = 256
+GATHER_ROWS = 128
 
 _Runs = tuple[np.ndarray, np.ndarray, np.ndarray]  # file offsets, output offsets, lengths (int64)
 
@@ -56,8 +58,10 @@ class PreadEngine:
     size is checked before the map is read (a shorter file would fault).
     """
 
-    def __init__(self, fd: int, file_size: int, threads: int = DEFAULT_IO_THREADS, path: str | Path | None = None):
-        self.fd, self.file_size, self.threads, self.path = fd, file_size, max(1, threads), path
+    def __init__(self, fd: int, file_size: int, threads: int | None = None, path: str | Path | None = None):
+        self.fd, self.file_size, self.path = fd, file_size, path
+        self.threads = MAX_IO_THREADS if threads is None else max(1, threads)  # the pool's size
+        self.inflight = InFlight(DEFAULT_IO_THREADS if threads is None else self.threads, fixed=threads is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._map: mmap.mmap | None = None
         self._mv: memoryview | None = None
@@ -98,10 +102,6 @@ class PreadEngine:
         assert self._res is not None
         return self._res
 
-    def cached(self, offs: Any, lens: Any) -> np.ndarray:
-        """Whether each run ``[offs[i], offs[i] + lens[i])`` of the file is wholly in the page cache now."""
-        return self.residency().cached(_arr(offs), _arr(lens))
-
     def pmap(self, fn: Callable[[Any], Any], items: Any) -> list[Any]:
         """``[fn(i) for i in items]`` on the pool (many reads in flight: the pages of one B-tree level)."""
         return list(self.pool().map(fn, list(items)))
@@ -122,10 +122,10 @@ class PreadEngine:
         n = len(offs)
         if n == 0:
             return []
-        if n == 1 or self.threads == 1:
+        if n == 1 or self.inflight.count == 1:
             self._pread(bufs_of, offs, want)
             return []
-        bounds = np.linspace(0, n, min(self.threads, n) + 1).astype(int).tolist()
+        bounds = np.linspace(0, n, min(self.inflight.count, self.threads, n) + 1).astype(int).tolist()
         pool = self.pool()
         return [
             pool.submit(self._pread, functools.partial(_shifted, bufs_of, a), offs[a:b], want[a:b])
@@ -186,6 +186,7 @@ class PreadEngine:
         if missing.any():
             self.stats["pread_batches"] += 1
             self.stats["pread_runs"] += int(missing.sum())
+        t0 = time.perf_counter()
         futs = start(missing)
         try:
             self._check_size()
@@ -196,9 +197,12 @@ class PreadEngine:
         finally:
             for f in futs:
                 f.result()
+        if futs:  # the disk's rate at this count of reads in flight (only the count depends on it)
+            self.inflight.observe(int(missing.sum()), time.perf_counter() - t0)
 
-    def read(self, view: memoryview, offs: Any, dsts: Any, ends: Any) -> None:
-        """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``.
+    def read(self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False) -> bool:
+        """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``; with ``only_cached``, only
+        if the page cache holds them all (else nothing is read).  Returns whether it read.
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built (truncated under us).
@@ -206,10 +210,12 @@ class PreadEngine:
         o, d = _arr(offs), _arr(dsts)
         n = _arr(ends) - d
         if len(o) == 0:
-            return
+            return True
         dst = np.frombuffer(view, np.uint8)
         hit = self.residency().cached(o, n)
         miss = ~hit
+        if only_cached and miss.any():
+            return False
         self.stats["copied_runs"] += int(hit.sum())
 
         def start(missing: np.ndarray) -> list[Future]:
@@ -219,6 +225,7 @@ class PreadEngine:
 
         self._run(miss, start, lambda: self._copy(dst, o[hit], d[hit], n[hit]))
         self.residency().mark(o[miss], n[miss])
+        return True
 
     def gather(self, offs: Any, width: int) -> np.ndarray:
         """``width`` bytes at each offset of ``offs``, as an ``(n, width)`` uint8 array (cached or not, as

@@ -29,12 +29,11 @@ from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.batch import cached_samples, prefetch_ranges, read_samples
+from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.locks import lock_table_writable
 from lmdbstore.store.positions import PositionTable
-from lmdbstore.store.preads import DEFAULT_IO_THREADS
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
@@ -59,7 +58,8 @@ class StoreReader:
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
             one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
             layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight per process for cold batches (default 16).
+        io_threads: reads in flight per process for cold batches; ``None`` (default): adapted to the disk's
+            throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
         check_whole_values: on the offset path, check the stored checksum of every value a batch reads
             whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
@@ -77,10 +77,10 @@ class StoreReader:
         lock: bool | None = None,
         verify_checksums: bool = False,
         positions: bool = True,
-        io_threads: int = DEFAULT_IO_THREADS,
+        io_threads: int | None = None,
         check_whole_values: bool = DEFAULT_CHECK_WHOLE_VALUES,
     ):
-        if io_threads < 1:
+        if io_threads is not None and io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
         self.path = Path(path)
         self.lock = lock
@@ -258,8 +258,7 @@ class StoreReader:
 
     # ------------------------------------------------------------------ values
     def read(self, index: int) -> np.ndarray:
-        """One sample as an array of the store's shape and dtype (a copy)."""
-        return self.read_batch(np.array([index]))[0]
+        return self.read_batch(np.array([index]))[0]  # one sample of the store's shape and dtype (a copy)
 
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
@@ -294,11 +293,12 @@ class StoreReader:
         table = self._positions(h) if self.positions and not self.verify_checksums else None
         return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
 
-    def cached(self, indices: Any) -> bool:
-        """Whether the page cache holds the samples at ``indices`` whole now (the kernel says; ``False`` on liblmdb)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        table = self._guarded("read", self._positions) if self.positions and not self.verify_checksums else None
-        return table is not None and self._guarded("read", lambda h: cached_samples(h, table, idx))
+    def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
+        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``."""
+        idx, whole = np.asarray(indices, dtype=np.int64).reshape(-1), self.check_whole_values
+        if not self.positions or self.verify_checksums:
+            return False
+        return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""
