@@ -288,3 +288,38 @@ def engine_of_reader(r: StoreReader) -> PreadEngine:
 def dropped_samples(path: Path, r: StoreReader) -> np.ndarray:
     every = np.arange(len(r))
     return every[~cached_truth(path, *runs_of(r, every))]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_window_order_reads_ahead_and_reads_exactly_across_epochs_and_ranks(store: StoreInfo, world: int) -> None:
+    """Cold store, window order with the reader's read-ahead, two epochs, one or two ranks: every batch exact,
+    each epoch every sample once over the ranks, and batches of a window still loading read what they need
+    themselves (the first batch does not wait for its window)."""
+    from lmdbstore.loader.window import WindowBatchSampler
+
+    with StoreReader(store.path) as r:
+        e = engine_of(r)
+        for epoch in range(2):
+            dropped(store, r, e)
+            seen = []
+            for rank in range(world):
+                s = WindowBatchSampler(
+                    np.arange(N),
+                    256,
+                    samples_per_value=18,
+                    sample_bytes=2500,
+                    window_bytes=2 << 20,
+                    chunk_bytes=1 << 18,
+                    prefetch=r.prefetch,
+                    seed=3,
+                    rank=rank,
+                    world_size=world,
+                )
+                s.set_epoch(epoch)
+                reset(e)
+                for b in s:
+                    assert r.read_batch(b).tobytes() == store.x[b].tobytes()
+                    seen.append(b)
+                assert e.stats["batches"] > 0
+            every = np.sort(np.concatenate(seen))
+            assert np.array_equal(every, np.arange(N))
