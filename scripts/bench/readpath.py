@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, so that bench.* imports when run as a file
 from bench.common import make_log, markdown_table, timed, write_json
 from bench.machine import pread_rate
-from bench.ooc_runs import drop_cache, make_store, samplers
+from bench.ooc_runs import drop_cache, make_store, samplers, warm_memmap
 from lmdbstore.store.reader import StoreReader
 
 log = make_log("readpath")
@@ -114,13 +114,7 @@ def warm(path: Path, n: int, args: argparse.Namespace, work: Path) -> dict[str, 
     its I/O threads with many buffers alive and every core busy."""
     r = StoreReader(path)
     npy = work / "warm.npy"
-    mm = np.lib.format.open_memmap(npy, "w+", np.float32, (n, *r.shape))
-    for lo in range(0, n, 65536):
-        mm[lo : lo + 65536] = r.read_range(lo, min(lo + 65536, n))
-    mm.flush()
-    del mm
-    mm = np.load(npy, mmap_mode="r")
-    np.asarray(mm).sum()  # every page cached and mapped
+    mm = warm_memmap(r, n, npy)
     rng = np.random.default_rng(args.seed)
     rand = [np.sort(rng.integers(0, n, args.batch)) for _ in range(64)]
     starts = rng.integers(0, max(n - args.batch, 1), 64).tolist()
