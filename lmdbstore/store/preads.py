@@ -36,8 +36,8 @@ DEFAULT_IO_THREADS = 16
 #: Cached runs of one length up to this many bytes are copied by one numpy gather (a batch of single samples);
 #: longer ones by one slice copy each (a gather would copy them twice: through a temporary).
 GATHER_MAX_BYTES = 16384
-#: Rows one gather copies at a time (its temporary stays in the CPU cache).
-GATHER_ROWS = 128
+#: Bytes one gather into a given output copies at a time (its temporary stays in the CPU cache).
+GATHER_CHUNK_BYTES = 320 << 10
 
 _Runs = tuple[np.ndarray, np.ndarray, np.ndarray]  # file offsets, output offsets, lengths (int64)
 
@@ -152,8 +152,9 @@ class PreadEngine:
     def _gather(self, rows: np.ndarray, offs: np.ndarray, at: np.ndarray, width: int) -> None:
         src = self.mapped()
         view = as_strided(src, (self.file_size - width + 1, width), (1, 1), writeable=False)
-        for a in range(0, len(offs), GATHER_ROWS):
-            rows[at[a : a + GATHER_ROWS]] = view[offs[a : a + GATHER_ROWS]]
+        k = max(1, GATHER_CHUNK_BYTES // width)
+        for a in range(0, len(offs), k):
+            rows[at[a : a + k]] = view[offs[a : a + k]]
 
     def read_rows(self, offs: np.ndarray, width: int, rows: np.ndarray | None) -> np.ndarray | None:
         """The ``width`` bytes at each of ``offs`` as the rows of ``rows`` (a ``(n, width)`` uint8 array) or of a
@@ -171,8 +172,9 @@ class PreadEngine:
         if rows is None:
             rows = view[offs]
         else:
-            for a in range(0, len(offs), GATHER_ROWS):
-                rows[a : a + GATHER_ROWS] = view[offs[a : a + GATHER_ROWS]]
+            k = max(1, GATHER_CHUNK_BYTES // width)
+            for a in range(0, len(offs), k):
+                rows[a : a + k] = view[offs[a : a + k]]
         if before >= 0 and major_faults() > before:
             self.residency().distrust()
         self.stats["batches"] += 1

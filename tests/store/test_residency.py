@@ -323,3 +323,20 @@ def test_window_order_reads_ahead_and_reads_exactly_across_epochs_and_ranks(stor
                 assert e.stats["batches"] > 0
             every = np.sort(np.concatenate(seen))
             assert np.array_equal(every, np.arange(N))
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((200, 200), np.float32), ((3, 7), np.int16), ((5,), np.float64)])
+def test_warm_gathers_of_every_sample_size_are_exact(store_factory: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    """The row gather (random batches) and the run copies (block batches), with and without ``out``, for samples
+    larger than a gather chunk, small odd ones and tiny ones (many per page); repeats and any order."""
+    info = store_factory(300, seed=5, shape=shape, dtype=dtype)
+    rng = np.random.default_rng(9)
+    with StoreReader(info.path) as r:
+        r.read_batch(np.arange(300))
+        for b in (rng.integers(0, 300, 64), np.r_[5, 5, 299, 0, 5], np.arange(40, 140), rng.permutation(300)):
+            assert r.read_batch(b).tobytes() == info.x[b].tobytes()
+            out = np.full((len(b), *shape), 7, dtype)
+            r.read_batch(b, out=out)
+            assert out.tobytes() == info.x[b].tobytes()
+        engine = r._handle().engine
+        assert engine is not None and engine.stats["pread_runs"] == 0
