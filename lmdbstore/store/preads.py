@@ -39,8 +39,6 @@ GATHER_MAX_BYTES = 16384
 #: Bytes one gather into a given output copies at a time (its temporary stays in the CPU cache).
 GATHER_CHUNK_BYTES = 320 << 10
 
-_Runs = tuple[np.ndarray, np.ndarray, np.ndarray]  # file offsets, output offsets, lengths (int64)
-
 
 def _shifted(bufs_of: Callable[[int], list[memoryview]], a: int, j: int) -> list[memoryview]:
     return bufs_of(a + j)
