@@ -295,8 +295,10 @@ class PreadEngine:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
             self._bytes, self._res = None, None
-            if self._mv is not None:
-                self._mv.release()
-            if self._map is not None:
-                self._map.close()
+            # a view of the map still alive (a traceback's frame holding one) keeps it open until collected
+            with contextlib.suppress(BufferError):
+                if self._mv is not None:
+                    self._mv.release()
+                if self._map is not None:
+                    self._map.close()
         self._pool, self._map, self._mv, self._bytes, self._res = None, None, None, None, None
