@@ -37,6 +37,8 @@ __all__ = ["CALL_PAGES", "Residency", "major_faults"]
 #: The cost of one ``mincore`` call from Python, in pages it could have checked instead (~0.9 us per call
 #: against ~8 ns per page): runs closer than this are checked by one call over the pages between them.
 CALL_PAGES = 112
+#: Runs spanning fewer pages than this are looked up page by page (vectorised over the runs), longer ones reduced.
+SHORT_SPAN = 16
 #: Pages one whole-file refresh checks per call (bounded calls, the answers written in place).
 REFRESH_PAGES = 1 << 18
 
@@ -91,8 +93,12 @@ class Residency:
 
     def _known(self, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
         """Whether the map says every page of each run is cached."""
-        if int((p1 - p0).max()) == 0:
-            return self.pages[p0].astype(bool)
+        span = int((p1 - p0).max())
+        if span < SHORT_SPAN:  # a sample or a value: a few lookups per run beat a reduction per run
+            ok = self.pages[p0]
+            for k in range(1, span + 1):
+                ok &= self.pages[np.minimum(p0 + k, p1)]
+            return ok.astype(bool)
         # min over pages[p0:p1 + 1] of each run: reduceat reads entry 2i from bounds 2i and 2i + 1 alone
         bounds = np.empty(2 * len(p0), np.int64)
         bounds[0::2], bounds[1::2] = p0, p1 + 1

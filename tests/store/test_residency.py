@@ -340,3 +340,28 @@ def test_warm_gathers_of_every_sample_size_are_exact(store_factory: Any, shape: 
             assert out.tobytes() == info.x[b].tobytes()
         engine = r._handle().engine
         assert engine is not None and engine.stats["pread_runs"] == 0
+
+
+def test_the_page_map_lookup_agrees_with_page_by_page(tmp_path: Path) -> None:
+    """Runs of 0..40 pages (short ones looked up page by page, long ones reduced) against a direct check."""
+    f = tmp_path / "f"
+    f.write_bytes(b"\0" * (300 * mmap.PAGESIZE))
+    fh = open(f, "rb")  # noqa: SIM115
+    m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+    arr = np.frombuffer(m, np.uint8)
+    try:
+        res = Residency(arr.ctypes.data, len(m))
+        rng = np.random.default_rng(0)
+        pages = (rng.random(res.npages) < 0.9).astype(np.uint8)
+        p = mmap.PAGESIZE
+        for max_pages in (1, 3, 15, 40):
+            starts = rng.integers(0, 250 * p, 500)
+            lens = rng.integers(1, max_pages * p, 500)
+            res.pages[: res.npages] = pages
+            res.trusted = True
+            got = res._known(*res._span(starts, lens))
+            want = [pages[s // p : (s + n - 1) // p + 1].all() for s, n in zip(starts, lens, strict=True)]
+            assert got.tolist() == want
+    finally:
+        del arr
+        fh.close()
