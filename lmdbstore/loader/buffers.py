@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from lmdbstore.loader.sharing import track
@@ -67,11 +68,24 @@ class TaggedBatch(NamedTuple):
 
 
 class SlotBatch(NamedTuple):
-    """What a worker sends instead of the samples: where they are, how many, and the labels."""
+    """What a worker sends instead of the samples: where they are, how many, and the labels as bytes with their
+    dtype and shape (pickled by value: a tensor, or a numpy array the DataLoader turns into one, would cross in
+    a shared-memory segment of its own, created, sent by descriptor and mapped for every batch)."""
 
     slot: int
     rows: int
-    y: torch.Tensor
+    y: bytes
+    y_dtype: str
+    y_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, slot: int, rows: int, y: torch.Tensor) -> SlotBatch:
+        a = y.numpy()
+        return cls(slot, rows, a.tobytes(), a.dtype.str, a.shape)
+
+    def labels(self) -> torch.Tensor:
+        """The labels as a tensor of their own memory."""
+        return torch.from_numpy(np.frombuffer(bytearray(self.y), self.y_dtype).reshape(self.y_shape))
 
 
 @dataclass(frozen=True)
@@ -154,10 +168,10 @@ class BatchBuffers:
             pinned = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             pinned.copy_(x)
             self.state.numpy()[item.slot] = FREE
-            return pinned, item.y
+            return pinned, item.labels()
         self.state.numpy()[item.slot] = HELD
         self._held[item.slot] = None
-        return x, item.y
+        return x, item.labels()
 
     def release_unreferenced(self) -> None:
         """Free every delivered slot whose memory nothing outside these buffers references any more."""

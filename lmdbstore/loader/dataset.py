@@ -121,7 +121,7 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             if slot is not None:
                 self.buffers.abandon(slot)  # type: ignore[union-attr]
             raise
-        return SlotBatch(slot, rows, y) if slot is not None else (x, y)
+        return SlotBatch.of(slot, rows, y) if slot is not None else (x, y)
 
     def _transformed(
         self, x: torch.Tensor, y: torch.Tensor, *, shared: bool

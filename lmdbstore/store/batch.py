@@ -21,7 +21,21 @@ from lmdbstore.format.pages import PAGEHDRSZ
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.positions import VERIFY_HINT, PositionTable, check_heads
 
-__all__ = ["Runs", "plan_runs", "prefetch_ranges", "read_by_lmdb", "read_by_offset", "value", "whole_value_runs"]
+__all__ = [
+    "Runs",
+    "plan_runs",
+    "prefetch_ranges",
+    "read_by_lmdb",
+    "read_by_offset",
+    "read_cached",
+    "read_rows",
+    "read_samples",
+    "value",
+    "whole_value_runs",
+]
+
+#: A batch whose runs average fewer samples than this (random order) is read row by row when wholly cached.
+ROW_RUN_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -38,11 +52,18 @@ class Runs:
 def plan_runs(idx: np.ndarray, spv: int) -> Runs:
     """Cut the sample indices ``idx`` (any order, repeats allowed) into runs (see the module docstring)."""
     n = len(idx)
-    order = np.argsort(idx, kind="stable")
-    sidx = idx[order]
+    step = idx[1:] - idx[:-1]
+    if (step >= 0).all():  # sorted already (block and window batches): rows keep their order
+        order, sidx = np.arange(n), idx
+        cut = step != 1
+    else:
+        order = np.argsort(idx, kind="stable")
+        sidx = idx[order]
+        cut = (sidx[1:] - sidx[:-1] != 1) | (order[1:] - order[:-1] != 1)
     firsts = sidx - sidx % spv
-    brk = np.flatnonzero(np.r_[True, (np.diff(sidx) != 1) | (firsts[1:] != firsts[:-1]) | (np.diff(order) != 1)])
-    return Runs(firsts[brk], sidx[brk] - firsts[brk], order[brk], np.diff(np.r_[brk, n]))
+    cut |= firsts[1:] != firsts[:-1]
+    brk = np.flatnonzero(np.concatenate(([True], cut)))
+    return Runs(firsts[brk], sidx[brk] - firsts[brk], order[brk], np.diff(np.append(brk, n)))
 
 
 def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
@@ -50,6 +71,80 @@ def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
     m = h.meta
     full = np.minimum(m.samples_per_value, m.count - runs.first)
     return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
+
+
+def read_cached(h: Handle, table: PositionTable | None, idx: np.ndarray, out: np.ndarray, whole: bool) -> bool:
+    """Fill ``out`` with the samples at ``idx`` (in range) if every byte is in the page cache and every value's
+    header was checked; ``False``: nothing was read (see :func:`read_samples` for the arguments)."""
+    if table is None or h.engine is None:
+        return False
+    if read_rows(h, table, idx, out, whole) is not None:
+        return True
+    m = h.meta
+    runs = plan_runs(idx, m.samples_per_value)
+    values = runs.first // m.samples_per_value
+    voffs = table.offsets[values]
+    if (voffs < 0).any() or not table.checked[values].all() or (whole and m.trailer_bytes):
+        return False
+    sb = m.sample_bytes
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    d0 = runs.dst * sb
+    return h.engine.read(view, voffs + runs.skip * sb, d0, d0 + runs.rows * sb, only_cached=True)
+
+
+def read_samples(
+    h: Handle, table: PositionTable | None, idx: np.ndarray, out: np.ndarray | None, verify: bool, whole: bool
+) -> np.ndarray:
+    """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset with a ``table`` (a batch of
+    short runs wholly in the page cache by one gather in output order, else run by run), else through liblmdb
+    (``verify``: every value's checksum; ``whole``: the checksums of values read whole by offset).
+
+    Raises:
+        CorruptStoreError / ChecksumError: as :func:`read_by_offset` and :func:`read_by_lmdb`.
+    """
+    m = h.meta
+    if table is not None:
+        got = read_rows(h, table, idx, out, whole)
+        if got is not None:
+            return got
+    runs = plan_runs(idx, m.samples_per_value)
+    if out is None:
+        out = np.empty((len(idx), *m.shape), m.np_dtype)
+    if table is not None:
+        read_by_offset(h, table, runs, out, whole)
+    else:
+        read_by_lmdb(h, runs, out, verify)
+    return out
+
+
+def read_rows(
+    h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray | None, checksums: bool
+) -> np.ndarray | None:
+    """The samples at ``idx`` by one numpy gather from the map in output order (as fast as a memmap's fancy
+    index), when the batch is random-like (short runs), every value's header was checked, no whole value is
+    to be checksummed, and every sample's bytes are in the page cache now.  ``None`` (nothing read): read the
+    batch run by run (:func:`read_by_offset`).
+
+    Raises:
+        CorruptStoreError: the data file was truncated under the reader.
+    """
+    n = len(idx)
+    steps = int(np.count_nonzero(idx[1:] - idx[:-1] == 1))  # a run of k samples has k - 1 such steps
+    if h.engine is None or (n - steps) * ROW_RUN_SAMPLES <= n:
+        return None
+    m, engine = h.meta, h.engine
+    spv, sb = m.samples_per_value, m.sample_bytes
+    values = idx // spv
+    if not table.checked[values].all():
+        return None
+    if checksums and m.trailer_bytes and steps >= spv - 1 and whole_value_runs(plan_runs(idx, spv), h).size:
+        return None
+    offs = table.offsets[values]
+    if (offs < 0).any():
+        return None  # read_by_offset raises the precise error
+    rows = None if out is None else out.reshape(n, -1).view(np.uint8)
+    got = engine.read_rows(offs + (idx - values * spv) * sb, sb, rows)
+    return None if got is None else (out if out is not None else got.view(m.np_dtype).reshape(n, *m.shape))
 
 
 def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray, checksums: bool) -> None:
@@ -80,15 +175,15 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     if new.any():
         heads = engine.read_headed(
             view,
-            (voffs[new] - PAGEHDRSZ).tolist(),
-            (runs.skip[new] * sb).tolist(),
-            d0[new].tolist(),
-            ends[new].tolist(),
+            voffs[new] - PAGEHDRSZ,
+            runs.skip[new] * sb,
+            d0[new],
+            ends[new],
             PAGEHDRSZ,
         )
         check_heads(table, values[new], heads, h.path)
     old = ~new
-    engine.read(view, (voffs[old] + runs.skip[old] * sb).tolist(), d0[old].tolist(), ends[old].tolist())
+    engine.read(view, voffs[old] + runs.skip[old] * sb, d0[old], ends[old])
     if checksums and m.trailer_bytes:
         whole = whole_value_runs(runs, h)
         if whole.size:
@@ -102,7 +197,7 @@ def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray,
     fn = compute_checksum(m.checksum)
     assert fn is not None
     t = m.trailer_bytes
-    trailers = engine.gather((voffs + (ends - d0)).tolist(), t)
+    trailers = engine.gather(voffs + (ends - d0), t)
     for i, (d, e) in enumerate(zip(d0.tolist(), ends.tolist(), strict=True)):
         if fn(view[d:e]) != trailers[i].tobytes():
             raise ChecksumError("checksum mismatch", path=h.path, key=int(keys[i]), hint=VERIFY_HINT)

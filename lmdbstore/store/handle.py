@@ -43,7 +43,7 @@ class Handle:
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: as the store is opened.
     """
 
-    def __init__(self, path: Path, lock: bool | None, io_threads: int):
+    def __init__(self, path: Path, lock: bool | None, io_threads: int | None):
         check_store_dir(path)
         self.pid = os.getpid()
         self.path = path

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,17 +32,11 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.preads import DEFAULT_IO_THREADS
 from lmdbstore.store.reader import StoreReader
 
-__all__ = ["CACHED_SAMPLE_S", "StoreSet"]
+__all__ = ["StoreSet"]
 
 StorePath = str | os.PathLike[str]
-
-#: A store's part of a batch read faster than this per sample came from the page cache (warm random reads take
-#: about 0.6 us per sample on 2 cores, cold ones several us even with 16 reads in flight): the set then reads
-#: the other stores' parts one after the other; slower, it reads them all at once on threads.
-CACHED_SAMPLE_S = 2e-6
 
 
 class StoreSet:
@@ -70,7 +63,7 @@ class StoreSet:
         lock: bool | None = None,
         verify_checksums: bool = False,
         positions: bool = True,
-        io_threads: int = DEFAULT_IO_THREADS,
+        io_threads: int | None = None,
     ) -> None:
         if isinstance(stores, (str, bytes, os.PathLike)) or not len(stores):
             raise ValueError(f"stores must be a non-empty list of store paths, got {stores!r}")
@@ -262,29 +255,26 @@ class StoreSet:
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows: the first on this thread, and the others
-        after it on this thread too when it came from the page cache, else all at once on threads (cold reads
-        wait on the disk, and every store's reads in flight together keep it busy)."""
+        """Each store's part of a grouped batch straight into its rows.  The parts the page cache holds whole (the
+        kernel says so: :meth:`StoreReader.read_if_cached`) are copied on this thread; the others then read
+        together on threads (each store's reads in flight at once keep the disk busy), or one alone here."""
         parts = [(i, idx[lo:hi] - self.offsets[i], out[lo:hi]) for i, lo, hi in _groups(store)]
-        i, local, rows = parts[0]
-        t0 = time.perf_counter()
-        self.readers[i].read_batch(local, out=rows)
         if len(parts) == 1:
+            i, local, rows = parts[0]
+            self.readers[i].read_batch(local, out=rows)
             return
-        if time.perf_counter() - t0 < len(local) * CACHED_SAMPLE_S:
-            for i, local, rows in parts[1:]:
-                self.readers[i].read_batch(local, out=rows)
+        cold = [(i, local, rows) for i, local, rows in parts if not self.readers[i].read_if_cached(local, rows)]
+        if len(cold) == 1:
+            i, local, rows = cold[0]
+            self.readers[i].read_batch(local, out=rows)
             return
-        for i, _, _ in parts[1:]:
-            self.readers[i].meta  # noqa: B018  # opened on this thread, read on the pool's
-        futures = [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in parts[1:]]
-        for f in futures:
+        for f in [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]:
             f.result()
 
     def _pool(self) -> ThreadPoolExecutor:
         """This process's threads for cold reads of several stores at once (made after a fork anew)."""
         if self._threads is None or self._threads_pid != os.getpid():
-            self._threads = ThreadPoolExecutor(max(1, len(self.readers) - 1), thread_name_prefix="lmdbstore-set")
+            self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
             self._threads_pid = os.getpid()
         return self._threads
 

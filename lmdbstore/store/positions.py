@@ -172,7 +172,7 @@ def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine,
         raise CorruptStoreError(
             "value has the wrong length", path=path, key=v * table.samples_per_value, hint=VERIFY_HINT
         )
-    heads = engine.gather((offs - PAGEHDRSZ).tolist(), PAGEHDRSZ)
+    heads = engine.gather(offs - PAGEHDRSZ, PAGEHDRSZ)
     check_heads(table, todo, heads, path)
 
 

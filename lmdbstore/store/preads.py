@@ -1,62 +1,80 @@
 """Reading runs of bytes of one data file by offset: :class:`PreadEngine`.
 
 The reader copies exactly the bytes a batch needs from ``data.mdb`` at offsets the position table gives
-(:mod:`lmdbstore.store.positions`): plain slice copies from a read-only map when the file is in the page
-cache, ``os.preadv`` on a small thread pool (``pread`` releases the GIL) when it is not.
+(:mod:`lmdbstore.store.positions`).  What is in the page cache is copied from a read-only map of the file
+(numpy copies: one gather for a batch of single samples, one slice copy per longer run; no system call);
+what is not goes to a small thread pool running ``os.preadv`` (it releases the GIL, so the reads overlap in
+the kernel and on the disk), in the same batch.  Which is which, the kernel says
+(:class:`~lmdbstore.store.residency.Residency`), not a timer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import mmap
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from lmdbstore.errors import CorruptStoreError
+from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
+from lmdbstore.store.residency import Residency, major_faults
 
-__all__ = ["CACHED_BYTE_S", "CACHED_READ_S", "DEFAULT_IO_THREADS", "PROBE_RUNS", "PreadEngine"]
+__all__ = ["DEFAULT_IO_THREADS", "GATHER_MAX_BYTES", "PreadEngine"]
 
 #: Reads kept in flight by one reader (threads of its pool); 16 saturates typical NVMe and network disks.
 DEFAULT_IO_THREADS = 16
-#: Runs read on the calling thread before deciding whether the batch is served from the page cache.
-PROBE_RUNS = 32
-#: Probe reads faster than this (seconds per read plus seconds per byte) came from the page cache: a cold
-#: read from a fast NVMe disk takes ~80 us for 4 KiB, a page-cache copy ~2 us plus ~0.2 ns per byte.
-CACHED_READ_S = 20e-6
-CACHED_BYTE_S = 1e-9
+#: Cached runs of one length up to this many bytes are copied by one numpy gather (a batch of single samples);
+#: longer ones by one slice copy each (a gather would copy them twice: through a temporary).
+GATHER_MAX_BYTES = 16384
+#: Bytes one gather into a given output copies at a time (its temporary stays in the CPU cache).
+GATHER_CHUNK_BYTES = 320 << 10
+
+
+def _shifted(bufs_of: Callable[[int], list[memoryview]], a: int, j: int) -> list[memoryview]:
+    return bufs_of(a + j)
+
+
+def _arr(x: Any) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64).reshape(-1)
 
 
 class PreadEngine:
-    """Copies runs of bytes of one file into memory: plain copies when cached, ``os.preadv`` when not.
+    """Copies runs of bytes of one file into memory: from the map when cached, by ``os.preadv`` when not.
 
-    A batch starts with a few ``pread``s on the calling thread.  When they come back at page-cache speed,
-    the rest is copied from a read-only memory map of the file (a slice assignment per run: no system
-    call); when they are slower, the rest is spread over a thread pool of ``threads`` running ``preadv``
-    (it releases the GIL, so the reads overlap in the kernel and on the disk).  The map and the pool are
-    created on first need in each process, and never cross a fork.  Only offsets below ``file_size``
-    (checked when the table was built) are ever read.
+    The map, the page-cache state and the pool are created on first need in each process, and never cross
+    a fork.  Only offsets below ``file_size`` (checked when the table was built) are ever read; the file's
+    size is checked before the map is read (a shorter file would fault).
     """
 
-    def __init__(self, fd: int, file_size: int, threads: int = DEFAULT_IO_THREADS, path: str | Path | None = None):
-        self.fd, self.file_size, self.threads, self.path = fd, file_size, max(1, threads), path
+    def __init__(self, fd: int, file_size: int, threads: int | None = None, path: str | Path | None = None):
+        self.fd, self.file_size, self.path = fd, file_size, path
+        self.threads = MAX_IO_THREADS if threads is None else max(1, threads)  # the pool's size
+        self.inflight = InFlight(DEFAULT_IO_THREADS if threads is None else self.threads, fixed=threads is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._map: mmap.mmap | None = None
         self._mv: memoryview | None = None
+        self._bytes: np.ndarray | None = None
+        self._res: Residency | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        #: Runs sent to the I/O threads / copied from the map in this process (what the benchmarks count).
+        self.stats = {"pread_runs": 0, "copied_runs": 0, "pread_batches": 0, "batches": 0}
 
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: start afresh in this process
-            self._pool, self._map, self._mv, self._pid = None, None, None, os.getpid()
-            self._lock = threading.Lock()
+            self._pool, self._map, self._mv, self._bytes, self._res = None, None, None, None, None
+            self._pid, self._lock = os.getpid(), threading.Lock()
+            self.stats = dict.fromkeys(self.stats, 0)
 
     def pool(self) -> ThreadPoolExecutor:
         self._own()
@@ -65,112 +83,201 @@ class PreadEngine:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="lmdbstore-io")
             return self._pool
 
-    def mapped(self) -> memoryview:
+    def mapped(self) -> np.ndarray:
+        """The file's bytes as a read-only uint8 array over the map."""
         self._own()
-        if self._mv is None:
+        if self._bytes is None:
             self._map = mmap.mmap(self.fd, self.file_size, prot=mmap.PROT_READ)
             with contextlib.suppress(AttributeError, OSError):
-                self._map.madvise(mmap.MADV_RANDOM)  # no read-ahead when a cold page slips through
+                self._map.madvise(mmap.MADV_RANDOM)  # a fault reads one page, no read-ahead
             self._mv = memoryview(self._map)
-        return self._mv
+            self._bytes = np.frombuffer(self._mv, np.uint8)
+            self._res = Residency(self._bytes.ctypes.data, self.file_size)
+        return self._bytes
+
+    def residency(self) -> Residency:
+        self.mapped()
+        assert self._res is not None
+        return self._res
 
     def pmap(self, fn: Callable[[Any], Any], items: Any) -> list[Any]:
-        """``[fn(i) for i in items]``, where ``fn`` reads the file: the first :data:`PROBE_RUNS` on this
-        thread, the rest too when those came from the page cache, else on the pool (many in flight)."""
-        items = list(items)
-        k = min(PROBE_RUNS, len(items))
-        t0 = time.perf_counter()
-        out = [fn(i) for i in items[:k]]
-        if k < len(items):
-            if time.perf_counter() - t0 < k * CACHED_READ_S:
-                out += [fn(i) for i in items[k:]]
-            else:
-                out += list(self.pool().map(fn, items[k:]))
-        return out
+        """``[fn(i) for i in items]`` on the pool (many reads in flight: the pages of one B-tree level)."""
+        return list(self.pool().map(fn, list(items)))
 
-    def _pread(self, view: memoryview, offs: list[int], dsts: list[int], ends: list[int]) -> None:
-        fd, preadv = self.fd, os.preadv
-        for o, d, e in zip(offs, dsts, ends, strict=True):
-            if preadv(fd, [view[d:e]], o) != e - d:
-                raise CorruptStoreError("data file is shorter than its B-tree says (truncated?)", path=self.path)
-
-    def _copy(self, view: memoryview, offs: list[int], dsts: list[int], ends: list[int]) -> None:
-        src = self.mapped()
+    # ------------------------------------------------------------------ reads
+    def _check_size(self) -> None:
         if os.fstat(self.fd).st_size < self.file_size:
             raise CorruptStoreError("data file was truncated while open", path=self.path)
-        for o, d, e in zip(offs, dsts, ends, strict=True):
-            view[d:e] = src[o : o + e - d]
 
-    def read(self, view: memoryview, offs: list[int], dsts: list[int], ends: list[int]) -> None:
-        """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``.
+    def _pread(self, bufs_of: Callable[[int], list[memoryview]], offs: list[int], want: list[int]) -> None:
+        fd, preadv = self.fd, os.preadv
+        for j, o in enumerate(offs):
+            if preadv(fd, bufs_of(j), o) != want[j]:
+                raise CorruptStoreError("data file is shorter than its B-tree says (truncated?)", path=self.path)
+
+    def _submit(self, bufs_of: Callable[[int], list[memoryview]], offs: list[int], want: list[int]) -> list[Future]:
+        """Start the missing runs' reads: on the pool in up to ``threads`` parts (one run: on this thread)."""
+        n = len(offs)
+        if n == 0:
+            return []
+        if n == 1 or self.inflight.count == 1:
+            self._pread(bufs_of, offs, want)
+            return []
+        bounds = np.linspace(0, n, min(self.inflight.count, self.threads, n) + 1).astype(int).tolist()
+        pool = self.pool()
+        return [
+            pool.submit(self._pread, functools.partial(_shifted, bufs_of, a), offs[a:b], want[a:b])
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+
+    def _copy(self, dst: np.ndarray, offs: np.ndarray, dsts: np.ndarray, lens: np.ndarray) -> None:
+        """Copy cached runs from the map into the uint8 array ``dst``: runs of one short length by a gather,
+        the others by one slice copy each."""
+        self.mapped()
+        if len(offs) >= 16:
+            width = int(lens[0])
+            if width <= min(GATHER_MAX_BYTES, self.file_size) and dst.size % width == 0:
+                same = (lens == width) & (dsts % width == 0)
+                if same.all() or same.sum() >= 16:
+                    self._gather(dst.reshape(-1, width), offs[same], dsts[same] // width, width)
+                    offs, dsts, lens = offs[~same], dsts[~same], lens[~same]
+        src, out = self._mv, memoryview(dst)  # type: ignore[arg-type]
+        assert src is not None
+        for o, d, n in zip(offs.tolist(), dsts.tolist(), lens.tolist(), strict=True):
+            out[d : d + n] = src[o : o + n]
+
+    def _gather(self, rows: np.ndarray, offs: np.ndarray, at: np.ndarray, width: int) -> None:
+        src = self.mapped()
+        view = as_strided(src, (self.file_size - width + 1, width), (1, 1), writeable=False)
+        k = max(1, GATHER_CHUNK_BYTES // width)
+        for a in range(0, len(offs), k):
+            rows[at[a : a + k]] = view[offs[a : a + k]]
+
+    def read_rows(self, offs: np.ndarray, width: int, rows: np.ndarray | None) -> np.ndarray | None:
+        """The ``width`` bytes at each of ``offs`` as the rows of ``rows`` (a ``(n, width)`` uint8 array) or of a
+        new array, by numpy gathers from the map, when all of them are in the page cache; else ``None``, and
+        nothing is read.
+
+        Raises:
+            CorruptStoreError: the file is shorter than when the table was built.
+        """
+        if width > self.file_size or not self.residency().cached(offs, np.full(len(offs), width)).all():
+            return None
+        self._check_size()
+        view = as_strided(self.mapped(), (self.file_size - width + 1, width), (1, 1), writeable=False)
+        before = major_faults()
+        if rows is None:
+            rows = view[offs]
+        else:
+            k = max(1, GATHER_CHUNK_BYTES // width)
+            for a in range(0, len(offs), k):
+                rows[a : a + k] = view[offs[a : a + k]]
+        if before >= 0 and major_faults() > before:
+            self.residency().distrust()
+        self.stats["batches"] += 1
+        self.stats["copied_runs"] += len(offs)
+        return rows
+
+    def _run(self, missing: np.ndarray, start: Callable[[np.ndarray], list[Future]], copy: Callable[[], None]) -> None:
+        """Start the missing runs' reads, copy the cached ones meanwhile, then wait for the reads; a major page
+        fault in the copy (a page left the cache after it was checked) tells the page-cache state."""
+        self.stats["batches"] += 1
+        if missing.any():
+            self.stats["pread_batches"] += 1
+            self.stats["pread_runs"] += int(missing.sum())
+        t0 = time.perf_counter()
+        futs = start(missing)
+        try:
+            self._check_size()
+            before = major_faults()
+            copy()
+            if before >= 0 and major_faults() > before:
+                self.residency().distrust()
+        finally:
+            for f in futs:
+                f.result()
+        if futs:  # the disk's rate at this count of reads in flight (only the count depends on it)
+            self.inflight.observe(int(missing.sum()), time.perf_counter() - t0)
+
+    def read(self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False) -> bool:
+        """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``; with ``only_cached``, only
+        if the page cache holds them all (else nothing is read).  Returns whether it read.
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built (truncated under us).
         """
-        n = len(offs)
-        k = min(PROBE_RUNS, n)
-        t0 = time.perf_counter()
-        self._pread(view, offs[:k], dsts[:k], ends[:k])
-        if k == n:
-            return
-        probed = sum(ends[:k]) - sum(dsts[:k])
-        if time.perf_counter() - t0 < k * CACHED_READ_S + probed * CACHED_BYTE_S:
-            self._copy(view, offs[k:], dsts[k:], ends[k:])
-            return
-        if self.threads == 1:
-            self._pread(view, offs[k:], dsts[k:], ends[k:])
-            return
-        parts = min(self.threads, n - k)
-        bounds = np.linspace(k, n, parts + 1).astype(int).tolist()
-        futs = [
-            self.pool().submit(self._pread, view, offs[a:b], dsts[a:b], ends[a:b])
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
-        for f in futs:
-            f.result()
+        o, d = _arr(offs), _arr(dsts)
+        n = _arr(ends) - d
+        if len(o) == 0:
+            return True
+        dst = np.frombuffer(view, np.uint8)
+        hit = self.residency().cached(o, n)
+        miss = ~hit
+        if only_cached and miss.any():
+            return False
+        self.stats["copied_runs"] += int(hit.sum())
 
-    def gather(self, offs: list[int], width: int) -> np.ndarray:
+        def start(missing: np.ndarray) -> list[Future]:
+            mo, md, mn = o[missing].tolist(), d[missing].tolist(), n[missing].tolist()
+            futs = self._submit(lambda j: [view[md[j] : md[j] + mn[j]]], mo, mn)
+            return futs
+
+        self._run(miss, start, lambda: self._copy(dst, o[hit], d[hit], n[hit]))
+        self.residency().mark(o[miss], n[miss])
+        return True
+
+    def gather(self, offs: Any, width: int) -> np.ndarray:
         """``width`` bytes at each offset of ``offs``, as an ``(n, width)`` uint8 array (cached or not, as
         :meth:`read`).
 
         Raises:
             CorruptStoreError: the file is shorter than some ``off + width``.
         """
-        buf = np.empty((len(offs), width), np.uint8)
-        dsts = list(range(0, len(offs) * width, width))
-        self.read(memoryview(buf.reshape(-1)), offs, dsts, [d + width for d in dsts])  # type: ignore[arg-type]
+        o = _arr(offs)
+        buf = np.empty((len(o), width), np.uint8)
+        d = np.arange(len(o), dtype=np.int64) * width
+        self.read(memoryview(buf.reshape(-1)), o, d, d + width)  # type: ignore[arg-type]
         return buf
 
-    def read_headed(
-        self, view: memoryview, offs: list[int], skips: list[int], dsts: list[int], ends: list[int], head: int
-    ) -> np.ndarray:
-        """For each run: the ``head`` bytes at ``o``, then ``s`` bytes skipped, then ``view[d:e]``, in one
-        ``preadv`` (one read from the disk instead of two: a value's header page and the sample in it).
+    def read_headed(self, view: memoryview, offs: Any, skips: Any, dsts: Any, ends: Any, head: int) -> np.ndarray:
+        """For each run: the ``head`` bytes at ``o``, then ``s`` bytes skipped, then ``view[d:e]`` (a value's
+        overflow header and the samples read from it: one disk read, not two, when not cached).
 
-        Returns the ``(n, head)`` heads.  Many runs go to the pool (many in flight), a few are read here.
+        Returns the ``(n, head)`` heads.
 
         Raises:
             CorruptStoreError: a short read (the file shorter than the table says).
         """
-        n = len(offs)
-        heads = np.empty((n, head), np.uint8)
-        hv = memoryview(heads.reshape(-1))  # type: ignore[arg-type]
-        junk = memoryview(bytearray(max(skips, default=0) or 1))  # what lies between: read and thrown away
-
-        def part(a: int, b: int) -> None:
-            fd, preadv = self.fd, os.preadv
-            for j in range(a, b):
-                bufs = [hv[j * head : (j + 1) * head], junk[: skips[j]], view[dsts[j] : ends[j]]]
-                if preadv(fd, bufs, offs[j]) != head + skips[j] + ends[j] - dsts[j]:
-                    raise CorruptStoreError("data file is shorter than its B-tree says (truncated?)", path=self.path)
-
-        if n <= PROBE_RUNS or self.threads == 1:
-            part(0, n)
+        o, s, d = _arr(offs), _arr(skips), _arr(dsts)
+        n = _arr(ends) - d
+        heads = np.empty((len(o), head), np.uint8)
+        if len(o) == 0:
             return heads
-        bounds = np.linspace(0, n, min(self.threads, n) + 1).astype(int).tolist()
-        for f in [self.pool().submit(part, a, b) for a, b in itertools.pairwise(bounds) if b > a]:
-            f.result()
+        hit = self.residency().cached(o, head + s + n)
+        miss = ~hit
+        self.stats["copied_runs"] += int(hit.sum())
+        hv = memoryview(heads.reshape(-1))  # type: ignore[arg-type]
+        dst = np.frombuffer(view, np.uint8)
+
+        def start(missing: np.ndarray) -> list[Future]:
+            idx = np.flatnonzero(missing).tolist()
+            ms, md, mn = s[missing].tolist(), d[missing].tolist(), n[missing].tolist()
+            junk = memoryview(bytearray(max(ms, default=0) or 1))  # what lies between: read and thrown away
+
+            def bufs(j: int) -> list[memoryview]:
+                i = idx[j]
+                return [hv[i * head : (i + 1) * head], junk[: ms[j]], view[md[j] : md[j] + mn[j]]]
+
+            return self._submit(bufs, o[missing].tolist(), [head + ms[j] + mn[j] for j in range(len(idx))])
+
+        def copy() -> None:
+            if hit.any():
+                heads[hit] = self.mapped()[o[hit, None] + np.arange(head)]
+                self._copy(dst, o[hit] + head + s[hit], d[hit], n[hit])
+
+        self._run(miss, start, copy)
+        self.residency().mark(o[miss], head + s[miss] + n[miss])
         return heads
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
@@ -187,8 +294,11 @@ class PreadEngine:
         if self._pid == os.getpid():
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            if self._mv is not None:
-                self._mv.release()
-            if self._map is not None:
-                self._map.close()
-        self._pool, self._map, self._mv = None, None, None
+            self._bytes, self._res = None, None
+            # a view of the map still alive (a traceback's frame holding one) keeps it open until collected
+            with contextlib.suppress(BufferError):
+                if self._mv is not None:
+                    self._mv.release()
+                if self._map is not None:
+                    self._map.close()
+        self._pool, self._map, self._mv, self._bytes, self._res = None, None, None, None, None

@@ -29,12 +29,11 @@ from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.batch import plan_runs, prefetch_ranges, read_by_lmdb, read_by_offset
+from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.locks import lock_table_writable
 from lmdbstore.store.positions import PositionTable
-from lmdbstore.store.preads import DEFAULT_IO_THREADS
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
@@ -59,7 +58,8 @@ class StoreReader:
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
             one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
             layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight per process for cold batches (default 16).
+        io_threads: reads in flight per process for cold batches; ``None`` (default): adapted to the disk's
+            throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
         check_whole_values: on the offset path, check the stored checksum of every value a batch reads
             whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
@@ -77,10 +77,10 @@ class StoreReader:
         lock: bool | None = None,
         verify_checksums: bool = False,
         positions: bool = True,
-        io_threads: int = DEFAULT_IO_THREADS,
+        io_threads: int | None = None,
         check_whole_values: bool = DEFAULT_CHECK_WHOLE_VALUES,
     ):
-        if io_threads < 1:
+        if io_threads is not None and io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
         self.path = Path(path)
         self.lock = lock
@@ -258,8 +258,7 @@ class StoreReader:
 
     # ------------------------------------------------------------------ values
     def read(self, index: int) -> np.ndarray:
-        """One sample as an array of the store's shape and dtype (a copy)."""
-        return self.read_batch(np.array([index]))[0]
+        return self.read_batch(np.array([index]))[0]  # one sample of the store's shape and dtype (a copy)
 
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
@@ -283,22 +282,23 @@ class StoreReader:
             bad = int(idx[(idx < 0) | (idx >= m.count)][0])
             raise IndexError(f"sample index {bad} out of range for a store of {m.count} samples")
         n, sb = len(idx), m.sample_bytes
-        if out is None:
-            out = np.empty((n, *m.shape), m.np_dtype)
-        elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
+        if out is not None and (out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous):
             raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
-        if n:
-            self._guarded("read", lambda h: self._read_into(h, idx, out))
-        return out
+        if n == 0:
+            return np.empty((0, *m.shape), m.np_dtype) if out is None else out
+        return self._guarded("read", lambda h: self._read_into(h, idx, out))
 
-    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` with the samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``."""
-        runs = plan_runs(idx, h.meta.samples_per_value)
+    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array."""
         table = self._positions(h) if self.positions and not self.verify_checksums else None
-        if table is not None:
-            read_by_offset(h, table, runs, out, self.check_whole_values)
-        else:
-            read_by_lmdb(h, runs, out, self.verify_checksums)
+        return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
+
+    def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
+        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``."""
+        idx, whole = np.asarray(indices, dtype=np.int64).reshape(-1), self.check_whole_values
+        if not self.positions or self.verify_checksums:
+            return False
+        return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""

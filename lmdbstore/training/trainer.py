@@ -197,9 +197,20 @@ def _plan_line(run: TrainRun, n_train: int, n_val: int) -> str:
     lcfg = run.lcfg
     return (
         f"training on {run.device} ({run.info.world_size} process(es)): {n_train} train / {n_val} val samples, "
-        f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {lcfg.workers} workers, shuffle "
-        f"{'balanced' if lcfg.balanced else lcfg.shuffle}"
+        f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {lcfg.workers} workers, shuffle {_shuffle_used(run)}"
     )
+
+
+def _shuffle_used(run: TrainRun) -> str:
+    """The order the sampler draws: ``balanced``, or its shuffle (``auto`` says what it chose, e.g. ``window
+    (auto)``), looking through the wrappers (equal steps per rank, set grouping)."""
+    if run.lcfg.balanced:
+        return "balanced"
+    sampler = run.sampler
+    while not hasattr(sampler, "shuffle") and hasattr(sampler, "inner"):
+        sampler = sampler.inner
+    used = str(getattr(sampler, "shuffle", run.lcfg.shuffle))
+    return f"{used} (auto)" if run.lcfg.shuffle == "auto" and used != "auto" else used
 
 
 def _resume(

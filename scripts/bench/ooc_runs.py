@@ -149,19 +149,25 @@ def loader(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
-def warm(path: Path, n: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
-    """Warm ``read_batch`` against a memmap of the same first ``args.warm_samples`` samples, random and block
-    batches, in CPU time (what other processes disturb least); the memmap is written to ``workdir`` and removed."""
-    m = min(n, args.warm_samples)
-    r = StoreReader(path)
-    npy = workdir / "warm.npy"
+def warm_memmap(r: StoreReader, m: int, npy: Path) -> np.ndarray:
+    """A numpy memmap at ``npy`` of the first ``m`` samples of ``r``, every page cached and mapped."""
     mm = np.lib.format.open_memmap(npy, "w+", np.float32, (m, *r.shape))
     for lo in range(0, m, 65536):
         mm[lo : lo + 65536] = r.read_range(lo, min(lo + 65536, m))
     mm.flush()
     del mm
     mm = np.load(npy, mmap_mode="r")
-    np.asarray(mm).sum()  # every page cached and mapped
+    np.asarray(mm).sum()
+    return mm
+
+
+def warm(path: Path, n: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    """Warm ``read_batch`` against a memmap of the same first ``args.warm_samples`` samples, random and block
+    batches, in CPU time (what other processes disturb least); the memmap is written to ``workdir`` and removed."""
+    m = min(n, args.warm_samples)
+    r = StoreReader(path)
+    npy = workdir / "warm.npy"
+    mm = warm_memmap(r, m, npy)
     rng = np.random.default_rng(args.seed)
     out: dict[str, float] = {}
     rand = [np.sort(rng.integers(0, m, args.batch)) for _ in range(64)]

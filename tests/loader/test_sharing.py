@@ -29,7 +29,9 @@ def _loader(info: StoreInfo) -> tuple[Any, list[np.ndarray]]:
     sampler = EpochBatchSampler(np.arange(len(ds)), BATCH, shuffle="random", seed=4)
     loader = make_loader(ds, sampler, LoaderConfig(batch_size=BATCH, workers=2, multiprocessing_context="fork"))
     assert isinstance(loader, BufferedLoader)
-    return loader, sampler.batches(0)  # the loader's first pass: epoch 0 (this begins no pass)
+    expected = [b.copy() for b in sampler]
+    sampler.set_epoch(0)  # every pass takes the next epoch (loader.passes): the loader's is the one just listed
+    return loader, expected
 
 
 def _consumer(q: Any, out: Any) -> None:

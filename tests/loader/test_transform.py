@@ -103,3 +103,22 @@ def test_a_transform_breaking_the_contract_is_one_line(bad, words: str) -> None:
     with pytest.raises(ValueError, match=words) as err:
         apply_transform(bad, x, y)
     assert "\n" not in str(err.value)
+
+
+def small_labels(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    np.negative(x, out=x)  # x stays in the reused buffer; the labels come back as another integer type
+    return x, ((y + 2) % 5).astype(np.int16)
+
+
+def test_labels_cross_from_the_workers_intact(small_store: StoreInfo) -> None:
+    """Labels travel beside the buffer slot as bytes with their dtype and shape (issue 21: no shared-memory
+    segment per batch); they arrive as the int64 labels of each batch, for plain and transformed batches."""
+    for transform, want in ((None, lambda y: y), (small_labels, lambda y: (y + 2) % 5)):
+        passes, batches, loader = _run(small_store, transform)
+        for got in passes:
+            for (x, y), idx in zip(got, batches, strict=True):
+                assert y.dtype == torch.int64 and y.shape == (len(idx),)
+                np.testing.assert_array_equal(y.numpy(), want(small_store.y[idx]))
+                sign = -1 if transform is not None else 1
+                np.testing.assert_array_equal(x.numpy()[:, 0], sign * small_store.x[idx])
+        assert loader.reuse_counts()[1] == 0

@@ -64,7 +64,7 @@ def _killed_inside_an_epoch(store: Path, out: Path) -> dict[str, object]:
         deadline = time.monotonic() + 120
         while not (out / CHECKPOINT_NAME).exists() and time.monotonic() < deadline and child.poll() is None:
             time.sleep(0.02)
-        time.sleep(random.uniform(0.0, 0.4))  # an epoch takes ~0.3 s on an idle 2-core machine
+        time.sleep(random.uniform(0.0, 0.3))  # an epoch takes ~0.3 s on an idle 2-core machine
         child.send_signal(signal.SIGKILL)
         child.wait()
         ckpt = load_checkpoint(out / CHECKPOINT_NAME)

@@ -296,3 +296,13 @@ def test_resuming_a_finished_run_keeps_its_summary(small_store: StoreInfo, tmp_p
     assert (out / "summary.json").read_text() == summary
     assert again.confusion == first.confusion and np.array(again.confusion).sum() > 0  # type: ignore[attr-defined]
     assert len((out / METRICS_NAME).read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("shuffle", "said"), [("auto", "shuffle random (auto)"), ("window", "shuffle window")])
+def test_the_start_line_names_the_shuffle_used(synth_store: Path, shuffle: str, said: str) -> None:
+    """``auto`` says what it chose on the start line (issue 21: it said "shuffle auto" after picking window)."""
+    lines: list[str] = []
+    cfg = TrainConfig(epochs=1, max_steps_per_epoch=2)
+    train(synth_store, None, cfg, LoaderConfig(shuffle=shuffle, workers=0), log=lines.append, progress=False)  # type: ignore[arg-type]
+    start = next(ln for ln in lines if ln.startswith("training on"))
+    assert start.endswith(said)

@@ -1,0 +1,291 @@
+#!/usr/bin/env python
+"""Read-path benchmark (issue 21): every read path against its limit, measured in the same run.
+
+Rows (samples/s; ratios against baselines measured in this run):
+
+* **cold** ``read_batch`` in random, block and window order (the store's pages dropped before each) against
+  the disk's limits taken *before and after* each measurement on the same file: random ``pread``\\s of one
+  sample's bytes at 1, 16 and 64 in flight, and of one value's bytes (x samples per value) at 16;
+* **warm** (all cached) random against numpy memmap ``mm[np.sort(idx)]`` and block against memmap contiguous
+  slices ``np.array(mm[a:b])``, CPU time;
+* **cached batches sent to the I/O threads** (goal 0), warm, with ``--buffers`` batches held alive and one
+  busy-loop process per core;
+* **DataLoader** with 2 workers, warm, per core used, against the in-process ``read_batch`` rate of the same
+  order (goal >= 0.5x).
+
+The trainer's data wait on a store larger than RAM is ``ooc.py --samples 12000000 --train-steps N`` (it builds
+the 28 GiB store and removes it afterwards).
+
+Usage::
+
+    python scripts/bench/readpath.py            # 400k samples (1 GB) in a temporary directory, a few minutes
+    python scripts/bench/readpath.py --quick    # 40k samples, short timings: a smoke test
+    python scripts/bench/readpath.py --store PATH
+
+Prints a Markdown table and writes ``bench_readpath.md`` and ``bench_readpath.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, so that bench.* imports when run as a file
+from bench.common import make_log, markdown_table, timed, write_json
+from bench.machine import pread_rate
+from bench.ooc_runs import drop_cache, make_store, samplers, warm_memmap
+from lmdbstore.store.reader import StoreReader
+
+log = make_log("readpath")
+ORDERS = ("random", "block", "window")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=400_000, help="store size when creating one")
+    ap.add_argument("--store", type=Path, help="use this existing store (read only)")
+    ap.add_argument("--workdir", type=Path, help="where to create the store (default: a temporary directory)")
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--seconds", type=float, default=6.0, help="per measurement")
+    ap.add_argument("--window-mb", type=int, default=256)
+    ap.add_argument("--buffers", type=int, default=64, help="batches held alive in the cached-batches row")
+    ap.add_argument("--quick", action="store_true", help="40k samples, short timings: a smoke test")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench_readpath_out"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.samples, args.seconds, args.window_mb, args.buffers = 40_000, 0.4, 16, 16
+    if args.batch < 1 or args.seconds <= 0:
+        ap.error("--batch and --seconds must be positive")
+    return args
+
+
+def limits(path: Path, sb: int, vb: int, spv: int, seconds: float, seed: int) -> dict[str, float]:
+    """The disk's limits in samples/s on the store's data file (pages dropped first)."""
+    data = path / "data.mdb"
+    out = {f"sample x{q}": pread_rate(data, sb, q, seconds, seed + q) for q in (1, 16, 64)}
+    out["value x16"] = pread_rate(data, vb, 16, seconds, seed) * spv
+    return out
+
+
+def engine_stats(r: StoreReader) -> dict[str, int]:
+    h = r._handle()
+    return dict(h.engine.stats) if h.engine is not None else {}
+
+
+def cold(path: Path, n: int, args: argparse.Namespace, sb: int, vb: int, spv: int) -> dict[str, Any]:
+    """Cold ``read_batch`` per order, with the disk limits before and after each."""
+    out: dict[str, Any] = {}
+    for mode in ORDERS:
+        before = limits(path, sb, vb, spv, args.seconds / 4, args.seed)
+        drop_cache(path)
+        r = StoreReader(path)
+        s = samplers(path, n, args.batch, args.window_mb, args.seed, r.prefetch)[mode]
+        r.read_path  # noqa: B018  # the table (built once per snapshot) is not what is measured
+        it = iter(s)
+        t0 = time.perf_counter()
+        first = len(r.read_batch(next(it)))
+        first_s = time.perf_counter() - t0
+        rate = timed(it, args.seconds, lambda b, r=r: len(r.read_batch(b)))  # type: ignore[misc]
+        r.close()
+        after = limits(path, sb, vb, spv, args.seconds / 4, args.seed + 1)
+        out[mode] = {"rate": rate, "first batch s": first_s, "first": first, "before": before, "after": after}
+        log(f"  cold {mode}: {rate:,.0f} samples/s (first batch {first_s:.2f} s)")
+    return out
+
+
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        pass
+
+
+def warm(path: Path, n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Warm random and block against a memmap of the same samples; then the cached batches the reader sent to
+    its I/O threads with many buffers alive and every core busy."""
+    r = StoreReader(path)
+    npy = work / "warm.npy"
+    mm = warm_memmap(r, n, npy)
+    rng = np.random.default_rng(args.seed)
+    rand = [np.sort(rng.integers(0, n, args.batch)) for _ in range(64)]
+    starts = rng.integers(0, max(n - args.batch, 1), 64).tolist()
+    blocks = [np.arange(a, min(a + args.batch, n)) for a in starts]
+    out: dict[str, Any] = {}
+    for name, bs in (("random", rand), ("block", blocks)):
+        ours, theirs = [], []
+        for _ in range(3):  # alternate, best of three: the machine is shared
+            t0 = time.process_time()
+            for b in bs:
+                r.read_batch(b)
+            ours.append(sum(map(len, bs)) / (time.process_time() - t0))
+            t0 = time.process_time()
+            for b in bs:  # the memmap's own best: a fancy index of sorted indices, a slice copy of a range
+                mm[b] if name == "random" else np.array(mm[int(b[0]) : int(b[-1]) + 1])
+            theirs.append(sum(map(len, bs)) / (time.process_time() - t0))
+        out[name] = {"rate": max(ours), "memmap": max(theirs)}
+        log(f"  warm {name}: {max(ours):,.0f} vs memmap {max(theirs):,.0f} samples/s")
+    out["loaded"] = loaded(r, rand, blocks, args.buffers)
+    r.close()
+    del mm
+    npy.unlink()
+    return out
+
+
+def loaded(r: StoreReader, rand: list[np.ndarray], blocks: list[np.ndarray], buffers: int) -> dict[str, int]:
+    """Cached batches sent to the I/O threads (all are cached) with ``buffers`` batches alive, cores busy."""
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    spin = [ctx.Process(target=_spin, args=(stop,)) for _ in range(os.cpu_count() or 1)]
+    for p in spin:
+        p.start()
+    try:
+        before = engine_stats(r)
+        held: list[np.ndarray] = []
+        for b in [*rand, *blocks] * 2:
+            held.append(r.read_batch(b))
+            del held[:-buffers]
+        after = engine_stats(r)
+    finally:
+        stop.set()
+        for p in spin:
+            p.join(10)
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def loader_rows(path: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Warm: DataLoader with 2 workers against ``read_batch`` in this process, random and block."""
+    from lmdbstore.config import LoaderConfig
+    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+
+    out: dict[str, Any] = {}
+    cores = min(2, os.cpu_count() or 1)
+    for mode in ("random", "block"):
+        s = samplers(path, n, args.batch, args.window_mb, args.seed, None)[mode]
+        with StoreReader(path) as r:
+            for b in s.batches(0)[:4]:
+                r.read_batch(b)
+            inproc = timed(iter(s.batches(0) * 4), args.seconds, lambda b, r=r: len(r.read_batch(b)))  # type: ignore[misc]
+        dl = make_loader(LmdbBatchDataset(path), s, LoaderConfig(batch_size=args.batch, workers=2))
+        it = iter(dl)
+        next(it)  # workers started
+        rate = timed(it, args.seconds, lambda b: len(b[1]))
+        del it, dl
+        out[mode] = {"loader": rate, "per core": rate / cores, "in process": inproc}
+        log(f"  DataLoader x2 {mode}: {rate:,.0f} samples/s ({rate / cores:,.0f} per core) vs {inproc:,.0f}")
+    return out
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a"
+
+
+def render(res: dict[str, Any]) -> str:
+    """The Markdown report: one row per measure, its baseline(s), the ratio and the goal."""
+    rows: list[list[str]] = []
+    for mode, c in res["cold"].items():
+        if mode == "random":
+            for q in (16, 64):
+                lim = [c["before"][f"sample x{q}"], c["after"][f"sample x{q}"]]
+                rows.append(
+                    [f"cold random vs pread 2.5 KB x{q}", f"{c['rate']:,.0f}", _pair(lim), _span(c, lim), ">= 0.8x"]
+                )
+        else:
+            lim = [c["before"]["value x16"], c["after"]["value x16"]]
+            rows.append(
+                [f"cold {mode} vs pread value x16 (x spv)", f"{c['rate']:,.0f}", _pair(lim), _span(c, lim), ">= 0.8x"]
+            )
+            rows.append([f"cold {mode}: first batch", f"{c['first batch s']:.2f} s", "", "", ""])
+    w = res["warm"]
+    rows.append(
+        [
+            "warm random vs memmap mm[sort(idx)]",
+            f"{w['random']['rate']:,.0f}",
+            f"{w['random']['memmap']:,.0f}",
+            ratio(w["random"]["rate"], w["random"]["memmap"]),
+            ">= 0.8x",
+        ]
+    )
+    rows.append(
+        [
+            "warm block vs memmap contiguous slices",
+            f"{w['block']['rate']:,.0f}",
+            f"{w['block']['memmap']:,.0f}",
+            ratio(w["block"]["rate"], w["block"]["memmap"]),
+            ">= 0.9x",
+        ]
+    )
+    ld = w["loaded"]
+    rows.append(
+        [
+            "cached batches sent to I/O threads (loaded)",
+            f"{ld.get('pread_batches', 0)} of {ld.get('batches', 0)}",
+            "",
+            "",
+            "0",
+        ]
+    )
+    for mode, d in res["loader"].items():
+        rows.append(
+            [
+                f"DataLoader x2 {mode}, per core vs in-process",
+                f"{d['per core']:,.0f}",
+                f"{d['in process']:,.0f}",
+                ratio(d["per core"], d["in process"]),
+                ">= 0.5x",
+            ]
+        )
+    head = f"store: {res['samples']:,} samples, {res['bytes'] / 2**30:.2f} GiB; batch {res['batch']}\n\n"
+    table = markdown_table(
+        ["row", "lmdbstore", "baseline (before, after)", "ratio", "goal"], "|---|---:|---:|---:|---:|", rows
+    )
+    return head + "\n".join(table) + "\n"
+
+
+def _pair(v: list[float]) -> str:
+    return f"{v[0]:,.0f}, {v[1]:,.0f}"
+
+
+def _span(c: dict[str, Any], lim: list[float]) -> str:
+    lo, hi = min(lim), max(lim)
+    return f"{c['rate'] / hi:.2f}-{c['rate'] / lo:.2f}x" if lo > 0 else "n/a"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench_readpath_"))
+    work.mkdir(parents=True, exist_ok=True)
+    path = args.store or work / "store"
+    try:
+        if args.store is None:
+            make_store(path, args.samples)
+        with StoreReader(path) as r:
+            n, spv, sb = len(r), r.meta.samples_per_value, r.meta.sample_bytes
+            vb = spv * sb + r.meta.trailer_bytes
+        res: dict[str, Any] = {"samples": n, "bytes": os.path.getsize(path / "data.mdb"), "batch": args.batch}
+        res["cold"] = cold(path, n, args, sb, vb, spv)
+        res["warm"] = warm(path, n, args, work)
+        res["loader"] = loader_rows(path, n, args)
+        text = render(res)
+        print(text)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_readpath.md").write_text(text)
+        write_json(args.out / "bench_readpath.json", res)
+        return res
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        elif args.store is None:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
