@@ -32,6 +32,7 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
+from lmdbstore.store.metaview import MetaView
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -39,7 +40,7 @@ __all__ = ["StoreSet"]
 StorePath = str | os.PathLike[str]
 
 
-class StoreSet:
+class StoreSet(MetaView):
     """Several stores read as one (see the module docstring).
 
     Args:
@@ -195,21 +196,6 @@ class StoreSet:
         """The set as one store's metadata: total ``count``, the set's ``classes`` and ``class_counts``, the
         merged ``value_stats``; shape, dtype and packing fields are the first store's."""
         return self._layout()
-
-    def __len__(self) -> int:
-        return self.meta.count
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.meta.shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self.meta.np_dtype
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.meta.classes)
 
     @property
     def read_path(self) -> str:

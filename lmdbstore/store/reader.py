@@ -33,6 +33,7 @@ from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.locks import lock_table_writable
+from lmdbstore.store.metaview import MetaView
 from lmdbstore.store.positions import PositionTable
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
@@ -43,7 +44,7 @@ T = TypeVar("T")
 MAX_RESNAPSHOTS = 8
 
 
-class StoreReader:
+class StoreReader(MetaView):
     """Random and sequential access to the samples, labels and class index of a store.
 
     Args:
@@ -240,21 +241,6 @@ class StoreReader:
     @property
     def meta(self) -> StoreMeta:
         return self._handle().meta
-
-    def __len__(self) -> int:
-        return self.meta.count
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.meta.shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self.meta.np_dtype
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.meta.classes)
 
     # ------------------------------------------------------------------ values
     def read(self, index: int) -> np.ndarray:
