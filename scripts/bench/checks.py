@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, so that bench.* imports when run as a file
 from bench.checks_runs import cold, costs, warm
-from bench.common import Goal, make_log, markdown_table, write_json
+from bench.common import Goal, add_store_options, make_log, markdown_table, write_json
 from bench.machine import host_facts, pread_rate
 from bench.ooc_runs import make_store
 from lmdbstore.store.reader import StoreReader
@@ -45,11 +45,7 @@ log = make_log("checks")
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; a bad value exits with status 2 and a message naming the option."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=200_000, help="store size when creating one")
-    ap.add_argument("--store", type=Path, help="use this existing store (read only)")
-    ap.add_argument("--workdir", type=Path, help="where to create the store (default: a temporary directory)")
-    ap.add_argument("--keep", action="store_true", help="keep the created store")
-    ap.add_argument("--batch", type=int, default=4096)
+    add_store_options(ap, 200_000)
     ap.add_argument("--batches", type=int, default=48, help="batches per warm measurement")
     ap.add_argument("--cold-batches", type=int, default=12, help="batches per cold measurement")
     ap.add_argument("--repeats", type=int, default=3, help="cold runs per measurement (the median is reported)")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import make_log
-from bench.ooc_runs import drop_cache, samplers
+from bench.ooc_runs import drop_cache, samplers, warm_memmap
 from lmdbstore.store.positions import check_headers
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.snapshot import Snapshot
@@ -63,13 +63,7 @@ def warm(path: Path, n: int, args: Any, workdir: Path) -> dict[str, float]:
     }
     reader, crc = StoreReader(path), StoreReader(path, check_whole_values=True)
     npy = workdir / "warm.npy"
-    mm = np.lib.format.open_memmap(npy, "w+", np.float32, (m, *reader.shape))
-    for lo in range(0, m, 65536):
-        mm[lo : lo + 65536] = reader.read_range(lo, min(lo + 65536, m))
-    mm.flush()
-    del mm
-    mm = np.load(npy, mmap_mode="r")
-    np.asarray(mm).sum()
+    mm = warm_memmap(reader, m, npy)
     out: dict[str, float] = {}
     for name, bs in orders.items():
         out[f"{name} checks on"] = cpu_rate(reader.read_batch, bs)

@@ -71,6 +71,17 @@ def add_data_options(p: argparse.ArgumentParser, outputs: str) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def add_store_options(ap: argparse.ArgumentParser, samples: int, keep: bool = True) -> None:
+    """``--samples`` (default ``samples``), ``--store``, ``--workdir``, ``--keep`` (unless ``keep`` is false) and
+    ``--batch``: the options of the benchmarks that make a store or read an existing one."""
+    ap.add_argument("--samples", type=int, default=samples, help="store size when creating one")
+    ap.add_argument("--store", type=Path, help="use this existing store (read only)")
+    ap.add_argument("--workdir", type=Path, help="where to create the store (default: a temporary directory)")
+    if keep:
+        ap.add_argument("--keep", action="store_true", help="keep the created store")
+    ap.add_argument("--batch", type=int, default=4096)
+
+
 @contextlib.contextmanager
 def output_dirs(out: str | Path, data_dir: str | Path | None, keep: bool) -> Iterator[tuple[Path, Path]]:
     """The results directory ``out`` and the data directory (``data_dir``, default ``out/data``), both made;

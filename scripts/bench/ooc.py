@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, so that bench.* imports when run as a file
-from bench.common import make_log, markdown_table, write_json
+from bench.common import add_store_options, make_log, markdown_table, write_json
 from bench.machine import host_facts, pread_rate
 from bench.ooc_runs import accuracy, loader, make_store, memory, one_process, quality, train_wait, warm
 from lmdbstore.loader.window import available_memory
@@ -54,11 +54,7 @@ log = make_log("ooc")
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; a bad value exits with status 2 and a message naming the option."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=200_000, help="store size when creating one")
-    ap.add_argument("--store", type=Path, help="use this existing store (read only)")
-    ap.add_argument("--workdir", type=Path, help="where to create the store (default: a temporary directory)")
-    ap.add_argument("--keep", action="store_true", help="keep the created store")
-    ap.add_argument("--batch", type=int, default=4096)
+    add_store_options(ap, 200_000)
     ap.add_argument("--seconds", type=float, default=10.0, help="per measurement")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--window-mb", type=int, default=1024)

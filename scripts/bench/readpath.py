@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, so that bench.* imports when run as a file
-from bench.common import make_log, markdown_table, timed, write_json
+from bench.common import add_store_options, make_log, markdown_table, timed, write_json
 from bench.machine import pread_rate
 from bench.ooc_runs import drop_cache, make_store, samplers, warm_memmap
 from lmdbstore.store.reader import StoreReader
@@ -52,10 +52,7 @@ ORDERS = ("random", "block", "window")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=400_000, help="store size when creating one")
-    ap.add_argument("--store", type=Path, help="use this existing store (read only)")
-    ap.add_argument("--workdir", type=Path, help="where to create the store (default: a temporary directory)")
-    ap.add_argument("--batch", type=int, default=4096)
+    add_store_options(ap, 400_000, keep=False)
     ap.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     ap.add_argument("--window-mb", type=int, default=256)
     ap.add_argument("--buffers", type=int, default=64, help="batches held alive in the cached-batches row")
