@@ -13,9 +13,9 @@ counts the tasks committed, of ``total``.  Against the entries of the same name 
   ``name=`` writes the tasks as a separate run.
 
 Entries of the previous scheme (``parallel:<name>:<16 hex digits>``, a digest of the tasks' reprs) are still
-recognized when the tasks' reprs identify them -- ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``
-and tuples, lists and dicts of these -- and a run recorded that way is resumed under its old key; for other
-tasks (numpy arrays, sets, ...) such an entry cannot be matched and is refused with the reason.
+recognized when the tasks' reprs identify them -- ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+``range``, paths and tuples, lists and dicts of these -- and a run recorded that way is resumed under its old
+key; for other tasks (numpy arrays, sets, ...) such an entry cannot be matched and is refused with the reason.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PosixPath, PurePosixPath, PureWindowsPath, WindowsPath
 from typing import Any
 
 from lmdbstore.format.ledger import parallel_key, parallel_prefix
@@ -35,7 +36,7 @@ __all__ = ["RunPlan", "legacy_prefix_digests", "plan_run"]
 CONTENT_DIGEST = re.compile(rf"{ENCODING}-[0-9a-f]{{32}}")
 LEGACY_DIGEST = re.compile(r"[0-9a-f]{16}")
 #: The exact types whose repr identifies a value (the previous scheme's keys are trusted for these only).
-_FAITHFUL = (type(None), bool, int, float, str, bytes)
+_FAITHFUL = (type(None), bool, int, float, str, bytes, range, PosixPath, PurePosixPath, WindowsPath, PureWindowsPath)
 
 
 @dataclass(frozen=True)
