@@ -175,11 +175,39 @@ def produce_kills_at_4(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return task_data(task)
 
 
+def produce_tagged(task: tuple[int, int, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``(seed, n, tag)``: :func:`produce` of ``(seed, n)``; the tag (a set, an array...) only tells tasks
+    apart."""
+    return task_data(task[:2])
+
+
+def set_tasks(n_tasks: int) -> list[tuple[int, int, frozenset[str]]]:
+    """Tasks that hold a frozenset of strings: their repr changes with the hash seed."""
+    return [(i, 5, frozenset(f"tag-{i}-{k}" for k in range(8))) for i in range(n_tasks)]
+
+
+class Job:
+    """A task of a user's own class: picklable, with the default repr (which names a memory address)."""
+
+    def __init__(self, seed: int, n: int) -> None:
+        self.seed, self.n = seed, n
+
+
+def job_id(job: Job) -> tuple[int, int]:
+    return job.seed, job.n
+
+
+def produce_job(job: Job) -> tuple[np.ndarray, np.ndarray]:
+    return task_data((job.seed, job.n))
+
+
 def main() -> int:
     from lmdbstore import write_parallel
 
     store, n_tasks, workers, name = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    tasks = [(i, 50 + i % 7) for i in range(n_tasks)]
+    tasks: list[Any] = [(i, 50 + i % 7) for i in range(n_tasks)]
+    if name == "produce_tagged":
+        tasks = set_tasks(n_tasks)
     fn = globals()[name]
     from lmdbstore import WriterConfig
 
@@ -199,7 +227,7 @@ def main() -> int:
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         return 130
-    print(f"done {report.added} {report.total}", flush=True)
+    print(f"done {report.added} {report.total} {report.skipped}", flush=True)
     return 0
 
 
@@ -211,3 +239,10 @@ def produce_huge(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Like :func:`produce`, as float64 values near 1e300 (their squares overflow float64)."""
     x, y = task_data(task)
     return x.astype(np.float64) * 1e300, y
+
+
+def produce_tagged_fails_at_3(task: tuple[int, int, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`produce_tagged`, except that task seed 3 raises."""
+    if task[0] == 3:
+        raise RuntimeError("boom in task three")
+    return produce_tagged(task)

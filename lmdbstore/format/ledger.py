@@ -5,7 +5,10 @@ Each entry says how far one producer got: key = the producer's name (UTF-8), val
 rerun resumes exactly.  The producers' names:
 
 * a source file or store: ``KIND:<sha256 prefix of what identifies its content>:<file name>``;
-* ``write_parallel``: ``parallel:<run name>:<digest of the tasks>`` (``done`` counts tasks, not samples);
+* ``write_parallel``: ``parallel:<run name>:c1-<32 hex digits>``, the digest of the tasks' canonical encoding
+  (:mod:`lmdbstore.ingestion.task_identity`; ``done`` counts tasks, not samples); stores written before it
+  hold ``parallel:<run name>:<16 hex digits>``, a digest of the tasks' reprs, still resumed where the reprs
+  identify the tasks (:mod:`lmdbstore.ingestion.parallel_runs`);
 * the built-in synthetic data: ``synthetic:n=<count>:seed=<seed>``.
 
 Entries are JSON, never pickled; a malformed one is a :class:`~lmdbstore.errors.CorruptStoreError`.
@@ -49,7 +52,8 @@ def parallel_prefix(run: str) -> str:
 
 
 def parallel_key(run: str, tasks_digest: str) -> str:
-    """The entry name of the ``write_parallel`` run ``run`` over the tasks whose digest is ``tasks_digest``."""
+    """The entry name of the ``write_parallel`` run ``run`` over the tasks whose digest is ``tasks_digest``
+    (``c1-<hex>``)."""
     return parallel_prefix(run) + tasks_digest
 
 

@@ -10,7 +10,6 @@ transaction, so a rerun after a crash or Ctrl-C skips exactly the finished tasks
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import time
@@ -24,11 +23,12 @@ import numpy as np
 from lmdbstore import errors
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
-from lmdbstore.format.ledger import parallel_key, parallel_prefix
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.engines import Engine, EnginePool, TaskLost, engine_of
+from lmdbstore.ingestion.parallel_runs import plan_run
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import ParallelReport, writing
+from lmdbstore.ingestion.task_identity import TaskIdentities
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import progress_bar
@@ -98,21 +98,6 @@ def task_repr(task: Any) -> str:
     """A short one-line repr of ``task`` for messages."""
     r = " ".join(repr(task).split())
     return r if len(r) <= REPR_CHARS else r[: REPR_CHARS - 3] + "..."
-
-
-def tasks_digest(tasks: Sequence[Any]) -> str:
-    """Stable digest of the tasks' reprs (part of the ledger key: other tasks, another run).
-
-    Raises:
-        ValueError: a task's repr names a memory address (``<... at 0x...>``), which changes per run.
-    """
-    h = hashlib.sha256()
-    for i, task in enumerate(tasks):
-        r = repr(task)
-        if " at 0x" in r:
-            raise ValueError(f"tasks[{i}] has no stable repr ({task_repr(task)}); use plain values (ints, str, tuples)")
-        h.update(r.encode("utf-8", "replace") + b"\0")
-    return h.hexdigest()[:16]
 
 
 def _check_picklable(produce: Callable[[Any], Any]) -> None:
@@ -217,6 +202,7 @@ def write_parallel(
     classes: Sequence[str] | None = None,
     config: WriterConfig | None = None,
     name: str | None = None,
+    task_id: Callable[[Any], Any] | None = None,
     in_flight: int = DEFAULT_IN_FLIGHT,
     cast: bool = False,
     progress: bool = True,
@@ -232,14 +218,22 @@ def write_parallel(
     and any executor.  Each task's samples are one unit: appended together, committed in one transaction
     with the ledger.
 
-    Resume: the ledger entry ``parallel:<name>:<digest of the tasks' reprs>`` counts committed tasks;
-    calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips those, with
-    or without an executor.
+    Resume: a run is its name and its tasks, identified by content (a canonical encoding of each task:
+    :mod:`~lmdbstore.ingestion.task_identity`), not by repr; the ledger entry
+    ``parallel:<name>:c1-<digest of the tasks>`` counts committed tasks.  Calling again with the same
+    ``produce``/``name`` and tasks after a crash or Ctrl-C skips those, with or without an executor (a
+    finished run: nothing to do); a task list that begins with the tasks of a finished run of the name
+    writes only the tasks after them.  Any other run of the same name in the store -- unfinished, or of
+    other tasks -- is refused, never mixed (:mod:`~lmdbstore.ingestion.parallel_runs`): give another
+    ``name`` to write a separate run.
 
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors with a stable repr (seeds, paths, ranges); listed up front.
+        tasks: small picklable descriptors (seeds, paths, ranges), listed up front; each must be identifiable
+            by content (None, bool, int, float, complex, str, bytes, range, tuples, lists, dicts, sets,
+            numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
+            ``task_id``.
         workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
             With ``executor``: the tasks it runs at once, to size the window (default: what the executor
             tells -- ``max_workers``, a Dask cluster's threads, ``RayExecutor.workers`` -- else 1).
@@ -250,14 +244,17 @@ def write_parallel(
             machine).
         config: writer settings (``commit_bytes`` bounds a transaction, but never splits a task).
         name: names the run in the ledger (default: ``produce``'s module and qualified name).
+        task_id: ``task -> value`` naming each task (e.g. ``lambda t: t.key`` for tasks of your own class),
+            identified instead of the task's content; called here only (default ``None``: the content).
         in_flight: results per worker produced and not yet committed (memory: about
             ``workers * in_flight`` task results; with an executor, also on the cluster).
         cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
         progress: show a tqdm bar (tasks, samples/s) on stderr.
 
     Raises:
-        ValueError: bad ``workers``/``in_flight``/``executor``, ``produce`` not importable, tasks without a
-            stable repr, or an unfinished run of the same name with other tasks in the store.
+        ValueError: bad ``workers``/``in_flight``/``executor``, ``produce`` not importable, a task without
+            a content identity (naming it; nothing is written), or another run of the same name in the store
+            that these tasks neither resume nor extend (unfinished, or of other tasks).
         ValidationError: a result does not fit the store (names the task); earlier tasks stay committed.
         TaskError: ``produce`` raised (names the task), a worker died, or the executor lost a task with its
             worker and did not retry it (names the task); earlier tasks stay committed.
@@ -268,14 +265,15 @@ def write_parallel(
     if workers or engine is not None:
         _check_picklable(produce)
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
-    key = parallel_key(run, tasks_digest(task_list))
+    ids = TaskIdentities(task_list, task_id)  # before the store is touched: a task without identity is refused
     config = config or WriterConfig()
     path = Path(store)
     if engine is not None:
         engine.start()  # before the writer opens (see FuturesEngine.start)
     t0 = time.perf_counter()
     with writing(path, t0, shape=shape, dtype=dtype, classes=classes, config=config) as (w, outcome):
-        start = _resume_point(w, key, run, len(task_list))
+        plan = plan_run(w.progress_entries(), run, task_list, ids)
+        key, start = plan.key, plan.start
         m = w.meta
         producer = TaskResults(produce, m.shape, m.dtype, tuple(m.classes), config.allow_nonfinite, cast)
         n = len(task_list)
@@ -318,19 +316,3 @@ def _check_runner(workers: int | None, executor: Any, in_flight: int) -> Engine 
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be positive with an executor (the tasks it runs at once), got {workers}")
     return engine_of(executor)
-
-
-def _resume_point(w: StoreWriter, key: str, run: str, n: int) -> int:
-    """Tasks of this run already committed; refuses to mix with an unfinished run of other tasks."""
-    entries = w.progress_entries()
-    prefix = parallel_prefix(run)
-    for other, entry in entries.items():
-        if other != key and other.startswith(prefix) and entry.get("total") != entry["done"]:
-            raise ValueError(
-                f"the store holds an unfinished run {run!r} of other tasks ({entry['done']} of "
-                f"{entry.get('total')} done); rerun it with the same tasks to finish it, or give another name"
-            )
-    done = int(entries[key]["done"]) if key in entries else 0
-    if done > n:
-        raise ValueError(f"the store's ledger records {done} tasks done for {run!r}, but only {n} were given")
-    return done

@@ -28,6 +28,7 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, get_worker_info
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.dtypes import DTYPES
 from lmdbstore.loader.buffers import EXTRA_SLOTS, BatchBuffers, BufferSpec, SlotBatch, TaggedBatch, reuse_supported
+from lmdbstore.loader.delivered import Delivered
 from lmdbstore.loader.sampling import LoaderSampler
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.multi import StoreSet
@@ -147,7 +148,9 @@ class BufferedLoader(DataLoader[Any]):
     """The DataLoader :func:`make_loader` builds: workers read whole batches, by default into reusable
     shared-memory buffers (:mod:`lmdbstore.loader.buffers`).
 
-    It yields ``(x, y)`` like any DataLoader over :class:`LmdbBatchDataset`.  A batch's memory is reused
+    It yields ``(x, y)`` like any DataLoader over :class:`LmdbBatchDataset`, and counts the batches it
+    delivers: :meth:`state_dict` / :meth:`load_state_dict` resume after them (not after the batches its workers
+    drew ahead; :mod:`lmdbstore.loader.delivered`).  A batch's memory is reused
     only after nothing references it (the batch, a view of it or a numpy array of it), so keeping batches
     is safe; the buffers' benefit needs the consumer to drop each batch before taking about
     ``prefetch_factor + 2`` more, as a training loop does.  ``buffer_spec`` ``None``: a fresh segment per
@@ -160,6 +163,7 @@ class BufferedLoader(DataLoader[Any]):
         super().__init__(dataset, **kwargs)
         self.buffer_spec = buffer_spec
         self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+        self._delivered = Delivered(self.sampler)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: LmdbBatchDataset = self.dataset  # type: ignore[assignment]
@@ -167,19 +171,40 @@ class BufferedLoader(DataLoader[Any]):
             ds.buffers = self._allocate()
             if self.num_workers > 0 and self._auto_context:
                 self.multiprocessing_context = start_method(None)
+        iteration = self._delivered.begin()  # before the workers draw the pass's first batches
         buffers = ds.buffers
-        if buffers is None:  # no workers, no reuse, or no room for the buffers: a fresh segment per batch
-            yield from super().__iter__()
-            return
-        buffers.new_generation()
+        if buffers is not None:  # else no workers, no reuse, or no room for the buffers: a fresh segment per batch
+            buffers.new_generation()
         batches = super().__iter__()
         while True:
-            buffers.release_unreferenced()  # before waiting: the worker may need the slot for the next batch
+            if buffers is not None:
+                buffers.release_unreferenced()  # before waiting: the worker may need the slot for the next batch
             try:
                 item = next(batches)
             except StopIteration:
                 return
-            yield buffers.deliver(item, self._pin) if isinstance(item, SlotBatch) else item
+            if buffers is not None and isinstance(item, SlotBatch):
+                item = buffers.deliver(item, self._pin)
+            self._delivered.delivered(iteration)
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop stands: the sampler's state after the batches this loader has *delivered* (not the
+        ones its workers have drawn ahead).  Saved after the loop received ``k`` batches of an epoch, it makes
+        a resumed loader deliver that epoch's batches from ``k`` on -- with any workers and prefetch, also
+        after a finished epoch (then the next one) -- the contract of torchdata's ``StatefulDataLoader``,
+        which PyTorch Lightning checkpoints mid-epoch.  See :mod:`lmdbstore.loader.delivered`."""
+        return self._delivered.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (or a sampler's ``state_dict`` of the same sampler): the next pass
+        delivers the rest of that epoch, skipping the batches already delivered unread.
+
+        Raises:
+            ValueError: the state is malformed or belongs to another sampler (seed, batch size, samples,
+                world size or kind differ), naming what differs.
+        """
+        self._delivered.load_state_dict(state)
 
     def _allocate(self) -> BatchBuffers | None:
         if self.buffer_spec is None:
@@ -239,9 +264,12 @@ def make_loader(
     :class:`BufferedLoader` over a copy of ``dataset`` (so that two loaders of one dataset never share
     buffers); with workers and ``config.reuse_buffers`` (the default) its workers read into reusable
     buffers.  Its ``sampler`` is ``sampler`` wrapped (:class:`~lmdbstore.loader.sampling.LoaderSampler`):
-    ``loader.sampler.set_epoch``/``state_dict`` reach ``sampler``, and PyTorch Lightning keeps it under DDP.
+    ``loader.sampler.set_epoch`` reaches ``sampler``, and PyTorch Lightning keeps it under DDP.
     Each pass over the loader is a pass over ``sampler``: the next epoch's order unless ``set_epoch``
-    pinned one (:mod:`lmdbstore.loader.passes`).  A ``ConcatDataset`` of datasets over stores is read as the
+    pinned one (:mod:`lmdbstore.loader.passes`).  To resume inside an epoch, save ``loader.state_dict()``
+    and give it to ``load_state_dict`` of the resumed run's loader: it counts the batches delivered to the
+    loop (``sampler.state_dict()`` counts those drawn, which workers run ahead of;
+    :mod:`lmdbstore.loader.delivered`).  A ``ConcatDataset`` of datasets over stores is read as the
     set of those stores (:func:`as_batch_dataset`).
     """
     config = config or LoaderConfig()

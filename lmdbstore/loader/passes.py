@@ -13,7 +13,10 @@ saves and restores sampler state mid-epoch.  The rules, for every sampler built 
   pin, the epoch after the last pass's (the first pass is epoch 0).  So a loop that never calls
   ``set_epoch`` gets epochs 0, 1, 2, ..., a loop that does gets exactly the epochs it asks for.
 * ``state_dict()`` is ``{"epoch", "position"}`` of the latest pass (batches yielded so far) plus what
-  must match to resume (seed, batch size, sample count, world size, kind).  ``load_state_dict`` pins that
+  must match to resume (seed, batch size, sample count, world size, kind).  Under a DataLoader with workers
+  the sampler runs ahead of the loop (its batches are drawn when they are handed to the workers): to resume
+  what was *trained*, save the loader's ``state_dict`` (:mod:`lmdbstore.loader.delivered`), the same format
+  taken at the batches delivered to the loop.  ``load_state_dict`` pins that
   epoch and the batches to skip: the next pass yields the rest of that epoch's batches, without reading
   the skipped ones; the state of a finished pass pins the next epoch.
 * The iterator of a pass is itself stateful (``state_dict`` / ``load_state_dict``): torchdata restores
@@ -107,7 +110,16 @@ class EpochPasses:
 
     def upcoming_epoch(self) -> int:
         """The epoch the next pass will use (nothing is claimed)."""
-        return self._pin[0] if self._pin is not None else self.epoch + 1
+        return self.upcoming_pass()[0]
+
+    def upcoming_pass(self) -> tuple[int, int]:
+        """``(epoch, first batch)`` of the next pass (nothing is claimed)."""
+        return self._pin if self._pin is not None else (self.epoch + 1, 0)
+
+    def pinned_pass(self) -> tuple[int, int] | None:
+        """``(epoch, first batch)`` pinned by ``set_epoch`` or ``load_state_dict`` since the last pass began
+        (``None``: none)."""
+        return self._pin
 
     def begin_pass(self) -> tuple[int, int, int]:
         """Claim the next pass: ``(pass number, epoch, first batch)`` by the rules of the module docstring."""

@@ -40,8 +40,9 @@ class TrainRun:
     out: Path | None  # the output directory (``None``: nothing is written)
     progress: bool | None  # a progress bar per epoch on rank 0 (``None``: when stderr is a terminal)
     say: Log  # rank 0's lines (a no-op on the other ranks)
-    sampler: Any = None  # the training sampler (its state goes into checkpoints)
+    sampler: Any = None  # the training sampler
     tb: ScalarLog | None = None  # TensorBoard scalars (rank 0, when tensorboard is installed)
+    train_loader: Any = None  # the training loader (its state -- the batches it delivered -- goes into checkpoints)
 
     @property
     def writes(self) -> bool:

@@ -5,8 +5,10 @@ A checkpoint holds what resuming needs to continue exactly where it was written,
 and resumed ends with the same weights as one never interrupted (same seed, same machine): the model,
 optimizer and scheduler state, the last finished epoch (``epoch``, -1 before any) and the steps of the
 next one already trained (``step``) with that epoch's partial metrics (``epoch_totals``, summed over the
-ranks: every sample counted once), the training sampler's state (its epoch and position, checked against
-the sampler of the resumed run), torch's random number generator (dropout), the metrics history, the best
+ranks: every sample counted once), the training loader's state under the key ``sampler`` (its sampler's
+epoch and the batches the loader delivered to the loop -- :mod:`~lmdbstore.loader.delivered` --, checked
+against the sampler of the resumed run; the format earlier versions wrote there, so their checkpoints
+resume too), torch's random number generator (dropout), the metrics history, the best
 validation accuracy and the last confusion matrix.  Only tensors and primitives: it loads with
 ``torch.load(weights_only=True)``.  Written atomically: a kill during the write leaves the previous one.
 """
@@ -53,8 +55,11 @@ def checkpoint_dict(
     }
     if step:
         ckpt["epoch_totals"] = list(totals or [])
-        # the position trained, not the sampler's own: its loader has already drawn batches ahead
-        ckpt["sampler"] = json.dumps(run.sampler.state_at(finished + 1, step))
+        # the loader's state: the batches it delivered, which the loop has trained (its sampler has drawn more
+        # for the workers); the sampler's format, so checkpoints of earlier versions load the same way
+        at = run.train_loader.state_dict()
+        assert (at["epoch"], at["position"]) == (finished + 1, step), (at, finished, step)
+        ckpt["sampler"] = json.dumps(at)
     return ckpt
 
 

@@ -121,15 +121,16 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     out = Path(out_dir) if out_dir is not None else None
     state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
-    _continue_inside(state, sampler, steps, out)
-    scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
-    tb = _run_files(out if info.is_main else None, state, steps, resume)
     train_loader, val_loader = make_loaders(
         data, sampler, mine.val_idx, lcfg, placement.share, device, mine.val_batches
     )
+    _continue_inside(state, train_loader, steps, out)
+    scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
+    tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
-        cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb
-    )
+        cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
+        train_loader,
+    )  # fmt: skip
     say(_plan_line(run, *mine.sizes) + (f", {placement.groups} sets of shards" if placement.sharded else ""))
     first = state.start_epoch
     try:
@@ -144,9 +145,10 @@ def train(
     return TrainResult(state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None)
 
 
-def _continue_inside(state: RunState, sampler: Any, steps: int, out: Path | None) -> None:
-    """For a run resumed inside an epoch: the sampler continues at the recorded position (checked to be
-    this run's sampler), and torch's generator where it was (dropout draws as if never interrupted).
+def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None) -> None:
+    """For a run resumed inside an epoch: the training loader continues after the batches the checkpoint
+    says were trained (its state, checked to be of this run's sampler: the trained batches are skipped
+    unread), and torch's generator where it was (dropout draws as if never interrupted).
 
     Raises:
         LmdbStoreError: the checkpoint's sampler differs from this run's, or its step is past this run's epoch.
@@ -159,7 +161,7 @@ def _continue_inside(state: RunState, sampler: Any, steps: int, out: Path | None
     if state.start_step >= steps:
         raise LmdbStoreError(f"checkpoint is {state.start_step} steps into an epoch of {steps}", path=path)
     try:
-        sampler.load_state_dict(state.sampler)
+        loader.load_state_dict(state.sampler)  # type: ignore[arg-type]
     except ValueError as exc:
         raise LmdbStoreError(
             f"checkpoint was written inside an epoch by another sampler: {exc}",

@@ -44,3 +44,25 @@ def test_ddp_with_the_defaults_reads_disjoint_shares_in_a_new_order_each_epoch(
         assert sorted(shares[0] + shares[1]) == list(range(2000))
         orders.append(shares[0])
     assert orders[0] != orders[1] != orders[2]
+
+
+def test_a_mid_epoch_checkpoint_resumes_exactly_the_batches_not_trained(small_store: StoreInfo, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    script = TESTS / "frameworks" / "lightning_resume.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(small_store.path), str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert not [w for w in result["warnings"] if "not resumable" in w]  # Lightning takes the loader as resumable
+    (state,) = result["loader_state"]  # the loader's own state, in Lightning's checkpoint
+    assert (state["epoch"], state["position"]) == (1, 9)  # the batches trained, not those the workers drew
+    full, resumed = result["full"], result["resumed"]
+    assert list(resumed) == ["1"]  # the resumed run trains the rest of epoch 2 only
+    assert full["1"][:9] + resumed["1"] == full["1"]  # the epoch's batches, each once, in order
+    assert sorted(i for b in full["1"][:9] + resumed["1"] for i in b) == list(range(2000))

@@ -82,14 +82,19 @@ def test_generator_producer_with_class_names_gives_the_same_store(tmp_path: Path
     _assert_holds(tmp_path / "chunks", _tasks(12))
 
 
-def test_rerun_skips_finished_tasks_and_new_tasks_append(tmp_path: Path) -> None:
+def test_rerun_skips_finished_tasks_and_a_longer_list_writes_only_its_new_tasks(tmp_path: Path) -> None:
     path = tmp_path / "s"
     _write(path, tasks=_tasks(6))
     again = _write(path, tasks=_tasks(6))
     assert (again.skipped, again.added) == (6, 0)
     more = [(100 + i, 9) for i in range(3)]
-    _write(path, tasks=more)
+    grown = _write(path, tasks=_tasks(6) + more)  # the same run's list, grown
+    assert (grown.skipped, grown.tasks) == (6, 9)
     _assert_holds(path, _tasks(6) + more)
+    with pytest.raises(ValueError, match=r"finished run 'parallel_tasks\.produce' of other tasks"):
+        _write(path, tasks=more)  # other tasks under the same name: never mixed in
+    _write(path, tasks=more, name="second batch")  # a separate run, said so
+    _assert_holds(path, _tasks(6) + more + more)
 
 
 def test_raising_task_stops_the_run_naming_it_and_keeps_earlier_tasks(tmp_path: Path) -> None:
@@ -146,10 +151,10 @@ def test_bad_arguments(tmp_path: Path) -> None:
         _write(tmp_path / "s", workers=-1)
     with pytest.raises(ValueError, match="in_flight must be positive"):
         _write(tmp_path / "s", in_flight=0)
-    with pytest.raises(ValueError, match="stable repr"):
+    with pytest.raises(ValueError, match=r"tasks\[0\] \(type object\) has no stable identity"):
         _write(tmp_path / "s", tasks=[object()])
     with pytest.raises(ValueError, match=r"tasks\[1\] cannot be sent to a worker process"):
-        _write(tmp_path / "s", tasks=[(0, 5), pt.Unpicklable()])
+        _write(tmp_path / "s", tasks=[(0, 5), pt.Unpicklable()], task_id=repr)
 
 
 def test_a_dying_worker_stops_the_run(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -156,3 +157,49 @@ def test_train_cli_on_shards_per_node(tmp_path: Path, shards: SetInfo) -> None:
     assert np.array(final["confusion"]).sum() == n_val and final["classes"] == ["a", "b", "c", "x", "y"]
     plan = next(ln for p in procs for ln in p.stderr.splitlines() if ln.startswith("training on"))
     assert f"{n_train} train / {n_val} val samples" in plan and "2 sets of shards" in plan
+
+
+def _equal_steps(steps: int = 11) -> Any:
+    """A shard's sampler cut to ``steps`` steps: 1,000 samples in 8 batches of 125, the largest halved to 11."""
+    from lmdbstore.loader.samplers import EpochBatchSampler
+    from lmdbstore.training.placement import EqualSteps
+
+    return EqualSteps(EpochBatchSampler(np.arange(1000), 125, seed=4), steps)
+
+
+def _epoch_of(e: int) -> list[list[int]]:
+    sampler = _equal_steps()
+    sampler.set_epoch(e)
+    return [b.tolist() for b in sampler]
+
+
+def test_equal_steps_passes_and_resume_inside_an_epoch_through_the_loader(tmp_path: Path) -> None:
+    from conftest import build_store, make_data
+
+    from lmdbstore.config import LoaderConfig
+    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+
+    x, y = make_data(1000, 2)
+    store = build_store(tmp_path / "s", x, y)
+    cfg = LoaderConfig(batch_size=125, workers=2, multiprocessing_context="fork")
+    loader = make_loader(LmdbBatchDataset(store), _equal_steps(), cfg)
+
+    def ids(batch: Any) -> list[int]:
+        return batch[0][:, 0, 0, 0].round().long().tolist()  # type: ignore[no-any-return]
+
+    assert [ids(b) for b in loader] == _epoch_of(0)  # the first pass is epoch 0 (iter() twice draws nothing)
+    batches = iter(loader)
+    head = [ids(next(batches)) for _ in range(7)]
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"], state["steps"]) == (1, 7, 11)
+    del batches, loader
+    resumed = make_loader(LmdbBatchDataset(store), _equal_steps(), cfg)
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)  # what the trainer does before the epoch
+    assert head + [ids(b) for b in resumed] == _epoch_of(1)
+    older = {k: v for k, v in state.items() if k != "steps"}  # a checkpoint of before: the same steps
+    again = make_loader(LmdbBatchDataset(store), _equal_steps(), cfg)
+    again.load_state_dict(older)
+    assert [ids(b) for b in again] == _epoch_of(1)[7:]
+    with pytest.raises(ValueError, match="for 11 steps an epoch, this sampler has 12"):
+        make_loader(LmdbBatchDataset(store), _equal_steps(12), cfg).load_state_dict(state)

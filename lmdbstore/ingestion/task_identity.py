@@ -1,0 +1,243 @@
+"""The identity of a :func:`~lmdbstore.ingestion.parallel.write_parallel` task: a digest of its *content*, the
+same in every process, on every machine and under every hash seed.
+
+Why not ``repr``: numpy abbreviates long arrays (``array([0, 1, 2, ..., 9997, 9998, 9999])``) and rounds
+floats to 8 digits, so two different task lists had one digest and a rerun with other tasks was taken for a
+resume; a ``set`` prints in hash order, which changes from run to run, so rerunning a finished script wrote
+everything again.  Pickles are no better (a set pickles in iteration order too, and pickles change between
+Python and numpy versions).
+
+The canonical encoding (version ``c1``; sha-256 of it is the task's digest), one tag byte per value:
+
+* ``None``, ``bool``, ``int`` (any size), ``float`` (its 8 IEEE bytes: ``-0.0`` is not ``0.0``), ``complex``,
+  ``str`` (UTF-8), ``bytes``, ``bytearray``, ``range``;
+* ``tuple`` and ``list`` element by element; ``dict``, ``set`` and ``frozenset`` by their elements' digests,
+  sorted (``{"a": 1, "b": 2}`` is the same task in either insertion order, a set in any hash order);
+* numpy arrays by dtype (byte order normalized), shape and every byte; numpy scalars by dtype and bytes (so
+  ``np.int64(3)`` is not the task ``3``);
+* ``pathlib`` paths by their text; enum members, dataclass instances and named tuples by their class's
+  module and qualified name and their fields.
+
+Exact types only: anything else -- an object of your own class, a function, a subclass of ``int`` or
+``dict``, an object or structured numpy array, a container that holds itself -- has no content identity and is
+refused before the store is touched, with the task's position and type and the fix: plain values, or
+``task_id=`` (a function naming each task by such values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+from pathlib import PurePath
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ENCODING", "MAX_DEPTH", "TaskIdentities", "Unidentifiable", "digest_of", "task_digest"]
+
+#: Version of the canonical encoding, part of every ledger key it makes (a change is a new version).
+ENCODING = "c1"
+#: Deepest nesting of containers encoded (deeper: refused, as a value no task needs).
+MAX_DEPTH = 64
+#: Bytes of a task's digest.
+DIGEST_BYTES = 32
+_SEED = b"lmdbstore write_parallel tasks " + ENCODING.encode()
+
+
+class Unidentifiable(Exception):
+    """A value inside a task that has no content identity (``what``: its type, or why)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+def _type_name(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+class _Encoder:
+    """Feeds the canonical encoding of one value into a hash (see the module docstring)."""
+
+    def __init__(self, h: Any) -> None:
+        self.h = h
+        self.path: set[int] = set()  # ids of the containers being encoded (a container holding itself)
+
+    def put(self, tag: bytes, data: bytes = b"") -> None:
+        self.h.update(tag + struct.pack(">Q", len(data)) + data)
+
+    def text(self, s: str) -> None:
+        self.put(b"S", s.encode("utf-8", "surrogatepass"))
+
+    def count(self, n: int) -> None:
+        self.h.update(struct.pack(">Q", n))
+
+    def value(self, v: Any, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            raise Unidentifiable(f"a value nested deeper than {MAX_DEPTH} levels")
+        t = type(v)
+        scalar = _SCALARS.get(t)
+        if scalar is not None:
+            scalar(self, v)
+        elif isinstance(v, (np.ndarray, np.generic)):
+            self.array(v)
+        elif isinstance(v, enum.Enum):
+            self.put(b"E", _type_name(t).encode())
+            self.text(v.name)
+        elif isinstance(v, PurePath):
+            self.put(b"P", str(v).encode("utf-8", "surrogatepass"))
+        else:
+            self.container(v, t, depth)
+
+    def container(self, v: Any, t: type, depth: int) -> None:
+        if id(v) in self.path:
+            raise Unidentifiable(f"a {t.__name__} holding itself")
+        self.path.add(id(v))
+        try:
+            if t in (tuple, list):
+                self.count(len(v))
+                self.h.update(b"(" if t is tuple else b"[")
+                for item in v:
+                    self.value(item, depth + 1)
+            elif t in (set, frozenset, dict):
+                items = v.items() if t is dict else ((e,) for e in v)
+                parts = sorted(b"".join(digest_of(p, depth + 1, self.path) for p in item) for item in items)
+                self.put({set: b"<", frozenset: b">", dict: b"{"}[t], b"".join(parts))
+            elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+                self.put(b"K", _type_name(t).encode())
+                fields = dataclasses.fields(v)
+                self.count(len(fields))
+                for f in fields:
+                    self.text(f.name)
+                    self.value(getattr(v, f.name), depth + 1)
+            elif isinstance(v, tuple) and hasattr(t, "_fields"):  # a named tuple
+                self.put(b"Q", _type_name(t).encode())
+                self.count(len(v))
+                for name, item in zip(t._fields, v, strict=True):
+                    self.text(name)
+                    self.value(item, depth + 1)
+            else:
+                raise Unidentifiable(f"a {_type_name(t)}")
+        finally:
+            self.path.discard(id(v))
+
+    def array(self, a: np.ndarray | np.generic) -> None:
+        arr = np.asarray(a)
+        dt = arr.dtype
+        padded = dt.kind in "fc" and dt.itemsize > (8 if dt.kind == "f" else 16)  # long double: padding bytes
+        if dt.hasobject or dt.names is not None or dt.subdtype is not None or padded:
+            raise Unidentifiable(f"a numpy {'array' if isinstance(a, np.ndarray) else 'scalar'} of dtype {dt}")
+        little = dt.newbyteorder("<")
+        if dt != little:
+            arr = arr.astype(little)
+        self.put(b"A" if isinstance(a, np.ndarray) else b"a", little.str.encode())
+        self.count(arr.ndim)
+        for d in arr.shape:
+            self.count(d)
+        self.count(arr.nbytes)
+        self.h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+
+
+def _int(e: _Encoder, v: int) -> None:
+    e.put(b"I", v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
+
+
+def _range(e: _Encoder, v: range) -> None:
+    e.put(b"R")
+    for x in (v.start, v.stop, v.step):
+        _int(e, x)
+
+
+_SCALARS: dict[type, Callable[[_Encoder, Any], None]] = {
+    type(None): lambda e, v: e.put(b"N"),
+    bool: lambda e, v: e.put(b"T" if v else b"F"),
+    int: _int,
+    float: lambda e, v: e.put(b"D", struct.pack(">d", v)),
+    complex: lambda e, v: e.put(b"C", struct.pack(">dd", v.real, v.imag)),
+    str: _Encoder.text,
+    bytes: lambda e, v: e.put(b"B", v),
+    bytearray: lambda e, v: e.put(b"b", bytes(v)),
+    range: _range,
+}
+
+
+def digest_of(v: Any, depth: int = 0, path: set[int] | None = None) -> bytes:
+    """The sha-256 digest of the canonical encoding of ``v``.
+
+    Raises:
+        Unidentifiable: ``v`` holds a value of a type without a content identity.
+    """
+    h = hashlib.sha256()
+    enc = _Encoder(h)
+    if path is not None:
+        enc.path = path
+    enc.value(v, depth)
+    return h.digest()
+
+
+def task_digest(task: Any, index: int = 0, task_id: Callable[[Any], Any] | None = None) -> bytes:
+    """The digest of task number ``index`` (only for messages): of its content, or of ``task_id(task)``.
+
+    Raises:
+        ValueError: the task (or its ``task_id``) has no content identity; one line naming ``tasks[index]``,
+            its type, what in it cannot be identified, and the fix.
+    """
+    try:
+        if task_id is None:
+            return digest_of(task)
+        return hashlib.sha256(b"task_id" + digest_of(task_id(task))).digest()
+    except Unidentifiable as exc:
+        kind = type(task).__qualname__
+        said = f"task_id(tasks[{index}]) (type {kind})" if task_id else f"tasks[{index}] (type {kind})"
+        fix = (
+            "make task_id return plain values (str, int, tuples)"
+            if task_id
+            else "use plain values (int, float, str, bytes, tuples, lists, dicts, sets, numpy arrays, paths, "
+            "dataclasses) or pass task_id= to name each task"
+        )
+        raise ValueError(f"{said} has no stable identity ({exc.what} cannot be identified by content); {fix}") from None
+    except RecursionError:
+        raise ValueError(f"tasks[{index}] (type {type(task).__qualname__}) is nested too deeply to identify") from None
+
+
+class TaskIdentities:
+    """The digests of a task list, and of each of its first ``k`` tasks taken together (a run's digest is
+    that of all of them; a shorter run whose digest is one of its prefixes' is a run this list extends).
+
+    Args:
+        tasks: the tasks, in order.
+        task_id: name each task by ``task_id(task)`` instead of its content.
+
+    Raises:
+        ValueError: a task without a content identity (see :func:`task_digest`).
+    """
+
+    def __init__(self, tasks: Sequence[Any], task_id: Callable[[Any], Any] | None = None) -> None:
+        self.n = len(tasks)
+        self._digests = b"".join(task_digest(t, i, task_id) for i, t in enumerate(tasks))
+
+    def prefix_digests(self, lengths: set[int]) -> dict[int, str]:
+        """``{k: digest of the first k tasks}`` for every ``k`` in ``lengths`` up to the list's length."""
+        out: dict[int, str] = {}
+        h = hashlib.sha256(_SEED)
+        wanted = {k for k in lengths if 0 <= k <= self.n}
+        if 0 in wanted:
+            out[0] = _hex(h)
+        for k in range(1, self.n + 1):
+            h.update(self._digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES])
+            if k in wanted:
+                out[k] = _hex(h)
+        return out
+
+    @property
+    def digest(self) -> str:
+        """The digest of the whole list (``ENCODING``-tagged, as it appears in the ledger key)."""
+        return self.prefix_digests({self.n})[self.n]
+
+
+def _hex(h: Any) -> str:
+    """The ledger's form of a running digest: the encoding's name and 128 bits in hex."""
+    return f"{ENCODING}-{h.copy().hexdigest()[:32]}"
