@@ -7,6 +7,8 @@ the readers and frees the shared memory."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from conftest import StoreInfo, damage_store
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
-from lmdbstore.frameworks.slots import SHM_DIR
+from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
+from lmdbstore.util.lifeline import process_start_time
 from lmdbstore.loader.choose import split_indices
 
 BATCH = 64
@@ -159,8 +162,8 @@ def test_a_dead_reader_is_one_line_and_nothing_is_left_behind(small_store: Store
     feed.begin()
     feed.next()
     pool = feed.pool
-    name = feed.slots.name
-    assert name is not None and not os.path.exists(name)  # unlinked once the readers had mapped it
+    assert feed.slots.name is None and feed.slots.fd is not None  # an anonymous segment: nothing in /dev/shm
+    assert not _named_segments()
     for p in pool.procs:  # type: ignore[union-attr]
         p.kill()
         p.join()
@@ -170,8 +173,25 @@ def test_a_dead_reader_is_one_line_and_nothing_is_left_behind(small_store: Store
     feed.close()
     healthy = _feed(small_store, workers=2)
     _pass(healthy)
-    assert healthy.slots.name is not None and os.path.dirname(healthy.slots.name) == SHM_DIR
-    assert not os.path.exists(healthy.slots.name)
     procs = list(healthy.pool.procs)  # type: ignore[union-attr]
     healthy.close()
     assert not any(p.is_alive() for p in procs)
+    assert healthy.slots.fd is None and not _named_segments()
+
+
+def _named_segments() -> list[str]:
+    """This process's named slot segments in /dev/shm (there should never be any on Linux)."""
+    return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{os.getpid()}-")]
+
+
+def test_named_segments_of_dead_owners_are_reclaimed(tmp_path: Path) -> None:
+    """Where segments are named (no memfd), one left by a killed owner goes with the next segment made."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f"{PREFIX}{pid}-12345-abc"
+    live = tmp_path / f"{PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-abc"
+    other = tmp_path / "unrelated"
+    for f in (stale, live, other):
+        f.write_bytes(b"x")
+    assert reclaim(str(tmp_path)) == 1
+    assert not stale.exists() and live.exists() and other.exists()
