@@ -74,8 +74,8 @@ class BatchFeed:
         self.sampler, self.layout, self.transform = sampler, layout, transform
         self.workers, self.context = workers, context
         self.depth = workers * prefetch if workers else 1
-        self.slots = SharedSlots(self.depth + extra_slots, sampler.batch_size, layout.item_bytes, shared=workers > 0)
-        self._free_memory = weakref.finalize(self, self.slots.close)
+        self.extra_slots = extra_slots
+        self.slots = self._new_slots()
         self.pool: ReaderPool | InlineReader | None = None
         self.state = [FREE] * self.slots.n
         self.queue: deque[int] = deque()  # slots in flight, in batch order
@@ -94,9 +94,19 @@ class BatchFeed:
             self._labels = self.reader.labels()
         return self._labels
 
+    def _new_slots(self) -> SharedSlots:
+        slots = SharedSlots(
+            self.depth + self.extra_slots, self.sampler.batch_size, self.layout.item_bytes, shared=self.workers > 0
+        )
+        self._free_memory = weakref.finalize(self, slots.close)
+        return slots
+
     # ---------------------------------------------------------------- passes
     def begin(self) -> None:
-        """Start a new pass (abandoning the one running, if any)."""
+        """Start a new pass (abandoning the one running, if any; starting the readers if stopped)."""
+        if self.slots.closed:
+            self.slots = self._new_slots()
+            self.state = [FREE] * self.slots.n
         if self.pool is None:
             self.reader.read_path  # noqa: B018  # the position table, inherited by forked readers
             if self.workers:
@@ -171,10 +181,13 @@ class BatchFeed:
         return x, private.y(0, len(idx))
 
     def close(self) -> None:
-        """Stop the readers and free the shared memory (also done when the feed is garbage-collected)."""
+        """Stop the readers and free the shared memory (also done when the feed is garbage-collected); the
+        next :meth:`begin` starts them again."""
         if isinstance(self.pool, ReaderPool):
-            self.pool.close()
+            self.pool.close()  # the readers finish what they were sent, then stop
         self.pool = None
+        self.queue.clear()
+        self.it, self.exhausted = None, True
         self._free_memory()
 
     # ---------------------------------------------------------------- slots

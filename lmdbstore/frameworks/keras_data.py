@@ -15,6 +15,10 @@ How it meets Keras:
 * Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
   do the work, and Keras' thread or process pool would only add copies.
 * Iterating it directly (``for x, y in ds``) is one epoch, in order.
+* The reader processes run during an epoch: they start when it begins and stop when it ends (Keras'
+  ``on_epoch_end``, the end of a ``for``, ``close()``, garbage collection), since Keras on the TensorFlow
+  backend keeps every dataset it fitted on for as long as the process lives.  They die with the process
+  whatever kills it (:mod:`lmdbstore.util.lifeline`).
 
 Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
 int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes them.
@@ -63,6 +67,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def on_epoch_end(self) -> None:
         self._in_epoch = False
+        self.feed.close()  # the readers stop until the next epoch (Keras may keep this dataset for good)
 
     def _begin(self) -> None:
         self.feed.begin()
@@ -90,6 +95,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
                     return
         finally:
             self._in_epoch = False
+            self.feed.close()
 
     def close(self) -> None:
         """Stop the reader processes and free their shared memory."""

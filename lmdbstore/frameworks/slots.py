@@ -185,6 +185,7 @@ class SharedSlots:
         # one base array per slot: every array handed out is a view of it (its reference count tells)
         self.bases = [np.frombuffer(buf[k * self.stride : (k + 1) * self.stride], np.uint8) for k in range(n)]
         self._refs = [sys.getrefcount(b) for b in self.bases]
+        self._closed = False
 
     def x(self, slot: int, rows: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """The samples of ``slot`` as a ``(rows, *item_shape)`` array of ``dtype`` (a view, no copy)."""
@@ -214,8 +215,14 @@ class SharedSlots:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.name)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Remove the name and let go of the memory (it stays mapped while a consumer holds arrays of it)."""
+        self._closed = True
         self.unlink()
         if self.fd is not None:
             os.close(self.fd)

@@ -20,8 +20,8 @@ from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
 from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
-from lmdbstore.util.lifeline import process_start_time
 from lmdbstore.loader.choose import split_indices
+from lmdbstore.util.lifeline import process_start_time
 
 BATCH = 64
 
