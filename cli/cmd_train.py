@@ -18,6 +18,7 @@ from lmdbstore.config import (
     LoaderConfig,
     TrainConfig,
 )
+from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
@@ -86,7 +87,7 @@ def train(
     Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
     set: one index space, classes mapped by name.
     """
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         require_torch("train")
         if plot:
             from lmdbstore.tools.viz import require_pyplot
@@ -142,7 +143,7 @@ def eval_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         require_torch("eval")
         from lmdbstore.training.evaluate import evaluate, format_confusion
 
@@ -169,7 +170,7 @@ def demo(
 
     Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
     """
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         require_torch("demo")
         from lmdbstore.ingestion.pipeline import ingest_synthetic
         from lmdbstore.tools.stats import format_stats, store_stats
@@ -177,7 +178,10 @@ def demo(
         from lmdbstore.training.trainer import train as run_train
 
         said = Output(as_json)
-        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LmdbStoreError(f"cannot make the directory ({exc.strerror})", path=workdir) from None
         store = workdir / "store"
         said.say(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
         rep = ingest_synthetic(store, n, progress=progress_factory(progress), exclusive=True)
