@@ -23,7 +23,7 @@ from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
 
-from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, require_torch
+from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, parse_weights, require_torch
 
 __all__ = ["demo", "eval_cmd", "train"]
 
@@ -55,6 +55,13 @@ def train(
         typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
     ] = LOADER.block_buffer,
     seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = LOADER.seed,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="Several stores: each one's share of every epoch, e.g. 0.7,0.3 (exact per epoch, drawn without "
+            "repeats until a store is used up; random order)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
@@ -103,7 +110,7 @@ def train(
         lcfg = LoaderConfig(
             batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
             block_buffer=block_buffer, window_mb=window_mb,
-            workers=workers, seed=seed, balanced=balanced,
+            workers=workers, seed=seed, balanced=balanced, weights=parse_weights(weights),
         )  # fmt: skip
         name = "+".join(s.resolve().name for s in stores)[:100]
         out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / name

@@ -34,6 +34,7 @@ __all__ = [
     "or_list",
     "parse_names",
     "parse_shape",
+    "parse_weights",
     "report_dict",
     "require_torch",
     "show_version",
@@ -156,6 +157,20 @@ def parse_shape(text: str) -> tuple[int, ...]:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ValueError(f"--sample-shape must be comma-separated sizes such as 25,25, got {text!r}") from None
+
+
+def parse_weights(text: str | None) -> tuple[float, ...] | None:
+    """``--weights 0.7,0.3`` as a tuple of numbers; ``None`` without the option.
+
+    Raises:
+        ValueError: a part is not a number.
+    """
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--weights must be comma-separated numbers such as 0.7,0.3, got {text!r}") from None
 
 
 def parse_names(text: str | None) -> list[str] | None:

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import weakref
 from collections import deque
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from lmdbstore.frameworks.slots import SharedSlots
 from lmdbstore.loader.choose import Sampler, make_sampler_for, split_indices
 from lmdbstore.loader.passes import PassIterator
 from lmdbstore.loader.transform import Transform
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader, as_reader
 
 __all__ = ["EXTRA_SLOTS", "BatchFeed", "feed_config", "open_feed"]
 
@@ -45,7 +45,7 @@ class BatchFeed:
     """Passes over ``sampler``'s batches of ``store`` (see the module docstring).
 
     Args:
-        store: the store directory.
+        store: the store directory, a list of them (read as one set) or a reader or set.
         sampler: a batch sampler of :mod:`lmdbstore.loader` (its ``batch_size`` bounds a slot).
         layout: how samples lie in a batch.
         workers: reader processes (0: read in the consumer's thread, one batch at a time).
@@ -60,7 +60,7 @@ class BatchFeed:
 
     def __init__(
         self,
-        store: str | os.PathLike[str],
+        store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
         sampler: Sampler,
         layout: BatchLayout,
         *,
@@ -70,7 +70,7 @@ class BatchFeed:
         transform: Transform | None = None,
         context: str | None = None,
     ):
-        self.reader = StoreReader(store)
+        self.reader = as_reader(store)
         self.sampler, self.layout, self.transform = sampler, layout, transform
         self.workers, self.context = workers, context
         self.depth = workers * prefetch if workers else 1
@@ -237,7 +237,7 @@ def feed_config(config: FeedConfig | None, options: dict[str, Any]) -> FeedConfi
 
 
 def open_feed(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: FeedConfig,
     *,
     indices: Any = None,
@@ -246,15 +246,17 @@ def open_feed(
     rank: int | None = None,
     world_size: int | None = None,
 ) -> BatchFeed:
-    """A :class:`BatchFeed` of ``store`` as ``config`` says: the split (or ``indices``), its sampler
+    """A :class:`BatchFeed` of ``store`` (a path, or a list of them read as one set of stores: one index
+    space, classes mapped by name) as ``config`` says: the split (or ``indices``), its sampler
     (:func:`~lmdbstore.loader.choose.make_sampler_for`), the layout, the readers.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
+        ValidationError: stores of a set that do not make one set.
         ValueError: ``indices`` out of range, or a split or sampler that cannot be made.
     """
-    path = Path(store)
-    with StoreReader(path) as reader:
+    reader = as_reader(store)
+    with reader:
         meta, labels = reader.meta, reader.labels()
     if indices is None:
         idx = split_indices(labels, config.split, config.val_fraction, config.seed)
@@ -266,13 +268,13 @@ def open_feed(
             raise ValueError(f"indices must be sample numbers in 0..{meta.count - 1}")
     lcfg = config.loader_config()
     sampler = make_sampler_for(
-        path, meta, labels, idx, lcfg, shuffle=config.order if config.order != "auto" else None,
+        reader, meta, labels, idx, lcfg, shuffle=config.order if config.order != "auto" else None,
         rank=rank, world_size=world_size,
     )  # fmt: skip
     if config.drop_last and hasattr(sampler, "drop_last"):
         sampler.drop_last = True  # type: ignore[union-attr]
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
     return BatchFeed(
-        path, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
+        reader, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
         transform=transform, context=config.multiprocessing_context,
     )  # fmt: skip

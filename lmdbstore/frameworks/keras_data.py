@@ -27,7 +27,7 @@ int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -103,7 +103,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
 
 def keras_dataset(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: FeedConfig | None = None,
     *,
     indices: Any = None,
@@ -115,7 +115,8 @@ def keras_dataset(
     """A ``keras.utils.PyDataset`` of ``store`` for ``model.fit`` (any Keras backend).
 
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them read as one set (one index space, classes mapped by
+            name, as :func:`lmdbstore.open_reader`).
         config: what to read and how (:class:`~lmdbstore.config.FeedConfig`); ``options`` override its
             fields, e.g. ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
         indices: read only these samples (instead of ``split``).

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -129,7 +129,7 @@ class StoreDataset(dataset_ops.UnaryUnchangedStructureDataset):  # type: ignore[
 
 
 def tf_dataset(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: FeedConfig | None = None,
     *,
     indices: Any = None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import StoreInfo, damage_store
+from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
@@ -195,3 +195,32 @@ def test_named_segments_of_dead_owners_are_reclaimed(tmp_path: Path) -> None:
         f.write_bytes(b"x")
     assert reclaim(str(tmp_path)) == 1
     assert not stale.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.parametrize("shuffle", ["random", "block", "window", "none", "balanced"])
+def test_a_feed_reads_a_set_of_stores_in_every_order(tmp_path: Path, shuffle: str) -> None:
+    """keras_dataset([a, b, c]) / tf_dataset([a, b, c]) are feeds over the set: one index space, classes by name."""
+    info = build_set(tmp_path)
+    opts: dict[str, object] = {"balanced": True} if shuffle == "balanced" else {"shuffle": shuffle}
+    if shuffle == "window":
+        opts["window_mb"] = 1
+    feed = open_feed(info.paths, feed_config(None, {"batch_size": BATCH, "workers": 2, "split": "train",
+                                                    "multiprocessing_context": "fork", **opts}))  # fmt: skip
+    labels = np.array([SET_CLASSES.index(n) for n in info.names])
+    train = split_indices(labels, "train", 0.1, 0)
+    for _epoch in range(2):
+        peeked = feed.peek(0)[0].copy()  # the next pass's first batch, read here without starting it
+        feed.begin()
+        seen = []
+        for k in range(len(feed)):
+            x, y = feed.next()
+            idx = np.rint(x[:, 0, 0, 0]).astype(np.int64)
+            np.testing.assert_array_equal(x[..., 0], info.x[idx])
+            np.testing.assert_array_equal(y, labels[idx])
+            if k == 0:
+                np.testing.assert_array_equal(x, peeked)
+                np.testing.assert_array_equal(feed.read(0)[0], x)  # read again: the same batch
+            seen.append(idx)
+        if shuffle != "balanced":  # balanced draws with replacement
+            np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
+    feed.close()
