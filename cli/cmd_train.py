@@ -141,7 +141,7 @@ def _train_json(result: Any) -> dict[str, Any]:
 
 
 def eval_cmd(
-    store: Annotated[Path, typer.Argument(help="Store directory to score.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory to score (several: scored as one set).")],
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or best.pt from `lmdbstore train`.")],
     batch: Annotated[int, typer.Option(help="Samples per batch.")] = LOADER.batch_size,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
@@ -149,11 +149,16 @@ def eval_cmd(
     predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
+    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix.
+
+    Several stores are scored as one set.  Classes are matched by name: the stores' classes may be any of
+    the checkpoint's.
+    """
     with cli_errors(as_json=as_json):
         require_torch("eval")
         from lmdbstore.training.evaluate import evaluate, format_confusion
 
+        store = stores[0] if len(stores) == 1 else stores
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
         said = Output(as_json)
         if not as_json:
