@@ -52,7 +52,7 @@ class BatchFeed:
         prefetch: batches each reader works ahead.
         extra_slots: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
         transform: run on every batch where it is read (:mod:`lmdbstore.loader.transform`).
-        context: start method of the readers (``None``: ``forkserver`` when TensorFlow or JAX is loaded).
+        context: start method of the readers (``None``: ``forkserver`` once TensorFlow's or JAX's runtime runs).
 
     Raises:
         OSError: no room for the slots in shared memory.

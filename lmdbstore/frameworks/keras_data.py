@@ -125,8 +125,9 @@ def keras_dataset(
         rank, world_size: this process's share under data-parallel training (default: the only one).
 
     Every epoch has a new order (the store's shuffles: random, block, window, balanced), every sample of the
-    split comes once per epoch.  With TensorFlow or JAX loaded the readers start by ``forkserver``: a script
-    then needs the ``if __name__ == "__main__":`` guard.
+    split comes once per epoch (``weights``: each store's exact share of it).  Once TensorFlow's or JAX's
+    runtime runs (those backends) the readers start by ``forkserver``: a script then needs the ``if __name__
+    == "__main__":`` guard (one line says so when it is missing); on the torch backend they fork.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.

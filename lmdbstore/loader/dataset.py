@@ -221,8 +221,9 @@ class BufferedLoader(DataLoader[Any]):
     only after nothing references it (the batch, a view of it or a numpy array of it), so keeping batches
     is safe; the buffers' benefit needs the consumer to drop each batch before taking about
     ``prefetch_factor + 2`` more, as a training loop does.  ``buffer_spec`` ``None``: a fresh segment per
-    batch.  Without an explicit ``multiprocessing_context`` the workers start by ``forkserver`` when this
-    process has imported TensorFlow or JAX by the time they start (:func:`~lmdbstore.util.procs.start_method`).
+    batch.  Without an explicit ``multiprocessing_context`` the workers start by ``forkserver`` when
+    TensorFlow's or JAX's runtime runs in this process by the time they start
+    (:func:`~lmdbstore.util.procs.start_method`); they die with this process (:mod:`lmdbstore.util.lifeline`).
     """
 
     def __init__(self, dataset: LmdbBatchDataset, buffer_spec: BufferSpec | None, **kwargs: Any):
