@@ -42,7 +42,7 @@ def export(
     """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again.
 
     Several stores are exported as one set: one index space, classes mapped by name."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None
@@ -79,7 +79,7 @@ def copy(
     as_json: JsonOption = False,
 ) -> None:
     """Copy STORE to DEST with LMDB's consistent copy: safe while readers and a writer run."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.tools.copy import copy_store
 
         rep = copy_store(store, dest, compact=compact)

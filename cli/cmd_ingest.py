@@ -90,7 +90,7 @@ def ingest(
     batches; if an ingest is interrupted, run the same command again: sources already in the store
     are skipped and a partly written one continues where its last commit ended.
     """
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         config = WriterConfig(
             samples_per_value=samples_per_value,
             checksum=checksum,  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def synth(
     as_json: JsonOption = False,
 ) -> None:
     """Write the built-in learnable 5-class dataset of z-scored 25x25 float32 arrays to an .npz."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.ingestion.synth import write_synth_npz
 
         write_synth_npz(out, n, seed=seed)

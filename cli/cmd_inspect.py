@@ -27,7 +27,7 @@ def stats(
     """Describe STORE: samples per class, shape, dtype, packing, bytes on disk against raw, LMDB depth, values.
 
     Several stores: each, then the set they make read as one (classes mapped by name, merged values)."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.tools.set_tools import format_set_stats, set_stats
         from lmdbstore.tools.stats import format_stats, store_stats
 
@@ -65,7 +65,7 @@ def verify(
     stored.  Lists the first problems with their sample indices.  Exit status: 0 clean, 1 problems found,
     2 the store cannot be opened at all.  Several stores: each is checked, and that they make one set.
     """
-    with cli_errors(code=2):
+    with cli_errors(code=2, as_json=as_json):
         from lmdbstore.tools.set_tools import verify_set
 
         bars: list[Any] = []  # created on the first progress call, so an unopenable store prints one line

@@ -18,11 +18,12 @@ from lmdbstore.config import (
     LoaderConfig,
     TrainConfig,
 )
+from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
 
-from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, require_torch
+from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, parse_weights, require_torch
 
 __all__ = ["demo", "eval_cmd", "train"]
 
@@ -54,6 +55,13 @@ def train(
         typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
     ] = LOADER.block_buffer,
     seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = LOADER.seed,
+    weights: Annotated[
+        str | None,
+        typer.Option(
+            help="Several stores: each one's share of every epoch, e.g. 0.7,0.3 (exact per epoch, drawn without "
+            "repeats until a store is used up; random order)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
@@ -86,7 +94,7 @@ def train(
     Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
     set: one index space, classes mapped by name.
     """
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         require_torch("train")
         if plot:
             from lmdbstore.tools.viz import require_pyplot
@@ -102,7 +110,7 @@ def train(
         lcfg = LoaderConfig(
             batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
             block_buffer=block_buffer, window_mb=window_mb,
-            workers=workers, seed=seed, balanced=balanced,
+            workers=workers, seed=seed, balanced=balanced, weights=parse_weights(weights),
         )  # fmt: skip
         name = "+".join(s.resolve().name for s in stores)[:100]
         out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / name
@@ -133,7 +141,7 @@ def _train_json(result: Any) -> dict[str, Any]:
 
 
 def eval_cmd(
-    store: Annotated[Path, typer.Argument(help="Store directory to score.")],
+    stores: Annotated[list[Path], typer.Argument(help="Store directory to score (several: scored as one set).")],
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or best.pt from `lmdbstore train`.")],
     batch: Annotated[int, typer.Option(help="Samples per batch.")] = LOADER.batch_size,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
@@ -141,11 +149,16 @@ def eval_cmd(
     predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix."""
-    with cli_errors():
+    """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix.
+
+    Several stores are scored as one set.  Classes are matched by name: the stores' classes may be any of
+    the checkpoint's.
+    """
+    with cli_errors(as_json=as_json):
         require_torch("eval")
         from lmdbstore.training.evaluate import evaluate, format_confusion
 
+        store = stores[0] if len(stores) == 1 else stores
         r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
         said = Output(as_json)
         if not as_json:
@@ -169,7 +182,7 @@ def demo(
 
     Rerunning it with the same options gives the same store (nothing is appended twice) and a fresh run.
     """
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         require_torch("demo")
         from lmdbstore.ingestion.pipeline import ingest_synthetic
         from lmdbstore.tools.stats import format_stats, store_stats
@@ -177,7 +190,10 @@ def demo(
         from lmdbstore.training.trainer import train as run_train
 
         said = Output(as_json)
-        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LmdbStoreError(f"cannot make the directory ({exc.strerror})", path=workdir) from None
         store = workdir / "store"
         said.say(f"[1/4] synthesizing {n:,} samples of 5 classes straight into {store}")
         rep = ingest_synthetic(store, n, progress=progress_factory(progress), exclusive=True)

@@ -26,7 +26,7 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Draw a grid of samples of STORE, one row per class, titled with class names and sample indices."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.tools.viz import show_samples
 
         idx = _parse_indices(indices) if indices is not None else None
@@ -41,7 +41,7 @@ def plot(
     as_json: JsonOption = False,
 ) -> None:
     """Plot loss, validation accuracy and samples/s per epoch of one or more training runs (overlaid)."""
-    with cli_errors():
+    with cli_errors(as_json=as_json):
         from lmdbstore.tools.viz import plot_runs
 
         pic = plot_runs(runs, out, dpi=dpi)

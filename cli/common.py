@@ -1,5 +1,6 @@
-"""What every command of the ``lmdbstore`` CLI shares: errors as one line, output (human lines, or with
-``--json`` only JSON on stdout), the ``--json`` and ``--progress`` options, option parsing.
+"""What every command of the ``lmdbstore`` CLI shares: errors as one line (and with ``--json`` one JSON error
+object on stdout), output (human lines, or with ``--json`` only JSON on stdout), the ``--json`` and
+``--progress`` options, option parsing.
 
 The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`, :data:`LOADER` and
 :data:`TRAIN` are the default configurations whose fields the options default to.
@@ -28,10 +29,12 @@ __all__ = [
     "Output",
     "ProgressOption",
     "cli_errors",
+    "error_json",
     "fail",
     "or_list",
     "parse_names",
     "parse_shape",
+    "parse_weights",
     "report_dict",
     "require_torch",
     "show_version",
@@ -96,24 +99,45 @@ def require_torch(command: str) -> None:
         ) from None
 
 
-def fail(msg: str, code: int = 1) -> None:
-    """Print ``error: MSG`` as one clipped line on stderr and exit with status ``code``."""
-    typer.echo(f"error: {clip(unwrap_worker_message(str(msg)), MAX_ERROR_CHARS)}", err=True)  # one line
+def error_json(line: str, exc: BaseException | None, code: int) -> dict[str, Any]:
+    """The JSON error object ``--json`` prints on stdout: ``error`` (what went wrong), ``path`` and ``hint``
+    (``null`` when unknown), ``kind`` (the error's class) and ``exit_code``."""
+    if isinstance(exc, LmdbStoreError):
+        return {
+            "error": clip(unwrap_worker_message(exc.message), MAX_ERROR_CHARS),
+            "path": exc.path,
+            "hint": exc.hint,
+            "kind": type(exc).__name__,
+            "exit_code": code,
+        }
+    kind = type(exc).__name__ if exc is not None else "Error"
+    return {"error": line, "path": None, "hint": None, "kind": kind, "exit_code": code}
+
+
+def fail(msg: str, code: int = 1, exc: BaseException | None = None, *, as_json: bool = False) -> None:
+    """Print ``error: MSG`` as one clipped line on stderr -- and with ``as_json`` (``--json``) the error as one
+    JSON object on stdout (:func:`error_json`) -- and exit with status ``code``."""
+    line = clip(unwrap_worker_message(str(msg)), MAX_ERROR_CHARS)
+    typer.echo(f"error: {line}", err=True)  # one line
+    if as_json:
+        typer.echo(to_json(error_json(line, exc, code)))
     raise typer.Exit(code)
 
 
 @contextmanager
-def cli_errors(code: int = 1) -> Iterator[None]:
+def cli_errors(code: int = 1, *, as_json: bool = False) -> Iterator[None]:
     """Turn deliberate errors (``LmdbStoreError``, ``ValueError``, ``IndexError``) into one line on stderr and
-    exit status ``code`` (default 1); Ctrl-C into one line and status 130."""
+    exit status ``code`` (default 1); Ctrl-C into one line and status 130.  With ``as_json`` (the command's
+    ``--json``) also one JSON error object on stdout."""
     try:
         yield
     except LmdbStoreError as exc:
-        fail(str(exc), code)
+        fail(str(exc), code, exc, as_json=as_json)
     except (ValueError, IndexError) as exc:
-        fail(str(exc), code)
-    except KeyboardInterrupt:
-        fail("interrupted; committed batches are kept (rerun the same command to resume)", 130)
+        fail(str(exc), code, exc, as_json=as_json)
+    except KeyboardInterrupt as exc:
+        msg = "interrupted; committed batches are kept (rerun the same command to resume)"
+        fail(msg, 130, exc, as_json=as_json)
 
 
 def to_json(obj: Any, indent: int | None = 2) -> str:
@@ -133,6 +157,20 @@ def parse_shape(text: str) -> tuple[int, ...]:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
         raise ValueError(f"--sample-shape must be comma-separated sizes such as 25,25, got {text!r}") from None
+
+
+def parse_weights(text: str | None) -> tuple[float, ...] | None:
+    """``--weights 0.7,0.3`` as a tuple of numbers; ``None`` without the option.
+
+    Raises:
+        ValueError: a part is not a number.
+    """
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--weights must be comma-separated numbers such as 0.7,0.3, got {text!r}") from None
 
 
 def parse_names(text: str | None) -> list[str] | None:

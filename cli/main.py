@@ -9,12 +9,14 @@ into :data:`app` and is the console script's entry point, :func:`main`.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+from typer.exceptions import TyperException
 
 from . import cmd_export, cmd_ingest, cmd_inspect, cmd_train, cmd_viz
-from .common import show_version
+from .common import error_json, show_version, to_json
 
 __all__ = ["app", "main"]
 
@@ -56,8 +58,24 @@ app.command()(cmd_viz.plot)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.  Errors of the command line itself (an unknown option, a missing
+    argument: exit status 2) are printed as Click prints them, and with ``--json`` also as one JSON error
+    object on stdout, like every other error."""
+    try:
+        code = app(standalone_mode=False)
+    except TyperException as exc:  # Click's usage errors
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        else:
+            typer.echo(f"Error: {exc.format_message()}", err=True)
+        if "--json" in sys.argv[1:]:
+            typer.echo(to_json(error_json(exc.format_message(), exc, exc.exit_code)))
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

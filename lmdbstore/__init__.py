@@ -16,6 +16,7 @@ Public API (everything else is internal)::
     show_samples / plot_runs / plot_stats   PNG pictures (matplotlib, the ``viz`` extra)
     stratified_split               the seeded per-class train/validation split ``train`` uses (numpy only)
     EpochBatchSampler, BalancedBatchSampler, WindowBatchSampler   epoch orders, DDP shares, resumable
+    MixedBatchSampler / store_parts   fixed per-store shares of every epoch (weights=[0.7, 0.3])
     WriterConfig, LoaderConfig, TrainConfig, FeedConfig
     LmdbStoreError and subclasses  every deliberate error
     keras_dataset                  a keras.utils.PyDataset for model.fit, any backend              (keras)
@@ -52,6 +53,7 @@ from lmdbstore.ingestion.pipeline import ingest
 from lmdbstore.ingestion.ray_executor import RayExecutor
 from lmdbstore.ingestion.reports import IngestReport, ParallelReport
 from lmdbstore.ingestion.sources.opening import open_sources
+from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.window import WindowBatchSampler
 from lmdbstore.store.multi import StoreSet
@@ -109,6 +111,7 @@ __all__ = [
     "FeedConfig",
     "IngestReport",
     "LmdbBatchDataset",
+    "MixedBatchSampler",
     "TrainResult",
     "VerifyReport",
     "WindowBatchSampler",
@@ -122,6 +125,7 @@ __all__ = [
     "plot_runs",
     "plot_stats",
     "show_samples",
+    "store_parts",
     "stratified_split",
     "tf_dataset",
     "train",

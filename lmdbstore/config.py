@@ -11,8 +11,9 @@ take the same parameter default to the same constant, so the two cannot drift ap
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
 
@@ -111,6 +112,29 @@ class WriterConfig:
             )
 
 
+def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
+    """Refuse per-store ``weights`` that are not non-negative numbers with a positive sum, or that come with
+    an order that cannot keep their shares exact.
+
+    Raises:
+        ValueError: naming the field.
+    """
+    if weights is None:
+        return
+    try:
+        w = [float(v) for v in weights]
+    except (TypeError, ValueError):
+        raise ValueError(f"weights must be a list of numbers, got {weights!r}") from None
+    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not sum(w) > 0:
+        raise ValueError(f"weights must be non-negative numbers with a positive sum, got {weights!r}")
+    if balanced:
+        raise ValueError("weights and balanced exclude each other (balanced draws by class, weights by store)")
+    if shuffle not in (None, "auto", "random"):
+        raise ValueError(
+            f"weights draw each store's share at random: shuffle must be 'random' or 'auto', got {shuffle!r}"
+        )
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """How batches are drawn and read for training.
@@ -135,6 +159,10 @@ class LoaderConfig:
         reuse_buffers: workers read into reusable shared-memory buffers instead of a fresh segment per
             batch (default ``True``; about 2x the batches per second on 2 cores).  A buffer is reused only
             after nothing references its batch, so keeping batches stays correct.
+        weights: per store of a set, its share of every epoch (default ``None``: every sample once per
+            epoch); e.g. ``(0.7, 0.3)``: 70 % of each epoch's samples from the first store, 30 % from the
+            second, exactly (:mod:`lmdbstore.loader.mixing`).  Random order only: with ``shuffle``
+            ``"block"``/``"window"`` or ``balanced`` it is a ``ValueError``; ``"auto"`` means ``"random"``.
     """
 
     batch_size: int = 4096
@@ -149,8 +177,12 @@ class LoaderConfig:
     multiprocessing_context: str | None = None
     pin_memory: bool | None = None
     reuse_buffers: bool = True
+    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_weights(self.weights, self.shuffle, self.balanced)
+        if self.weights is not None:
+            object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if self.shuffle not in ("auto", "random", "block", "window"):
@@ -244,8 +276,10 @@ class FeedConfig:
         channels_last: batches ``(N, H, W, 1)`` for (H, W) samples and ``(N, H, W, C)`` for (C, H, W)
             samples, as Keras expects (default ``True``); ``False``: ``(N, *shape)`` as stored.
         drop_last: leave out the last, short batch (default ``False``).
-        multiprocessing_context: start method of the readers (default ``None``: ``forkserver`` when
-            TensorFlow or JAX is loaded, else the platform's).
+        multiprocessing_context: start method of the readers (default ``None``: ``forkserver`` once
+            TensorFlow's or JAX's runtime runs in this process, else the platform's).
+        weights: per store of a set, its share of every epoch, as :class:`LoaderConfig` (default ``None``);
+            the order is then ``"random"`` (also for ``split="val"``).
     """
 
     batch_size: int = LoaderConfig.batch_size
@@ -261,8 +295,12 @@ class FeedConfig:
     channels_last: bool = True
     drop_last: bool = False
     multiprocessing_context: str | None = None
+    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        check_weights(self.weights, self.shuffle, self.balanced)
+        if self.weights is not None:
+            object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
         if self.split not in (None, "train", "val"):
             raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -276,6 +314,8 @@ class FeedConfig:
         """The shuffle this config asks for (``None`` resolved by ``split``)."""
         if self.shuffle is not None:
             return self.shuffle
+        if self.weights is not None:
+            return "random"
         return "none" if self.split == "val" else "auto"
 
     def loader_config(self) -> LoaderConfig:
@@ -290,6 +330,7 @@ class FeedConfig:
             balanced=self.balanced,
             prefetch_factor=self.prefetch,
             multiprocessing_context=self.multiprocessing_context,
+            weights=self.weights,
         )
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import weakref
 from collections import deque
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from lmdbstore.frameworks.slots import SharedSlots
 from lmdbstore.loader.choose import Sampler, make_sampler_for, split_indices
 from lmdbstore.loader.passes import PassIterator
 from lmdbstore.loader.transform import Transform
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.readers import Reader, as_reader
 
 __all__ = ["EXTRA_SLOTS", "BatchFeed", "feed_config", "open_feed"]
 
@@ -45,14 +45,14 @@ class BatchFeed:
     """Passes over ``sampler``'s batches of ``store`` (see the module docstring).
 
     Args:
-        store: the store directory.
+        store: the store directory, a list of them (read as one set) or a reader or set.
         sampler: a batch sampler of :mod:`lmdbstore.loader` (its ``batch_size`` bounds a slot).
         layout: how samples lie in a batch.
         workers: reader processes (0: read in the consumer's thread, one batch at a time).
         prefetch: batches each reader works ahead.
         extra_slots: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
         transform: run on every batch where it is read (:mod:`lmdbstore.loader.transform`).
-        context: start method of the readers (``None``: ``forkserver`` when TensorFlow or JAX is loaded).
+        context: start method of the readers (``None``: ``forkserver`` once TensorFlow's or JAX's runtime runs).
 
     Raises:
         OSError: no room for the slots in shared memory.
@@ -60,7 +60,7 @@ class BatchFeed:
 
     def __init__(
         self,
-        store: str | os.PathLike[str],
+        store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
         sampler: Sampler,
         layout: BatchLayout,
         *,
@@ -70,12 +70,12 @@ class BatchFeed:
         transform: Transform | None = None,
         context: str | None = None,
     ):
-        self.reader = StoreReader(store)
+        self.reader = as_reader(store)
         self.sampler, self.layout, self.transform = sampler, layout, transform
         self.workers, self.context = workers, context
         self.depth = workers * prefetch if workers else 1
-        self.slots = SharedSlots(self.depth + extra_slots, sampler.batch_size, layout.item_bytes, shared=workers > 0)
-        self._free_memory = weakref.finalize(self, self.slots.close)
+        self.extra_slots = extra_slots
+        self.slots = self._new_slots()
         self.pool: ReaderPool | InlineReader | None = None
         self.state = [FREE] * self.slots.n
         self.queue: deque[int] = deque()  # slots in flight, in batch order
@@ -94,9 +94,19 @@ class BatchFeed:
             self._labels = self.reader.labels()
         return self._labels
 
+    def _new_slots(self) -> SharedSlots:
+        slots = SharedSlots(
+            self.depth + self.extra_slots, self.sampler.batch_size, self.layout.item_bytes, shared=self.workers > 0
+        )
+        self._free_memory = weakref.finalize(self, slots.close)
+        return slots
+
     # ---------------------------------------------------------------- passes
     def begin(self) -> None:
-        """Start a new pass (abandoning the one running, if any)."""
+        """Start a new pass (abandoning the one running, if any; starting the readers if stopped)."""
+        if self.slots.closed:
+            self.slots = self._new_slots()
+            self.state = [FREE] * self.slots.n
         if self.pool is None:
             self.reader.read_path  # noqa: B018  # the position table, inherited by forked readers
             if self.workers:
@@ -171,10 +181,13 @@ class BatchFeed:
         return x, private.y(0, len(idx))
 
     def close(self) -> None:
-        """Stop the readers and free the shared memory (also done when the feed is garbage-collected)."""
+        """Stop the readers and free the shared memory (also done when the feed is garbage-collected); the
+        next :meth:`begin` starts them again."""
         if isinstance(self.pool, ReaderPool):
-            self.pool.close()
+            self.pool.close()  # the readers finish what they were sent, then stop
         self.pool = None
+        self.queue.clear()
+        self.it, self.exhausted = None, True
         self._free_memory()
 
     # ---------------------------------------------------------------- slots
@@ -224,7 +237,7 @@ def feed_config(config: FeedConfig | None, options: dict[str, Any]) -> FeedConfi
 
 
 def open_feed(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: FeedConfig,
     *,
     indices: Any = None,
@@ -233,15 +246,17 @@ def open_feed(
     rank: int | None = None,
     world_size: int | None = None,
 ) -> BatchFeed:
-    """A :class:`BatchFeed` of ``store`` as ``config`` says: the split (or ``indices``), its sampler
+    """A :class:`BatchFeed` of ``store`` (a path, or a list of them read as one set of stores: one index
+    space, classes mapped by name) as ``config`` says: the split (or ``indices``), its sampler
     (:func:`~lmdbstore.loader.choose.make_sampler_for`), the layout, the readers.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
+        ValidationError: stores of a set that do not make one set.
         ValueError: ``indices`` out of range, or a split or sampler that cannot be made.
     """
-    path = Path(store)
-    with StoreReader(path) as reader:
+    reader = as_reader(store)
+    with reader:
         meta, labels = reader.meta, reader.labels()
     if indices is None:
         idx = split_indices(labels, config.split, config.val_fraction, config.seed)
@@ -253,13 +268,13 @@ def open_feed(
             raise ValueError(f"indices must be sample numbers in 0..{meta.count - 1}")
     lcfg = config.loader_config()
     sampler = make_sampler_for(
-        path, meta, labels, idx, lcfg, shuffle=config.order if config.order != "auto" else None,
+        reader, meta, labels, idx, lcfg, shuffle=config.order if config.order != "auto" else None,
         rank=rank, world_size=world_size,
     )  # fmt: skip
     if config.drop_last and hasattr(sampler, "drop_last"):
         sampler.drop_last = True  # type: ignore[union-attr]
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
     return BatchFeed(
-        path, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
+        reader, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
         transform=transform, context=config.multiprocessing_context,
     )  # fmt: skip

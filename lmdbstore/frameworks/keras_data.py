@@ -15,6 +15,10 @@ How it meets Keras:
 * Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
   do the work, and Keras' thread or process pool would only add copies.
 * Iterating it directly (``for x, y in ds``) is one epoch, in order.
+* The reader processes run during an epoch: they start when it begins and stop when it ends (Keras'
+  ``on_epoch_end``, the end of a ``for``, ``close()``, garbage collection), since Keras on the TensorFlow
+  backend keeps every dataset it fitted on for as long as the process lives.  They die with the process
+  whatever kills it (:mod:`lmdbstore.util.lifeline`).
 
 Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
 int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes them.
@@ -23,7 +27,7 @@ int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -63,6 +67,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def on_epoch_end(self) -> None:
         self._in_epoch = False
+        self.feed.close()  # the readers stop until the next epoch (Keras may keep this dataset for good)
 
     def _begin(self) -> None:
         self.feed.begin()
@@ -90,6 +95,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
                     return
         finally:
             self._in_epoch = False
+            self.feed.close()
 
     def close(self) -> None:
         """Stop the reader processes and free their shared memory."""
@@ -97,7 +103,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
 
 def keras_dataset(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: FeedConfig | None = None,
     *,
     indices: Any = None,
@@ -109,7 +115,8 @@ def keras_dataset(
     """A ``keras.utils.PyDataset`` of ``store`` for ``model.fit`` (any Keras backend).
 
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them read as one set (one index space, classes mapped by
+            name, as :func:`lmdbstore.open_reader`).
         config: what to read and how (:class:`~lmdbstore.config.FeedConfig`); ``options`` override its
             fields, e.g. ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
         indices: read only these samples (instead of ``split``).
@@ -118,8 +125,9 @@ def keras_dataset(
         rank, world_size: this process's share under data-parallel training (default: the only one).
 
     Every epoch has a new order (the store's shuffles: random, block, window, balanced), every sample of the
-    split comes once per epoch.  With TensorFlow or JAX loaded the readers start by ``forkserver``: a script
-    then needs the ``if __name__ == "__main__":`` guard.
+    split comes once per epoch (``weights``: each store's exact share of it).  Once TensorFlow's or JAX's
+    runtime runs (those backends) the readers start by ``forkserver``: a script then needs the ``if __name__
+    == "__main__":`` guard (one line says so when it is missing); on the torch backend they fork.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.

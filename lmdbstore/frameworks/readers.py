@@ -11,9 +11,10 @@ The feed sends ``(slot, indices)`` to reader ``k % workers`` for its ``k``-th ba
 works its queue in order, so the answers, read back reader by reader in the same round, come in batch
 order.  An answer is ``("slot", slot, rows)`` (the batch is in the slot), ``("fresh", slot, x, y)`` (a
 transform returned another shape or dtype: the arrays travel pickled) or ``("error", kind, message)``.
-Readers ignore Ctrl-C (the consumer's process handles it and stops them); one that dies is reported as
-a one-line :class:`~lmdbstore.errors.LmdbStoreError`.  The start method follows
-:func:`~lmdbstore.util.procs.start_method` (``forkserver`` once TensorFlow or JAX is loaded).
+Readers ignore Ctrl-C (the consumer's process handles it and stops them) and die with the consumer's
+process whatever kills it (:mod:`lmdbstore.util.lifeline`); one that dies is reported as a one-line
+:class:`~lmdbstore.errors.LmdbStoreError`.  The start method follows
+:func:`~lmdbstore.util.procs.start_method` (``forkserver`` once TensorFlow's or JAX's runtime runs).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import numpy as np
 
 from lmdbstore import errors
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.frameworks.slots import SharedSlots
+from lmdbstore.frameworks.slots import SegmentFd, SharedSlots
 from lmdbstore.loader.transform import Transform, apply_transform
-from lmdbstore.store.reader import StoreReader
-from lmdbstore.util.procs import start_method
+from lmdbstore.store.readers import Reader
+from lmdbstore.util.lifeline import Lifeline
+from lmdbstore.util.procs import check_main_guard, start_hint, start_method
 
 __all__ = ["BatchLayout", "InlineReader", "ReaderPool", "serve_reads"]
 
@@ -65,7 +67,7 @@ class BatchLayout:
     def item_bytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
-    def read(self, reader: StoreReader, idx: np.ndarray, out: np.ndarray) -> None:
+    def read(self, reader: Reader, idx: np.ndarray, out: np.ndarray) -> None:
         """Read samples ``idx`` into ``out`` (``(len(idx), *item_shape)``); (C, H, W) samples are moved
         channels-last on the way."""
         if self.channels_last and len(self.shape) == 3:
@@ -75,7 +77,7 @@ class BatchLayout:
 
 
 def read_into(
-    reader: StoreReader,
+    reader: Reader,
     labels: np.ndarray,
     layout: BatchLayout,
     slots: SharedSlots,
@@ -100,17 +102,20 @@ def read_into(
 
 def serve_reads(
     conn: Connection,
-    reader: StoreReader,
+    reader: Reader,
     layout: BatchLayout,
-    name: str,
+    segment: SegmentFd | str,
     shape: tuple[int, int, int],
     transform: Transform | None,
+    lifeline: Lifeline,
 ) -> None:
     """A reader process: answer ``(slot, indices)`` requests on ``conn`` until ``None`` or end of input.
-    ``shape`` is ``(slots, rows per slot, bytes per sample)`` of the shared segment ``name``."""
+    ``shape`` is ``(slots, rows per slot, bytes per sample)`` of the shared ``segment``; the process ends
+    when the owner of ``lifeline`` does."""
+    lifeline.attach()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     try:
-        slots = SharedSlots(*shape, name=name)
+        slots = SharedSlots(*shape, segment=segment)
         labels = reader.labels()
     except Exception as exc:
         conn.send(("error", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
@@ -150,7 +155,7 @@ class InlineReader:
     """The reader "pool" without processes: reads each batch when its answer is asked for, in the
     consumer's thread (``workers=0``)."""
 
-    def __init__(self, reader: StoreReader, layout: BatchLayout, slots: SharedSlots, transform: Transform | None):
+    def __init__(self, reader: Reader, layout: BatchLayout, slots: SharedSlots, transform: Transform | None):
         self.reader, self.layout, self.slots, self.transform = reader, layout, slots, transform
         self.labels = reader.labels()
         self.pending: deque[tuple[int, np.ndarray]] = deque()
@@ -194,22 +199,26 @@ class ReaderPool:
 
     def __init__(
         self,
-        reader: StoreReader,
+        reader: Reader,
         layout: BatchLayout,
         slots: SharedSlots,
         workers: int,
         transform: Transform | None = None,
         context: str | None = None,
     ):
-        ctx = mp.get_context(start_method(context))
-        assert slots.name is not None
+        self.method = start_method(context)
+        check_main_guard(self.method, "the reader processes")
+        ctx = mp.get_context(self.method)
+        lifeline = Lifeline.here(self.method)
         shape = (slots.n, slots.rows, layout.item_bytes)
         self.procs, self.conns = [], []
         reader.close()  # no open environment crosses into the readers
         for _ in range(workers):
             ours, theirs = ctx.Pipe()
             p = ctx.Process(  # type: ignore[attr-defined]
-                target=serve_reads, args=(theirs, reader, layout, slots.name, shape, transform), daemon=True
+                target=serve_reads,
+                args=(theirs, reader, layout, slots.segment, shape, transform, lifeline),
+                daemon=True,
             )
             p.start()
             theirs.close()
@@ -264,10 +273,7 @@ class ReaderPool:
     def _died(self, k: int) -> None:
         proc = self.procs[k]
         proc.join(STOP_TIMEOUT)
-        raise LmdbStoreError(
-            f"reader process {k} died (exit code {proc.exitcode})",
-            hint="out of memory? a transform that crashed? see the system log",
-        )
+        raise LmdbStoreError(f"reader process {k} died (exit code {proc.exitcode})", hint=start_hint(self.method))
 
     def close(self) -> None:
         """Stop the readers (also done when the pool is garbage-collected)."""

@@ -3,11 +3,14 @@ and reused only when nothing references them any more.  numpy only, no torch.
 
 One memory-mapped segment holds ``n`` slots; a slot holds one batch: the samples (``x``), then the labels
 (``y``, int64).  Slots start on 4 KiB boundaries (TensorFlow makes tensors of 64-byte-aligned numpy memory
-without copying it).  The segment is a file in ``/dev/shm`` (else the temporary directory), its space
-reserved with ``posix_fallocate`` so that a full ``/dev/shm`` is an error here rather than a ``SIGBUS``
-in a reader later; the file's name is removed as soon as the readers have mapped it
-(:meth:`SharedSlots.unlink`), so nothing is left behind even if the process is killed.  Without reader
-processes the slots are private memory.
+without copying it).  Nothing of it can be left behind, whatever kills the processes: on Linux the segment
+is an anonymous ``memfd`` (no name anywhere; the readers get its descriptor, by inheritance or passed by
+``multiprocessing``), freed by the kernel when the last process mapping it ends.  Elsewhere it is a file in
+:data:`SHM_DIR` (else the temporary directory) named with the owner's pid and start time, removed once the
+readers have mapped it (:meth:`SharedSlots.unlink`); one whose owner is gone (killed before that) is
+removed by the next process that makes a segment (:func:`reclaim`).  The space is reserved with
+``posix_fallocate``, so that no room is an error here rather than a ``SIGBUS`` in a reader later.  Without
+reader processes the slots are private memory.
 
 Knowing when a slot is free again: each slot has one base array here (``uint8``, the slot's bytes), and
 the consumer gets views of it.  numpy collapses every view of a view onto that base array (it stops at the
@@ -29,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIGN", "SHM_DIR", "SharedSlots", "slot_bytes"]
+from lmdbstore.util.lifeline import process_alive, process_start_time
+
+__all__ = ["ALIGN", "PREFIX", "SHM_DIR", "SegmentFd", "SharedSlots", "reclaim", "slot_bytes"]
 
 #: Slots start on multiples of this many bytes.
 ALIGN = 4096
@@ -47,22 +52,48 @@ def slot_bytes(rows: int, item_bytes: int) -> tuple[int, int]:
     return x, x + _round_up(8 * max(1, rows))
 
 
-def _create_file(size: int) -> tuple[str, int]:
-    """A new file of ``size`` reserved bytes in :data:`SHM_DIR` (else the temporary directory): its path and
-    an open descriptor.
+#: Name prefix of the named segments (platforms without ``memfd_create``).
+PREFIX = "lmdbstore-slots-"
+
+
+def _reserve(fd: int, size: int) -> None:
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(fd, 0, size)
+    else:  # pragma: no cover - not Linux
+        os.ftruncate(fd, size)
+
+
+def reclaim(directory: str) -> int:
+    """Remove the named segments in ``directory`` whose owner process is gone; how many were removed."""
+    removed = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            parts = name[len(PREFIX) :].split("-") if name.startswith(PREFIX) else []
+            if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+                continue
+            if process_alive(int(parts[0]), int(parts[1]) or None):
+                continue  # its owner still runs
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+    return removed
+
+
+def _create_named(size: int) -> tuple[str, int]:
+    """A new named segment of ``size`` reserved bytes in :data:`SHM_DIR` (else the temporary directory),
+    named with this process's pid and start time: its path and an open descriptor.
 
     Raises:
         OSError: no room for it in either place.
     """
     dirs = [d for d in (SHM_DIR, tempfile.gettempdir()) if os.path.isdir(d)]
     error: OSError | None = None
+    pid = os.getpid()
     for d in dirs:
-        fd, path = tempfile.mkstemp(prefix="lmdbstore-slots-", dir=d)
+        reclaim(d)
+        fd, path = tempfile.mkstemp(prefix=f"{PREFIX}{pid}-{process_start_time(pid) or 0}-", dir=d)
         try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
-            else:  # pragma: no cover - not Linux
-                os.ftruncate(fd, size)
+            _reserve(fd, size)
             return path, fd
         except OSError as exc:
             os.close(fd)
@@ -71,38 +102,90 @@ def _create_file(size: int) -> tuple[str, int]:
     raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in {' or '.join(dirs)}: {error}")
 
 
+def _create_memfd(size: int) -> int | None:
+    """A new anonymous shared segment of ``size`` reserved bytes (Linux), or ``None`` where there is none.
+
+    Raises:
+        OSError: no room for it.
+    """
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("lmdbstore-slots")
+    except OSError:
+        return None
+    try:
+        _reserve(fd, size)
+    except OSError as exc:
+        os.close(fd)
+        raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in shared memory: {exc}") from None
+    return fd
+
+
+class SegmentFd:
+    """A segment's descriptor on its way to a reader: inherited as it is by a forked one, duplicated into a
+    spawned or forkserver one by ``multiprocessing`` (as it passes connections)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup: Any) -> SegmentFd:
+    return SegmentFd(dup.detach())
+
+
 class SharedSlots:
     """``n`` batch slots of ``rows`` samples of ``item_bytes`` each (see the module docstring).
 
     Args:
         n, rows, item_bytes: slots, samples per slot, bytes per sample.
         shared: in a shared segment, for reader processes (default ``True``); ``False``: private memory.
-        name: map the existing segment of this name (a reader process) instead of creating one.
+        segment: map this existing segment (a reader process: its :class:`SegmentFd`, or its name where
+            segments are named) instead of creating one.
 
     Raises:
         OSError: no room for the segment.
     """
 
-    def __init__(self, n: int, rows: int, item_bytes: int, *, shared: bool = True, name: str | None = None):
+    def __init__(
+        self, n: int, rows: int, item_bytes: int, *, shared: bool = True, segment: SegmentFd | str | None = None
+    ):
         self.n, self.rows = n, rows
         self.y_offset, self.stride = slot_bytes(rows, item_bytes)
         size = self.stride * n
         self.name: str | None = None
-        if name is None and not shared:
+        self.fd: int | None = None  # the memfd, kept open for readers started later (the creator only)
+        if segment is None and not shared:
             self._map = mmap.mmap(-1, size)
         else:
-            if name is None:
-                self.name, fd = _create_file(size)
+            if isinstance(segment, SegmentFd):
+                fd, keep = segment.fd, False
+            elif isinstance(segment, str):
+                fd, keep = os.open(segment, os.O_RDWR), False
             else:
-                fd = os.open(name, os.O_RDWR)
+                memfd = _create_memfd(size)
+                if memfd is not None:
+                    fd, keep = memfd, True
+                else:
+                    self.name, fd = _create_named(size)
+                    keep = False
             try:
                 self._map = mmap.mmap(fd, size)
             finally:
-                os.close(fd)
+                if keep:
+                    self.fd = fd
+                else:
+                    os.close(fd)
         buf = memoryview(self._map)
         # one base array per slot: every array handed out is a view of it (its reference count tells)
         self.bases = [np.frombuffer(buf[k * self.stride : (k + 1) * self.stride], np.uint8) for k in range(n)]
         self._refs = [sys.getrefcount(b) for b in self.bases]
+        self._closed = False
 
     def x(self, slot: int, rows: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """The samples of ``slot`` as a ``(rows, *item_shape)`` array of ``dtype`` (a view, no copy)."""
@@ -117,15 +200,33 @@ class SharedSlots:
         """Whether nothing outside this object references ``slot``'s memory any more."""
         return sys.getrefcount(self.bases[slot]) <= self._refs[slot]
 
+    @property
+    def segment(self) -> SegmentFd | str:
+        """What a reader process maps these slots by (:class:`SegmentFd`, or the name of a named segment)."""
+        if self.fd is not None:
+            return SegmentFd(self.fd)
+        assert self.name is not None, "private slots have no segment"
+        return self.name
+
     def unlink(self) -> None:
-        """Remove the shared segment's name (the memory stays while mapped); once every reader has mapped it."""
+        """Remove the shared segment's name, if it has one (the memory stays while mapped); once every
+        reader has mapped it."""
         if self.name is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.name)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def close(self) -> None:
         """Remove the name and let go of the memory (it stays mapped while a consumer holds arrays of it)."""
+        self._closed = True
         self.unlink()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         self.bases = []
         with contextlib.suppress(BufferError):  # still exported to arrays the consumer holds: unmapped with them
             self._map.close()

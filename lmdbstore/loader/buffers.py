@@ -60,11 +60,27 @@ def _storage_object_held(t: torch.Tensor) -> bool:
     return sys.getrefcount(t.untyped_storage()) > 2  # the temporary and getrefcount's own argument
 
 
-class TaggedBatch(NamedTuple):
-    """A batch request: the sample indices and the generation of the iteration that asked for them."""
+class TaggedBatch(np.ndarray):
+    """A batch request: the sample indices (an int64 array: a ``Dataset`` subclass's ``__getitem__`` can use
+    it as the indices it is) carrying ``gen``, the generation of the iteration that asked for them."""
 
     gen: int
-    indices: Any
+
+    def __new__(cls, gen: int, indices: Any) -> TaggedBatch:
+        out = np.asarray(indices, dtype=np.int64).reshape(-1).view(cls)
+        out.gen = gen
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.gen = getattr(obj, "gen", 0)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # to a worker with its generation (ndarray's would drop it)
+        return (TaggedBatch, (self.gen, np.asarray(self)))
+
+    @property
+    def indices(self) -> np.ndarray:
+        """The indices as a plain array."""
+        return np.asarray(self)
 
 
 class SlotBatch(NamedTuple):

@@ -1,6 +1,7 @@
 """The sampler for a store and a set of its samples, chosen the same way for every consumer: the trainer,
 the Keras ``PyDataset`` and the ``tf.data`` factory (numpy only, no torch).
 
+* ``weights``: :class:`~lmdbstore.loader.mixing.MixedBatchSampler`, each store's share of every epoch;
 * ``balanced``: :class:`~lmdbstore.loader.samplers.BalancedBatchSampler` over the classes of the samples;
 * ``shuffle="auto"``: ``random`` when the store fits the page cache, ``window`` when it does not (said in
   one line);
@@ -22,6 +23,7 @@ import numpy as np
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.meta import StoreMeta
+from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
 from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
@@ -32,7 +34,8 @@ from lmdbstore.store.readers import Reader, data_file_bytes
 
 __all__ = ["SPLITS", "Sampler", "make_sampler_for", "pick_shuffle", "split_indices"]
 
-#: Any sampler this module builds (a window sampler is an epoch sampler; a set's batches come grouped by store).
+#: Any sampler this module builds (a window or mixed sampler is an epoch sampler; a set's batches come grouped
+#: by store).
 Sampler = EpochBatchSampler | BalancedBatchSampler | SetBatches
 #: The parts of a store :func:`split_indices` knows.
 SPLITS = ("train", "val")
@@ -94,11 +97,17 @@ def make_sampler_for(
     index space (:mod:`lmdbstore.loader.sets`: each store's packed values kept whole) and every batch comes
     grouped by store.
 
+    With ``lcfg.weights`` each store's share of every epoch is fixed (:mod:`lmdbstore.loader.mixing`).
+
     Raises:
-        ValueError: a class with no sample among ``indices`` under ``balanced``, bad sizes.
+        ValueError: a class with no sample among ``indices`` under ``balanced``, not one weight per store,
+            bad sizes.
     """
     kw: dict[str, Any] = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
     reader = store if isinstance(store, (StoreReader, StoreSet)) else None
+    if lcfg.weights is not None:
+        parts = store_parts(reader, indices) if reader is not None else [np.asarray(indices, np.int64)]
+        return MixedBatchSampler(parts, lcfg.weights, lcfg.batch_size, **kw)
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes
         per_class = [indices[labels[indices] == c] for c in range(len(classes))]

@@ -6,34 +6,40 @@
 DataLoader worker the batch is read straight into shared memory, so it crosses to the main process without
 another copy: by default into one of the worker's reusable buffers (:mod:`lmdbstore.loader.buffers`), otherwise
 into a fresh shared-memory tensor.  A ``transform`` (:mod:`lmdbstore.loader.transform`) runs on each batch
-in the worker that read it, on the buffer itself.
+in the worker that read it, on the buffer itself.  ``ds[indices]`` is always ``(x, y)``; a subclass may
+override ``__getitem__`` and return anything: what it returns is checked in the worker
+(:func:`worker_collate`), and only an ``(x, y)`` whose ``x`` is the buffer's batch as read travels as a slot
+number; anything else that holds buffer memory is copied out first and the buffer given back.
 
 :func:`make_loader` wraps the sampler (:mod:`lmdbstore.loader.sampling`: buffer generations, state, DDP
-under Lightning) and starts workers by ``forkserver`` in a process that has imported TensorFlow or JAX
-(:mod:`lmdbstore.util.procs`): forked from such a process they can hang.
+under Lightning), starts workers by ``forkserver`` once TensorFlow's or JAX's runtime runs in this process
+(:mod:`lmdbstore.util.procs`: forked from it they can hang), and ties them to this process
+(:mod:`lmdbstore.util.lifeline`: they die with it, whatever kills it).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import pickle
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, get_worker_info
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, default_convert, get_worker_info
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.format.dtypes import DTYPES
-from lmdbstore.loader.buffers import EXTRA_SLOTS, BatchBuffers, BufferSpec, SlotBatch, TaggedBatch, reuse_supported
+from lmdbstore.loader.buffers import EXTRA_SLOTS, BatchBuffers, BufferSpec, SlotBatch, reuse_supported
 from lmdbstore.loader.delivered import Delivered
 from lmdbstore.loader.sampling import LoaderSampler
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader, as_reader
-from lmdbstore.util.procs import start_method
+from lmdbstore.util.lifeline import Lifeline, WorkerInit
+from lmdbstore.util.procs import check_main_guard, start_method
 
 __all__ = ["BufferedLoader", "LmdbBatchDataset", "as_batch_dataset", "make_loader"]
 
@@ -92,10 +98,8 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor] | SlotBatch:  # type: ignore[override]
-        gen = 0
-        if isinstance(indices, TaggedBatch):
-            gen, indices = indices
+    def __getitem__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        gen = getattr(indices, "gen", None)  # a TaggedBatch from the loader's sampler
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         rows = len(idx)
         # index_select, not ``labels[tensor]``: advanced indexing runs on torch's intra-op thread pool and
@@ -104,7 +108,7 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         worker = get_worker_info()
         slot = None
         if worker is not None and self.buffers is not None:
-            slot = self.buffers.acquire(worker.id, rows, gen)
+            slot = self.buffers.acquire(worker.id, rows, self.buffers.generation if gen is None else gen)
         if slot is None:
             x = torch.empty(self.batch_shape(rows), dtype=self.torch_dtype)
             if worker is not None:
@@ -122,7 +126,16 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             if slot is not None:
                 self.buffers.abandon(slot)  # type: ignore[union-attr]
             raise
-        return SlotBatch.of(slot, rows, y) if slot is not None else (x, y)
+        if slot is not None:
+            self.pending.append(slot)  # worker_collate decides what travels: the slot number or a copy
+        return x, y
+
+    @property
+    def pending(self) -> list[int]:
+        """Buffer slots read into by this worker and not yet handed on (see :func:`worker_collate`)."""
+        if "_pending" not in self.__dict__:
+            self._pending: list[int] = []
+        return self._pending
 
     def _transformed(
         self, x: torch.Tensor, y: torch.Tensor, *, shared: bool
@@ -144,6 +157,63 @@ class LmdbBatchDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return (rows, *self.shape)
 
 
+def _holds(obj: Any, ranges: list[tuple[int, int]]) -> bool:
+    """Whether the tensor or array ``obj`` lies in one of the address ``ranges``."""
+    if isinstance(obj, torch.Tensor):
+        start = obj.untyped_storage().data_ptr()
+    elif isinstance(obj, np.ndarray):
+        start = obj.__array_interface__["data"][0]
+    else:
+        return False
+    return any(lo <= start < hi for lo, hi in ranges)
+
+
+def _copied_out(obj: Any, ranges: list[tuple[int, int]]) -> Any:
+    """``obj`` (tensors, arrays, and tuples, lists and dicts of them) with everything in ``ranges`` copied."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone() if _holds(obj, ranges) else obj
+    if isinstance(obj, np.ndarray):
+        return obj.copy() if _holds(obj, ranges) else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(_copied_out(o, ranges) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_copied_out(o, ranges) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _copied_out(v, ranges) for k, v in obj.items()}
+    return obj
+
+
+def worker_collate(result: Any) -> Any:
+    """The loader's ``collate_fn``, run in a worker on what ``dataset[indices]`` returned: a
+    :class:`~lmdbstore.loader.buffers.SlotBatch` when it is ``(x, y)`` with ``x`` the buffer slot's batch as
+    read (the usual case, and a subclass that changed it in place); else ``result`` as torch's
+    ``default_convert`` makes it, with everything in this worker's buffers copied out, the slots given back
+    (a subclass of :class:`LmdbBatchDataset` that returns other things, views, crops, more items)."""
+    info = get_worker_info()
+    ds = getattr(info, "dataset", None)
+    buffers = getattr(ds, "buffers", None)
+    if buffers is None or not isinstance(ds, LmdbBatchDataset) or not ds.pending:
+        return default_convert(result)
+    pending, ds._pending = ds.pending, []
+    if isinstance(result, (tuple, list)) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result):
+        x, y = result
+        for slot in pending:
+            view = buffers.slots[slot][: len(x)]
+            same = x.data_ptr() == view.data_ptr() and x.shape == view.shape and x.stride() == view.stride()
+            if same and x.dtype == view.dtype and y.untyped_storage().data_ptr() != view.untyped_storage().data_ptr():
+                for other in pending:
+                    if other != slot:
+                        buffers.abandon(other)
+                return SlotBatch.of(slot, len(x), y)
+    first = info.id * buffers.spec.slots  # type: ignore[union-attr]
+    ranges = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+              for t in buffers.slots[first : first + buffers.spec.slots]]  # fmt: skip
+    out = _copied_out(default_convert(result), ranges)
+    for slot in pending:
+        buffers.abandon(slot)
+    return out
+
+
 class BufferedLoader(DataLoader[Any]):
     """The DataLoader :func:`make_loader` builds: workers read whole batches, by default into reusable
     shared-memory buffers (:mod:`lmdbstore.loader.buffers`).
@@ -154,8 +224,9 @@ class BufferedLoader(DataLoader[Any]):
     only after nothing references it (the batch, a view of it or a numpy array of it), so keeping batches
     is safe; the buffers' benefit needs the consumer to drop each batch before taking about
     ``prefetch_factor + 2`` more, as a training loop does.  ``buffer_spec`` ``None``: a fresh segment per
-    batch.  Without an explicit ``multiprocessing_context`` the workers start by ``forkserver`` when this
-    process has imported TensorFlow or JAX by the time they start (:func:`~lmdbstore.util.procs.start_method`).
+    batch.  Without an explicit ``multiprocessing_context`` the workers start by ``forkserver`` when
+    TensorFlow's or JAX's runtime runs in this process by the time they start
+    (:func:`~lmdbstore.util.procs.start_method`); they die with this process (:mod:`lmdbstore.util.lifeline`).
     """
 
     def __init__(self, dataset: LmdbBatchDataset, buffer_spec: BufferSpec | None, **kwargs: Any):
@@ -167,15 +238,16 @@ class BufferedLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: LmdbBatchDataset = self.dataset  # type: ignore[assignment]
+        starting = self.num_workers > 0 and (self._iterator is None or not self.persistent_workers)
         if self._iterator is None or not self.persistent_workers:  # before the workers start: they take these
             ds.buffers = self._allocate()
-            if self.num_workers > 0 and self._auto_context:
-                self.multiprocessing_context = start_method(None)
+            if starting:
+                self._prepare_workers()
         iteration = self._delivered.begin()  # before the workers draw the pass's first batches
         buffers = ds.buffers
         if buffers is not None:  # else no workers, no reuse, or no room for the buffers: a fresh segment per batch
             buffers.new_generation()
-        batches = super().__iter__()
+        batches = self._start(starting)
         while True:
             if buffers is not None:
                 buffers.release_unreferenced()  # before waiting: the worker may need the slot for the next batch
@@ -205,6 +277,32 @@ class BufferedLoader(DataLoader[Any]):
                 world size or kind differ), naming what differs.
         """
         self._delivered.load_state_dict(state)
+
+    def _method(self) -> str | None:
+        ctx = self.multiprocessing_context
+        return ctx.get_start_method() if ctx is not None else None  # type: ignore[no-any-return]
+
+    def _prepare_workers(self) -> None:
+        """Before workers start: the start method (``forkserver`` once TensorFlow's or JAX's runtime runs,
+        unless one was given), the ``__main__`` guard it needs, and the lifeline that ties them here."""
+        if self._auto_context:
+            self.multiprocessing_context = start_method(None)
+        method = self._method()
+        check_main_guard(method, "the DataLoader workers")
+        self.worker_init_fn = WorkerInit(Lifeline.here(method))
+
+    def _start(self, starting: bool) -> Iterator[Any]:
+        """``DataLoader.__iter__``; workers that cannot receive the dataset (a lambda transform under
+        ``spawn``/``forkserver``) are one line."""
+        try:
+            return super().__iter__()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            if not starting or self._method() not in ("spawn", "forkserver"):
+                raise
+            raise ValueError(
+                f"the DataLoader workers start by {self._method()} and cannot receive the dataset ({exc}); "
+                "make the transform a module-level function (a lambda or a local function cannot be pickled)"
+            ) from None
 
     def _allocate(self) -> BatchBuffers | None:
         if self.buffer_spec is None:
@@ -292,6 +390,7 @@ def make_loader(
     kwargs.update(
         sampler=LoaderSampler(sampler, own),
         batch_size=None,
+        collate_fn=worker_collate,
         num_workers=config.workers,
         pin_memory=pin_memory,
         # the workers' base seed comes from here, not from torch's global generator: starting workers then

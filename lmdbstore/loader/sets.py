@@ -85,9 +85,15 @@ class SetBatches:
         self.inner, self.reader, self.space = inner, reader, space
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        for batch in self.inner:
-            b = self.space.to_set(batch) if self.space is not None else np.asarray(batch, np.int64)
-            yield b[np.argsort(self.reader.store_of(b), kind="stable")]
+        return map(self._grouped, self.inner)
+
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """The inner sampler's batches of ``epoch`` from batch ``start`` on, mapped and grouped as a pass's."""
+        return map(self._grouped, self.inner.batches_from(epoch, start))
+
+    def _grouped(self, batch: Any) -> np.ndarray:
+        b = self.space.to_set(batch) if self.space is not None else np.asarray(batch, np.int64)
+        return b[np.argsort(self.reader.store_of(b), kind="stable")]
 
     def __len__(self) -> int:
         return len(self.inner)

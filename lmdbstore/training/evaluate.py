@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,17 @@ import torch
 from torch import nn
 
 from lmdbstore.config import LoaderConfig, TrainConfig
+from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
-from lmdbstore.store.reader import StoreReader
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import as_reader
 from lmdbstore.training.batches import autocast, place_model, to_device
 from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_channels, model_from_checkpoint
 from lmdbstore.training.distributed import DistInfo, all_reduce, resolve_device
 from lmdbstore.util.paths import check_output_file, write_errors
 
-__all__ = ["Scores", "confusion_summary", "evaluate", "format_confusion", "score_loader"]
+__all__ = ["Scores", "class_map", "confusion_summary", "evaluate", "format_confusion", "score_loader"]
 
 
 @dataclass
@@ -58,20 +61,25 @@ def score_loader(
     amp: bool = False,
     info: DistInfo | None = None,
     keep_predictions: bool = False,
+    label_map: torch.Tensor | None = None,
 ) -> Scores:
     """Run ``model`` (put in eval mode) over every ``(x, y)`` batch of ``loader`` and count the summed
     cross-entropy and the confusion matrix, all-reduced over the ranks of ``info`` (default: one process).
 
     ``amp``: bfloat16 autocast on CUDA (default off).  ``keep_predictions``: also keep each batch's predicted
-    class ids (uint16), in loader order.
+    class ids (uint16), in loader order.  ``label_map``: the model's class id of each of the loader's label
+    ids (a store whose classes are some of the model's, in another order).
     """
     model.eval()
     k = n_classes
     conf = torch.zeros(k, k, dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     preds: list[np.ndarray] = []
+    lmap = label_map.to(device) if label_map is not None else None
     for x, y in loader:
         x, y = to_device(x, y, device)
+        if lmap is not None:
+            y = lmap[y]
         with autocast(device, amp):
             logits = model(x)
         loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
@@ -105,8 +113,27 @@ def format_confusion(conf: list[list[int]], classes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def class_map(store_classes: list[str], model_classes: list[str], ckpt_path: Path) -> torch.Tensor | None:
+    """The model's class id of each of the store's classes, matched by name (``None``: the same list).
+
+    Raises:
+        LmdbStoreError: a class of the store the model was not trained on.
+    """
+    if store_classes == model_classes:
+        return None
+    unknown = [c for c in store_classes if c not in model_classes]
+    if unknown:
+        raise LmdbStoreError(
+            f"the store has classes the checkpoint was not trained on: [{preview(unknown)}] "
+            f"(it knows [{preview(model_classes)}])",
+            path=ckpt_path,
+            hint="score stores whose classes are among the checkpoint's",
+        )
+    return torch.tensor([model_classes.index(c) for c in store_classes], dtype=torch.int64)
+
+
 def evaluate(
-    store: str | os.PathLike[str],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     checkpoint: str | os.PathLike[str],
     *,
     batch_size: int = LoaderConfig.batch_size,
@@ -118,8 +145,12 @@ def evaluate(
     """Score ``store`` (or the given ``indices`` of it) with a checkpoint from
     :func:`~lmdbstore.training.trainer.train`.
 
+    Classes are matched by name, as training does: the store's classes may be any of the checkpoint's, in
+    any order (a store of the val classes only, a set of stores); the scores are over the checkpoint's
+    classes (``None`` for a class with no sample).
+
     Args:
-        store: the store directory.
+        store: the store directory, or a list of them scored as one set (one index space, classes by name).
         checkpoint: ``checkpoint.pt`` or ``best.pt`` of a training run.
         batch_size: samples per batch (default 4096); workers: DataLoader workers (default 2).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda:1"``...
@@ -127,23 +158,27 @@ def evaluate(
         predictions_out: with it, the predicted class ids (uint16, one per scored sample, in index order)
             are saved there as ``.npy``.
 
-    Returns a dict with ``samples``, ``loss``, ``accuracy``, ``per_class_accuracy`` and ``confusion`` (and
-    ``store``, ``checkpoint``, ``classes``).
+    Returns a dict with ``samples``, ``loss``, ``accuracy``, ``per_class_accuracy`` and ``confusion`` over
+    the checkpoint's ``classes`` (and ``store``: the first store, ``stores``: all, ``checkpoint``).
 
     Raises:
-        ValidationError: the store's samples have a shape the CNN cannot take.
-        LmdbStoreError: unreadable checkpoint, or one trained on other classes, another number of
-            channels or another sample shape; ``predictions_out`` cannot be written.
+        ValidationError: the store's samples have a shape the CNN cannot take; stores of a set that do not
+            make one set.
+        LmdbStoreError: unreadable checkpoint, or one trained on another number of channels or another
+            sample shape, or without a class of the store; ``predictions_out`` cannot be written.
     """
-    path = Path(store)
+    reader = as_reader(store)
+    path = reader.path
     if predictions_out is not None:
         check_output_file(predictions_out, "predictions file")  # before scoring, not after
-    with StoreReader(path) as reader:
+    with reader:
         meta = reader.meta
     model_channels(meta.shape, path)
     dev = resolve_device(device, DistInfo())
     ckpt = load_checkpoint(checkpoint, map_location=dev)
-    check_checkpoint(ckpt, list(meta.classes), meta.shape, Path(checkpoint))
+    classes = list(ckpt["classes"])
+    check_checkpoint(ckpt, classes, meta.shape, Path(checkpoint))  # shape and channels; classes by name below
+    label_map = class_map(list(meta.classes), classes, Path(checkpoint))
     model = place_model(model_from_checkpoint(ckpt, Path(checkpoint)), dev)
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))
     loader = make_loader(
@@ -151,20 +186,23 @@ def evaluate(
         EpochBatchSampler(idx, batch_size, shuffle="none"),
         LoaderConfig(batch_size=batch_size, workers=workers, persistent_workers=False),
     )
-    scores = score_loader(model, loader, dev, len(meta.classes), keep_predictions=predictions_out is not None)
+    scores = score_loader(
+        model, loader, dev, len(classes), keep_predictions=predictions_out is not None, label_map=label_map
+    )
     if predictions_out is not None:
         with write_errors(predictions_out, "write predictions"):
             preds = scores.predictions
             np.save(predictions_out, np.concatenate(preds) if preds else np.zeros(0, np.uint16))
-    acc, per_class = confusion_summary(scores.confusion, list(meta.classes))
+    acc, per_class = confusion_summary(scores.confusion, classes)
     n = scores.samples
     return {
         "store": str(path),
+        "stores": [str(p) for p in (reader.paths if isinstance(reader, StoreSet) else [path])],
         "checkpoint": str(checkpoint),
         "samples": n,
         "loss": scores.loss_sum / n if n else None,
         "accuracy": acc,
         "per_class_accuracy": per_class,
         "confusion": scores.confusion.tolist(),
-        "classes": list(meta.classes),
+        "classes": classes,
     }

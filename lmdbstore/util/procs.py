@@ -1,30 +1,179 @@
-"""How reader processes start: which ``multiprocessing`` start method is safe in this process.
+"""How worker and reader processes start: which ``multiprocessing`` start method is safe in this process, and
+what to tell the user when the safe one cannot work.
 
-A process that has imported TensorFlow (or JAX) runs thread pools of its own; a child forked from it
-inherits their locks in whatever state they were, and can hang for ever (seen with DataLoader workers
-stuck in TensorFlow's thread-pool teardown).  Such a process starts its readers with ``forkserver``: they
-are forked from a small server process started before any of those threads existed.  Elsewhere the
-platform default stays (``fork`` on Linux: fastest, and workers inherit the parent's position table).
+Forking is unsafe only once a runtime's own threads run: a child forked while another thread holds a lock
+inherits the lock held for ever (seen with DataLoader workers stuck in TensorFlow's thread-pool teardown).
+Importing TensorFlow or JAX starts none (measured with TensorFlow 2.21 and JAX 0.10: the process keeps
+the threads it had); TensorFlow's first op starts its pools (``tf_Compute``...), JAX's first computation
+its backend's.  So ``fork`` stays (fastest; workers inherit the parent's position table; transforms
+defined anywhere, even lambdas in a notebook, work; no ``__main__`` guard needed) until one of those
+runtimes has started, and only then do workers start by ``forkserver``: forked from a small server started
+without those threads.  A torch script that merely has TensorFlow imported (Keras on the torch backend)
+keeps ``fork``.
+
+``forkserver`` and ``spawn`` import the main script again in the server or child: a script that starts
+workers outside ``if __name__ == "__main__":`` would start them again there.
+:func:`check_main_guard` finds that case before any process starts and says so in one line.
 """
 
 from __future__ import annotations
 
+import ast
+import os
 import sys
+import threading
+from functools import cache
+from types import FrameType
 
-__all__ = ["FORK_UNSAFE_MODULES", "fork_unsafe", "start_method"]
+from lmdbstore.errors import LmdbStoreError
 
-#: Modules whose presence makes forking unsafe (they start threads that a forked child cannot use).
+__all__ = [
+    "FORK_UNSAFE_MODULES",
+    "check_main_guard",
+    "fork_unsafe",
+    "missing_main_guard",
+    "start_hint",
+    "start_method",
+]
+
+#: Modules whose runtimes, once started, make forking unsafe.
 FORK_UNSAFE_MODULES = ("tensorflow", "jax")
+#: Thread-name prefixes of those runtimes' pools (TensorFlow's ``tf_Compute``, XLA's ``tf_XLAEigen``...).
+RUNTIME_THREAD_PREFIXES = ("tf_",)
+
+
+def _tf_started() -> bool:
+    """Whether TensorFlow's eager runtime exists in this process (created by the first op, not by import)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    context = sys.modules.get("tensorflow.python.eager.context")
+    ctx = getattr(context, "_context", None)
+    return ctx is not None and getattr(ctx, "_context_handle", None) is not None
+
+
+def _jax_started() -> bool:
+    """Whether a JAX backend was initialized in this process (by the first computation, not by import)."""
+    if "jax" not in sys.modules:
+        return False
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
+def _runtime_threads() -> list[str]:
+    """Names of this process's threads that a runtime's pools started (Linux; empty elsewhere)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith(RUNTIME_THREAD_PREFIXES):
+            names.append(name)
+    return names
 
 
 def fork_unsafe() -> str | None:
-    """The first of :data:`FORK_UNSAFE_MODULES` imported in this process, or ``None``."""
-    return next((m for m in FORK_UNSAFE_MODULES if m in sys.modules), None)
+    """Why forking is unsafe in this process (``"TensorFlow's runtime is running"``...), or ``None``."""
+    if _tf_started():
+        return "TensorFlow's runtime is running"
+    if _jax_started():
+        return "JAX's runtime is running"
+    if any(m in sys.modules for m in FORK_UNSAFE_MODULES):
+        threads = _runtime_threads()
+        if threads:
+            return f"runtime threads are running ({threads[0]})"
+    return None
 
 
 def start_method(requested: str | None) -> str | None:
-    """The start method for reader processes: ``requested`` when given; else ``"forkserver"`` when this
-    process has imported a module that makes forking unsafe, else ``None`` (the platform default)."""
+    """The start method for worker and reader processes: ``requested`` when given; else ``"forkserver"``
+    when forking is unsafe here (:func:`fork_unsafe`), else ``None`` (the platform default: ``fork`` on
+    Linux)."""
     if requested is not None:
         return requested
     return "forkserver" if fork_unsafe() else None
+
+
+def _effective(method: str | None) -> str:
+    import multiprocessing as mp
+
+    return method or mp.get_start_method(allow_none=False)
+
+
+@cache
+def _guarded_lines(path: str, mtime: float) -> list[tuple[int, int]]:
+    """Line ranges of the ``if __name__ == "__main__":`` blocks at the top level of the script ``path``."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+            out.append((node.lineno, node.end_lineno or node.lineno))
+    return out
+
+
+def _main_frame() -> FrameType | None:
+    """The frame running the main script's top-level code, if this call comes from there (main thread)."""
+    main = sys.modules.get("__main__")
+    if main is None or threading.current_thread() is not threading.main_thread():
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def missing_main_guard() -> bool:
+    """Whether this call comes from the top level of a main script file outside ``if __name__ ==
+    "__main__":`` (directly, or through functions called from there): a ``spawn``/``forkserver`` child,
+    importing the script again, would run it again."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if not path or not os.path.isfile(path) or (spec is not None and spec.name.endswith("__main__")):
+        return False  # python -c, python - < file, a notebook, python -m PACKAGE: no child runs it again
+    frame = _main_frame()
+    if frame is None or frame.f_code.co_filename != path:
+        return False
+    try:
+        blocks = _guarded_lines(path, os.path.getmtime(path))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    return not any(lo <= frame.f_lineno <= hi for lo, hi in blocks)
+
+
+def check_main_guard(method: str | None, what: str) -> None:
+    """Refuse to start ``what`` (``"DataLoader workers"``, ``"reader processes"``) by ``spawn`` or
+    ``forkserver`` from a script's top level outside the ``__main__`` guard.
+
+    Raises:
+        LmdbStoreError: the guard is missing.
+    """
+    method = _effective(method)
+    if method not in ("spawn", "forkserver") or not missing_main_guard():
+        return
+    why = fork_unsafe()
+    because = f" ({why}: forking would hang)" if why else ""
+    raise LmdbStoreError(
+        f"{what} start by {method}{because}, which imports this script again and would run it again",
+        hint='put the training under `if __name__ == "__main__":`',
+    )
+
+
+def start_hint(method: str | None) -> str:
+    """What to check when a worker started by ``method`` died at once."""
+    method = _effective(method)
+    if method in ("spawn", "forkserver"):
+        return (
+            f"it started by {method}, which imports the main script again: is the training under "
+            '`if __name__ == "__main__":`, and is the transform a module-level function? '
+            "its traceback is on stderr"
+        )
+    return "out of memory? a transform that crashed? see its traceback on stderr and the system log"

@@ -100,3 +100,45 @@ def test_progress_bars_only_on_a_terminal_unless_asked(tmp_path: Path) -> None:
     assert BAR in _ingest_stderr(tmp_path, "--progress", terminal=False)  # asked for
     assert BAR in _ingest_stderr(tmp_path, terminal=True)  # a terminal: bars by default
     assert BAR not in _ingest_stderr(tmp_path, "--no-progress", terminal=True)
+
+
+#: A failing call of every command ({m}: a path that does not exist, {f}: a regular file, {t}: a new path).
+FAILING = {
+    "ingest": ["ingest", "{t}", "{m}.npz"],
+    "synth": ["synth", "{t}.npz", "-n", "-5"],
+    "stats": ["stats", "{m}"],
+    "verify": ["verify", "{m}"],
+    "train": ["train", "{m}"],
+    "eval": ["eval", "{m}", "{m}.pt"],
+    "demo": ["demo", "--dir", "{f}", "-n", "10"],
+    "export": ["export", "{m}", "{t}.npz"],
+    "copy": ["copy", "{m}", "{t}"],
+    "show": ["show", "{m}", "-o", "{t}.png"],
+    "plot": ["plot", "{m}", "-o", "{t}.png"],
+}
+
+
+@pytest.mark.parametrize("command", list(FAILING))
+def test_an_error_under_json_is_one_json_object_on_stdout(tmp_path: Path, command: str) -> None:
+    (tmp_path / "file").write_text("x")
+    args = [a.format(m=tmp_path / "missing", f=tmp_path / "file", t=tmp_path / "new") for a in FAILING[command]]
+    plain = run_cli(*args)
+    r = run_cli(*args, "--json")
+    assert r.exit_code == plain.exit_code != 0  # the exit status is unchanged
+    assert r.stderr == plain.stderr and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+    doc = strict_json(r.stdout)
+    assert set(doc) == {"error", "path", "hint", "kind", "exit_code"} and doc["exit_code"] == r.exit_code
+    assert doc["error"] and doc["error"] in r.stderr
+    if doc["path"] is not None:
+        assert doc["path"] in r.stderr
+
+
+def test_a_usage_error_under_json_is_one_json_object_too(tmp_path: Path) -> None:
+    from conftest import cli_subprocess
+
+    r = cli_subprocess("stats", tmp_path, "--bogus", "--json")
+    assert r.returncode == 2 and "No such option: --bogus" in r.stderr
+    doc = strict_json(r.stdout)
+    assert doc["error"] == "No such option: --bogus" and doc["kind"] == "NoSuchOption" and doc["exit_code"] == 2
+    plain = cli_subprocess("stats", tmp_path, "--bogus")
+    assert plain.returncode == 2 and plain.stdout == ""

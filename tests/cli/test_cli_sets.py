@@ -96,3 +96,15 @@ def test_train_on_a_set(three: SetInfo, tmp_path: Path) -> None:
     train_idx, _ = stratified_split(np.searchsorted(SET_CLASSES, three.names), 0.1, 0)
     assert metrics[0]["train_samples"] == len(train_idx)  # the whole set's training split, once
     assert json.loads((out / "summary.json").read_text())["classes"] == SET_CLASSES
+
+
+def test_train_on_a_set_with_weights(three: SetInfo, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["--batch", "128", "--epochs", "1", "--workers", "0", "--no-progress", "--out", out, "--device", "cpu"]
+    r = run_cli("train", *three.paths, *args, "--weights", "0.2,0.3,0.5", "--max-steps", "2", "--width", "4")
+    assert r.exit_code == 0, r.output
+    for bad, msg in ((["--weights", "1,x"], "--weights must be comma-separated numbers"),
+                     (["--weights", "1,1"], "weights: 2 numbers for 3 stores"),
+                     (["--weights", "1,1,1", "--shuffle", "block"], "shuffle must be 'random' or 'auto'")):  # fmt: skip
+        r = run_cli("train", *three.paths, *args, *bad)
+        assert r.exit_code == 1 and msg in one_error_line(r)

@@ -162,7 +162,32 @@ def check_keras_make_loader(store: str) -> None:
     assert orders[0] != orders[1] != orders[2]
 
 
+def check_tf_error(store: str) -> None:
+    """tf_dataset over a damaged store (a garbled leaf): iterating it in Python raises the readers' own
+    CorruptStoreError, one line, not TensorFlow's UnknownError with a traceback in its message."""
+    from lmdbstore.errors import CorruptStoreError
+
+    ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2, shuffle="none")
+    try:
+        for _ in ds:
+            pass
+    except CorruptStoreError as exc:
+        assert "\n" not in str(exc) and "Traceback" not in str(exc), str(exc)
+        assert exc.__cause__ is None and exc.__suppress_context__
+    else:
+        raise AssertionError("no error from a damaged store")
+    ds2 = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=0, shuffle="none")  # read in TF's thread
+    try:
+        list(ds2)
+    except CorruptStoreError:
+        pass
+    else:
+        raise AssertionError("no error from a damaged store without readers")
+
+
 if __name__ == "__main__":
     check, store = sys.argv[1], sys.argv[2]
-    {"tf": check_tf, "keras": check_keras, "keras_make_loader": check_keras_make_loader}[check](store)
+    checks = {"tf": check_tf, "tf_error": check_tf_error, "keras": check_keras}
+    checks["keras_make_loader"] = check_keras_make_loader
+    checks[check](store)
     print(f"OK {check}")

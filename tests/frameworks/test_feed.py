@@ -7,18 +7,21 @@ the readers and frees the shared memory."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import StoreInfo, damage_store
+from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
-from lmdbstore.frameworks.slots import SHM_DIR
+from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
 from lmdbstore.loader.choose import split_indices
+from lmdbstore.util.lifeline import process_start_time
 
 BATCH = 64
 
@@ -159,8 +162,8 @@ def test_a_dead_reader_is_one_line_and_nothing_is_left_behind(small_store: Store
     feed.begin()
     feed.next()
     pool = feed.pool
-    name = feed.slots.name
-    assert name is not None and not os.path.exists(name)  # unlinked once the readers had mapped it
+    assert feed.slots.name is None and feed.slots.fd is not None  # an anonymous segment: nothing in /dev/shm
+    assert not _named_segments()
     for p in pool.procs:  # type: ignore[union-attr]
         p.kill()
         p.join()
@@ -170,8 +173,54 @@ def test_a_dead_reader_is_one_line_and_nothing_is_left_behind(small_store: Store
     feed.close()
     healthy = _feed(small_store, workers=2)
     _pass(healthy)
-    assert healthy.slots.name is not None and os.path.dirname(healthy.slots.name) == SHM_DIR
-    assert not os.path.exists(healthy.slots.name)
     procs = list(healthy.pool.procs)  # type: ignore[union-attr]
     healthy.close()
     assert not any(p.is_alive() for p in procs)
+    assert healthy.slots.fd is None and not _named_segments()
+
+
+def _named_segments() -> list[str]:
+    """This process's named slot segments in /dev/shm (there should never be any on Linux)."""
+    return [n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{os.getpid()}-")]
+
+
+def test_named_segments_of_dead_owners_are_reclaimed(tmp_path: Path) -> None:
+    """Where segments are named (no memfd), one left by a killed owner goes with the next segment made."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    stale = tmp_path / f"{PREFIX}{pid}-12345-abc"
+    live = tmp_path / f"{PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-abc"
+    other = tmp_path / "unrelated"
+    for f in (stale, live, other):
+        f.write_bytes(b"x")
+    assert reclaim(str(tmp_path)) == 1
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+@pytest.mark.parametrize("shuffle", ["random", "block", "window", "none", "balanced"])
+def test_a_feed_reads_a_set_of_stores_in_every_order(tmp_path: Path, shuffle: str) -> None:
+    """keras_dataset([a, b, c]) / tf_dataset([a, b, c]) are feeds over the set: one index space, classes by name."""
+    info = build_set(tmp_path)
+    opts: dict[str, object] = {"balanced": True} if shuffle == "balanced" else {"shuffle": shuffle}
+    if shuffle == "window":
+        opts["window_mb"] = 1
+    feed = open_feed(info.paths, feed_config(None, {"batch_size": BATCH, "workers": 2, "split": "train",
+                                                    "multiprocessing_context": "fork", **opts}))  # fmt: skip
+    labels = np.array([SET_CLASSES.index(n) for n in info.names])
+    train = split_indices(labels, "train", 0.1, 0)
+    for _epoch in range(2):
+        peeked = feed.peek(0)[0].copy()  # the next pass's first batch, read here without starting it
+        feed.begin()
+        seen = []
+        for k in range(len(feed)):
+            x, y = feed.next()
+            idx = np.rint(x[:, 0, 0, 0]).astype(np.int64)
+            np.testing.assert_array_equal(x[..., 0], info.x[idx])
+            np.testing.assert_array_equal(y, labels[idx])
+            if k == 0:
+                np.testing.assert_array_equal(x, peeked)
+                np.testing.assert_array_equal(feed.read(0)[0], x)  # read again: the same batch
+            seen.append(idx)
+        if shuffle != "balanced":  # balanced draws with replacement
+            np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
+    feed.close()

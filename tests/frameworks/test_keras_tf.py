@@ -8,10 +8,11 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TESTS, StoreInfo
+from conftest import REPO, TESTS, StoreInfo, damage_store
 
 CHECKS = TESTS / "frameworks" / "framework_checks.py"
 
@@ -36,6 +37,13 @@ def _run(check: str, store: Path, backend: str) -> None:
 @pytest.mark.skipif(not _installed("tensorflow"), reason="tensorflow is not installed (lmdbstore[frameworks])")
 def test_tf_dataset(small_store: StoreInfo) -> None:
     _run("tf", small_store.path, "tensorflow")
+
+
+@pytest.mark.skipif(not _installed("tensorflow"), reason="tensorflow is not installed (lmdbstore[frameworks])")
+def test_tf_dataset_raises_the_stores_own_error(store_factory: Callable[..., StoreInfo]) -> None:
+    info = store_factory(3000)
+    damage_store(info.path, "garble_leaf")
+    _run("tf_error", info.path, "tensorflow")
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])

@@ -218,3 +218,46 @@ def test_channel_first_samples_through_reused_buffers(store_factory: Callable[..
         del x, y  # as a training loop does: the slot can be reused
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(640))
     assert loader.reuse_counts() == (len(seen), 0)  # every batch through a reused buffer
+
+
+class Doubled(LmdbBatchDataset):
+    """Changes the batch in place (it stays in the reused buffer)."""
+
+    def __getitem__(self, indices):  # type: ignore[no-untyped-def]
+        x, y = super().__getitem__(indices)
+        x[:, :, :, 1:] *= 2
+        return x, y
+
+
+class Cropped(LmdbBatchDataset):
+    """Returns a view of the buffer (a crop) and one more item per batch, from the indices it was given."""
+
+    def __getitem__(self, indices):  # type: ignore[no-untyped-def]
+        x, y = super().__getitem__(indices)
+        return x[:, :, :, :5], y, torch.as_tensor(np.asarray(indices) % 7)
+
+
+@pytest.mark.parametrize("kind", ["doubled", "cropped"])
+def test_a_subclass_overriding_getitem_works_with_workers_and_reused_buffers(small_store: StoreInfo, kind: str) -> None:
+    """Issue 26: a subclass's own ``__getitem__`` saw slot tuples ("too many values to unpack")."""
+    cls = Doubled if kind == "doubled" else Cropped
+    cfg = LoaderConfig(batch_size=100, workers=2, multiprocessing_context="fork")
+    loader = make_loader(cls(small_store.path), EpochBatchSampler(np.arange(len(small_store.y)), 100), cfg)
+    for _ in range(2):
+        kept = list(loader)  # every batch kept: a reused buffer under one of them would show
+        seen = []
+        for item in kept:
+            x, y = item[0], item[1]
+            idx = x[:, 0, 0, 0].numpy().astype(np.int64)
+            np.testing.assert_array_equal(y.numpy(), small_store.y[idx])
+            want = small_store.x[idx]
+            if kind == "doubled":
+                want = np.concatenate([want[:, :, :1], want[:, :, 1:] * 2], axis=2)
+                np.testing.assert_array_equal(x[:, 0].numpy(), want)
+            else:
+                np.testing.assert_array_equal(x[:, 0].numpy(), want[:, :, :5])
+                np.testing.assert_array_equal(item[2].numpy(), idx % 7)
+            seen.append(idx)
+        assert sorted(np.concatenate(seen).tolist()) == list(range(len(small_store.y)))
+    if kind == "doubled":  # changed in place: still delivered through the reused buffers
+        assert loader.reuse_counts()[0] > 0

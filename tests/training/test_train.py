@@ -115,6 +115,37 @@ def test_evaluate_scores_the_store(synth_store: Path, tmp_path: Path) -> None:
     assert p.shape == (6000,)
     assert r["accuracy"] == pytest.approx(float((p == labels).mean()))
     assert np.array(r["confusion"]).sum() == 6000
+    _evaluate_subsets_and_sets(synth_store, out / BEST_NAME, p, tmp_path)
+
+
+def _evaluate_subsets_and_sets(store: Path, ckpt: Path, preds: np.ndarray, tmp_path: Path) -> None:
+    """Classes matched by name (issue 26): a store holding some of the checkpoint's classes in another order, and
+    a set of stores, score the samples as the whole store did; a class the checkpoint never saw is one line."""
+    from lmdbstore_cli.main import app
+    from typer.testing import CliRunner
+
+    from lmdbstore import open_writer
+
+    reader = StoreReader(store)
+    names, labels = list(reader.classes), reader.labels()
+    keep = np.flatnonzero((labels == 2) | (labels == 0))
+    with open_writer(tmp_path / "sub", shape=(25, 25), dtype="float32", classes=[names[2], names[0]]) as w:
+        w.append(reader.read_batch(keep), np.where(labels[keep] == 2, 0, 1))
+    r = evaluate(tmp_path / "sub", ckpt, workers=0, predictions_out=tmp_path / "sub.npy")
+    assert r["classes"] == names and r["samples"] == len(keep)
+    np.testing.assert_array_equal(np.load(tmp_path / "sub.npy"), preds[keep])
+    assert r["accuracy"] == pytest.approx(float((preds[keep] == labels[keep]).mean()))
+    assert [r["per_class_accuracy"][names[c]] is None for c in range(5)] == [False, True, False, True, True]
+    both = evaluate([store, tmp_path / "sub"], ckpt, workers=2, predictions_out=tmp_path / "both.npy")
+    assert both["samples"] == 6000 + len(keep) and both["stores"] == [str(store), str(tmp_path / "sub")]
+    np.testing.assert_array_equal(np.load(tmp_path / "both.npy"), np.r_[preds, preds[keep]])
+    cli = CliRunner().invoke(app, ["eval", str(store), str(tmp_path / "sub"), str(ckpt), "--workers", "0", "--json"])
+    assert cli.exit_code == 0 and json.loads(cli.stdout)["samples"] == 6000 + len(keep)
+    with open_writer(tmp_path / "other", shape=(25, 25), dtype="float32", classes=[names[0], "zzz"]) as w:
+        w.append(reader.read_batch(keep[:10]), np.zeros(10, np.int64))
+    reader.close()
+    with pytest.raises(LmdbStoreError, match=r"classes the checkpoint was not trained on: \[zzz\]"):
+        evaluate(tmp_path / "other", ckpt, workers=0)
 
 
 def test_batch_larger_than_split_is_refused(synth_store: Path) -> None:

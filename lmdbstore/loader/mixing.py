@@ -1,0 +1,146 @@
+"""Mixing stores by weight (``weights=[0.7, 0.3]``): every epoch takes a fixed share of its samples from each
+store of a set, whatever the stores' sizes.  numpy only; no torch.
+
+The semantics, exactly (:class:`MixedBatchSampler`):
+
+* **Epoch length** ``N``: the number of samples the sampler was given (all the parts together), or
+  ``epoch_samples``.  An epoch has ``ceil(N / batch_size)`` batches (per rank: as
+  :class:`~lmdbstore.loader.samplers.EpochBatchSampler`).
+* **Shares**: the weights are normalized to sum 1; part ``i`` gives exactly ``k_i`` samples to every epoch,
+  ``k_i = w_i * N`` rounded by largest remainder (so the ``k_i`` sum to ``N``; a weight of 0 gives none).
+* **Which samples**: each part's samples are drawn from a stream of successive random permutations of them
+  (permutation ``c`` of part ``i`` seeded by ``(seed, i, c)``); epoch ``e`` takes the stream's items
+  ``e * k_i ... (e + 1) * k_i - 1``.  So no sample of a part repeats before every sample of it was drawn:
+  a part smaller than its share (``k_i > n_i``, upsampled) gives each of its samples ``k_i // n_i`` or
+  ``k_i // n_i + 1`` times per epoch, give or take one at the epoch's ends; a larger one (downsampled) gives
+  ``k_i`` distinct samples per epoch and goes through all of them in ``n_i / k_i`` epochs.
+* **Order**: the epoch's ``N`` samples in one random permutation (``(seed, epoch)``), cut into batches;
+  each batch sorted by index, so that its samples come grouped by store (a batch is a set for SGD).  Only
+  this random order exists with weights: the block and window orders keep a packed value's samples
+  together, the balanced one draws by class, and neither can keep per-store shares exact, so they are
+  refused (``ValueError``) rather than approximated.
+* Deterministic in ``(seed, epoch)``, the same on every DDP rank, which each take their share; resumable
+  (``state_dict``), like every sampler here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lmdbstore.config import LoaderConfig
+from lmdbstore.loader.orders import epoch_rng
+from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.store.multi import StoreSet
+from lmdbstore.store.readers import Reader
+
+__all__ = ["STREAM_MIX", "MixedBatchSampler", "mix_counts", "store_parts"]
+
+#: Seed stream of the per-part permutations (apart from the epoch orders' streams).
+STREAM_MIX = 11
+
+
+def mix_counts(weights: Sequence[float], total: int) -> np.ndarray:
+    """``total`` split by ``weights`` (normalized) into integer counts by largest remainder; they sum to
+    ``total`` exactly.
+
+    Raises:
+        ValueError: weights that are not finite, are negative or sum to 0.
+    """
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if not w.size or not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0:
+        raise ValueError(f"weights must be finite non-negative numbers with a positive sum, got {list(weights)!r}")
+    share = w / w.sum() * total
+    counts = np.floor(share).astype(np.int64)
+    rest = total - int(counts.sum())
+    if rest:
+        counts[np.argsort(-(share - counts), kind="stable")[:rest]] += 1
+    return counts
+
+
+def store_parts(store: Reader, indices: Any = None) -> list[np.ndarray]:
+    """``indices`` (default: every sample) split by the store of a set they belong to, in store order (one part
+    for a single store): the ``parts`` of a :class:`MixedBatchSampler` that weighs stores."""
+    n = len(store)
+    idx = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64).reshape(-1)
+    if not isinstance(store, StoreSet):
+        return [idx]
+    which = store.store_of(idx)
+    return [idx[which == i] for i in range(len(store.readers))]
+
+
+class MixedBatchSampler(EpochBatchSampler):
+    """Batches that take fixed shares of every epoch from several parts (see the module docstring).
+
+    Args:
+        parts: per store (or any grouping), the sample indices it may draw from, e.g. :func:`store_parts`.
+        weights: one non-negative number per part (normalized), e.g. ``[0.7, 0.3]``.
+        batch_size: samples per batch on this rank.
+        epoch_samples: samples per epoch (default: all the parts' samples together).
+        seed, rank, world_size, drop_last: as :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
+
+    Raises:
+        ValueError: not one weight per part, bad weights, a part with a positive weight and no samples, a
+            non-positive ``epoch_samples`` or ``batch_size``.
+    """
+
+    def __init__(
+        self,
+        parts: Sequence[Sequence[int] | np.ndarray],
+        weights: Sequence[float],
+        batch_size: int,
+        *,
+        epoch_samples: int | None = None,
+        seed: int = LoaderConfig.seed,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+    ):
+        self.parts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]
+        if len(weights) != len(self.parts):
+            raise ValueError(f"weights: {len(weights)} numbers for {len(self.parts)} stores, give one per store")
+        total = sum(len(p) for p in self.parts) if epoch_samples is None else epoch_samples
+        if total < 1:
+            raise ValueError(f"epoch_samples must be positive, got {total}")
+        self.counts = mix_counts(weights, total)
+        w = np.asarray(weights, dtype=np.float64)
+        self.weights = w / w.sum()
+        for i, (part, k) in enumerate(zip(self.parts, self.counts, strict=True)):
+            if k and not len(part):
+                raise ValueError(f"weights: store {i} has weight {weights[i]} but no samples to draw from")
+        self.total = int(total)
+        every = np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)
+        super().__init__(every, batch_size, shuffle="random", seed=seed, rank=rank, world_size=world_size,
+                         drop_last=drop_last)  # fmt: skip
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": "mixed", "seed": self.seed, "batch_size": self.batch_size, "samples": self.total}
+
+    def draw(self, part: int, epoch: int) -> np.ndarray:
+        """The samples part ``part`` gives to ``epoch`` (its window of the part's permutation stream)."""
+        k, src = int(self.counts[part]), self.parts[part]
+        n = len(src)
+        if not k:
+            return np.zeros(0, np.int64)
+        lo, hi = epoch * k, (epoch + 1) * k
+        pieces = []
+        for c in range(lo // n, (hi - 1) // n + 1):
+            perm = np.random.default_rng([self.seed, STREAM_MIX, part, c]).permutation(n)
+            pieces.append(src[perm[max(lo - c * n, 0) : min(hi - c * n, n)]])
+        return np.concatenate(pieces)
+
+    def epoch_order(self, epoch: int | None = None) -> np.ndarray:
+        """The whole order of ``epoch`` (default: the current one), before sharding."""
+        e = self.epoch if epoch is None else epoch
+        order = np.concatenate([self.draw(i, e) for i in range(len(self.parts))])
+        return order[epoch_rng(self.seed, e).permutation(len(order))]
+
+    def batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        """This rank's batches of ``epoch``, each sorted (grouped by store)."""
+        return [np.sort(b) for b in super().batches(epoch)]
+
+    def __len__(self) -> int:
+        step = self.batch_size * self.world_size
+        return self.total // step if self.drop_last else -(-self.total // step)
