@@ -19,6 +19,7 @@ marked slow.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -146,19 +147,20 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ws
 
 
-def with_prelude(code: str) -> str:
-    """``code`` with definitions of the names it uses and leaves to the reader: each put right before the
-    first line that uses it, at that line's indentation (where the reader's own code would be)."""
-    lines = code.splitlines(keepends=True)
-    for name, definition in PRELUDE.items():
-        if re.search(rf"(def {name}\b|^\s*{name} =)", code, re.M):
-            continue
-        first = next((i for i, ln in enumerate(lines) if re.search(rf"\b{name}\b", ln.split("#")[0])), None)
-        if first is None:
-            continue
-        indent = re.match(r"\s*", lines[first]).group(0)  # type: ignore[union-attr]
-        lines[first:first] = [indent + ln + "\n" for ln in definition.splitlines()]
-    return "".join(lines)
+def left_to_reader(code: str) -> list[str]:
+    """The names of :data:`PRELUDE` that ``code`` reads without binding them itself (names in strings and
+    comments do not count: a comment mentioning a ``"model"`` key needs no Keras model)."""
+    tree = ast.parse(code)
+    bound: set[str] = set()
+    read: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return [n for n in PRELUDE if n in read and n not in bound]
 
 
 def _env() -> dict[str, str]:
@@ -203,11 +205,8 @@ def test_a_doc_block_runs_as_printed(block: Block, workspace: Path, tmp_path: Pa
     shutil.copytree(workspace, ws)
     code = as_run(block)
     if block.lang == "python":
-        missing = [
-            n for n in PRELUDE if re.search(rf"\b{n}\b", code) and not re.search(rf"(def {n}\b|^{n} =)", code, re.M)
-        ]
         script = ws / "block.py"
-        script.write_text("".join(PRELUDE[n] for n in missing) + code)
+        script.write_text("".join(PRELUDE[n] for n in left_to_reader(code)) + code)
         proc = subprocess.run([sys.executable, str(script)], cwd=ws, env=_env(), capture_output=True, text=True,
                               timeout=600)  # fmt: skip
         assert proc.returncode == 0, f"{block.id}:\n{proc.stderr[-3000:]}"
