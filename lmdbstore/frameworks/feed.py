@@ -11,12 +11,16 @@ factory are built on.  numpy only, no torch.
   read in its own thread into fresh memory, so keeping batches is safe, only slower.
 * :meth:`BatchFeed.read` reads batch ``k`` of the current pass again, :meth:`BatchFeed.peek` batch ``i``
   of the next pass without starting it (what Keras' first look at a dataset needs).
+* The readers start with the first pass and wait between passes: :meth:`BatchFeed.rest` (or the end of a
+  pass) lets them stop once no pass began for a while (:mod:`lmdbstore.frameworks.idle`), and the next
+  :meth:`BatchFeed.begin` starts them again; :meth:`BatchFeed.close` and garbage collection stop them at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -25,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import FeedConfig
+from lmdbstore.frameworks.idle import IdleStop
 from lmdbstore.frameworks.readers import BatchLayout, InlineReader, ReaderPool, raise_answer, read_into
 from lmdbstore.frameworks.slots import SharedSlots
 from lmdbstore.loader.choose import Sampler, make_sampler_for, split_indices
@@ -83,6 +88,8 @@ class BatchFeed:
         self.it: PassIterator | None = None
         self.exhausted = True
         self._labels: np.ndarray | None = None
+        self.lock = threading.RLock()  # passes begin, end and stop from the consumer's and the timer's threads
+        self.idle = IdleStop(self, BatchFeed.close, self.lock)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -104,6 +111,11 @@ class BatchFeed:
     # ---------------------------------------------------------------- passes
     def begin(self) -> None:
         """Start a new pass (abandoning the one running, if any; starting the readers if stopped)."""
+        with self.lock:
+            self.idle.wake()
+            self._begin()
+
+    def _begin(self) -> None:
         if self.slots.closed:
             self.slots = self._new_slots()
             self.state = [FREE] * self.slots.n
@@ -123,6 +135,13 @@ class BatchFeed:
         """Batches of this pass handed out (or in flight) so far."""
         return len(self.plan) - len(self.queue)
 
+    def rest(self) -> None:
+        """The pass is over (or abandoned): the readers wait for the next one, and stop if none begins in
+        :func:`~lmdbstore.frameworks.idle.idle_seconds`.  Also done when :meth:`next` finds the pass over."""
+        with self.lock:
+            if self.pool is not None:
+                self.idle.rest()
+
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch of the pass.
 
@@ -130,6 +149,14 @@ class BatchFeed:
             StopIteration: the pass is over (or none was begun).
             LmdbStoreError, ValueError: a reader's error (the store, or the transform), one line.
         """
+        with self.lock:
+            try:
+                return self._next()
+            except StopIteration:
+                self.rest()
+                raise
+
+    def _next(self) -> tuple[np.ndarray, np.ndarray]:
         self._release()
         self._fill()
         if not self.queue:
@@ -183,12 +210,14 @@ class BatchFeed:
     def close(self) -> None:
         """Stop the readers and free the shared memory (also done when the feed is garbage-collected); the
         next :meth:`begin` starts them again."""
-        if isinstance(self.pool, ReaderPool):
-            self.pool.close()  # the readers finish what they were sent, then stop
-        self.pool = None
-        self.queue.clear()
-        self.it, self.exhausted = None, True
-        self._free_memory()
+        with self.lock:
+            self.idle.cancel()
+            if isinstance(self.pool, ReaderPool):
+                self.pool.close()  # the readers finish what they were sent, then stop
+            self.pool = None
+            self.queue.clear()
+            self.it, self.exhausted = None, True
+            self._free_memory()
 
     # ---------------------------------------------------------------- slots
     def _release(self) -> None:

@@ -15,9 +15,11 @@ How it meets Keras:
 * Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
   do the work, and Keras' thread or process pool would only add copies.
 * Iterating it directly (``for x, y in ds``) is one epoch, in order.
-* The reader processes run during an epoch: they start when it begins and stop when it ends (Keras'
-  ``on_epoch_end``, the end of a ``for``, ``close()``, garbage collection), since Keras on the TensorFlow
-  backend keeps every dataset it fitted on for as long as the process lives.  They die with the process
+* The reader processes start with the first epoch and wait between epochs (no start-up per epoch); once
+  no epoch began for a while after one ended (Keras' ``on_epoch_end``, the end of a ``for``) they stop
+  (:mod:`lmdbstore.frameworks.idle`: at least 5 s, half an epoch when longer), since Keras on the
+  TensorFlow backend keeps every dataset it fitted on for as long as the process lives; the next epoch
+  starts them again.  ``close()`` and garbage collection stop them at once, and they die with the process
   whatever kills it (:mod:`lmdbstore.util.lifeline`).
 
 Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
@@ -67,7 +69,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     def on_epoch_end(self) -> None:
         self._in_epoch = False
-        self.feed.close()  # the readers stop until the next epoch (Keras may keep this dataset for good)
+        self.feed.rest()  # the readers wait for the next epoch, and stop if none comes (Keras may keep us for good)
 
     def _begin(self) -> None:
         self.feed.begin()
@@ -95,7 +97,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
                     return
         finally:
             self._in_epoch = False
-            self.feed.close()
+            self.feed.rest()
 
     def close(self) -> None:
         """Stop the reader processes and free their shared memory."""
