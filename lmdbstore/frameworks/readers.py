@@ -38,7 +38,7 @@ from lmdbstore.frameworks.slots import SegmentFd, SharedSlots
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.readers import Reader
 from lmdbstore.util.lifeline import Lifeline
-from lmdbstore.util.procs import check_main_guard, start_hint, start_method
+from lmdbstore.util.procs import check_main_guard, main_script_hidden, start_hint, start_method
 
 __all__ = ["BatchLayout", "InlineReader", "ReaderPool", "serve_reads"]
 
@@ -217,17 +217,18 @@ class ReaderPool:
         self.slots = slots
         self.procs, self.conns = [], []
         reader.close()  # no open environment crosses into the readers
-        for _ in range(workers):
-            ours, theirs = ctx.Pipe()
-            p = ctx.Process(  # type: ignore[attr-defined]
-                target=serve_reads,
-                args=(theirs, reader, layout, slots.segment, shape, transform, lifeline),
-                daemon=True,
-            )
-            p.start()
-            theirs.close()
-            self.procs.append(p)
-            self.conns.append(ours)
+        with main_script_hidden(self.method, transform):  # the script's imports only for a transform of its own
+            for _ in range(workers):
+                ours, theirs = ctx.Pipe()
+                p = ctx.Process(  # type: ignore[attr-defined]
+                    target=serve_reads,
+                    args=(theirs, reader, layout, slots.segment, shape, transform, lifeline),
+                    daemon=True,
+                )
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.conns.append(ours)
         self._stopper = weakref.finalize(self, _stop, self.procs, self.conns)
         for k in range(workers):
             ready = self._receive(k)
