@@ -2,13 +2,15 @@
 real reader processes over real stores.  Every pass reads every sample of its split once, in the sampler's
 next order; batches are channels-last; a consumer keeping batches never sees them overwritten; a transform
 runs in the readers; errors of the store, of a transform or of a dead reader are one line; closing stops
-the readers and frees the shared memory."""
+the readers and frees the shared memory; the readers stay between passes and stop when none comes."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
+from lmdbstore.frameworks import idle
 from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
 from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
 from lmdbstore.loader.choose import split_indices
@@ -224,3 +227,56 @@ def test_a_feed_reads_a_set_of_stores_in_every_order(tmp_path: Path, shuffle: st
         if shuffle != "balanced":  # balanced draws with replacement
             np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
     feed.close()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if process_start_time(p) is not None]
+
+
+def test_readers_stay_between_passes_and_stop_when_none_comes(
+    small_store: StoreInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reader start per epoch: the same processes serve pass after pass; once no pass began for the idle
+    time after one ended they stop (a framework may keep the dataset for good), and the next pass starts
+    new ones, in the same order of epochs as ever."""
+    monkeypatch.setattr(idle, "IDLE_MIN_SECONDS", 1.0)
+    feed = _feed(small_store, split="train", workers=2)
+    first = _pass(feed)
+    pids = [p.pid for p in feed.pool.procs]  # type: ignore[union-attr]
+    second = _pass(feed)  # begun within the idle time: the same readers
+    assert [p.pid for p in feed.pool.procs] == pids and len(_alive(pids)) == 2  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while feed.pool is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert feed.pool is None and feed.slots.closed  # stopped by the idle thread, memory freed
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids)
+    third = _pass(feed)  # new readers, the next epoch's order
+    assert set(p.pid for p in feed.pool.procs).isdisjoint(pids)  # type: ignore[union-attr]
+    for epoch, batches in enumerate([first, second, third]):
+        assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(epoch, 0)]
+    feed.close()
+
+
+def test_a_pass_begun_in_time_keeps_the_readers_and_a_collected_feed_leaves_nothing(
+    small_store: StoreInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idle, "IDLE_MIN_SECONDS", 0.5)
+    feed = _feed(small_store, workers=2)
+    _pass(feed)
+    pids = [p.pid for p in feed.pool.procs]  # type: ignore[union-attr]
+    for _ in range(4):  # each pass begins before the idle time is up: never stopped
+        time.sleep(0.3)
+        feed.begin()
+        feed.next()
+        feed.rest()  # abandoned after a batch: resting too
+    assert [p.pid for p in feed.pool.procs] == pids  # type: ignore[union-attr]
+    thread = feed.idle._thread
+    assert thread is not None and thread.is_alive()
+    del feed
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (_alive(pids) or thread.is_alive()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids) and not thread.is_alive()  # collected: readers and the idle thread gone at once
