@@ -12,14 +12,23 @@ store is 2.5 GB) and every batch size, the contenders read the training split in
 * ``tf_dataset``        iterated as tensors (``for x, y in ds``);
 * ``keras_dataset``     the ``PyDataset`` iterated directly, and through Keras' own data adapter on the
                         TensorFlow backend (``PyDatasetAdapter.get_tf_dataset``: what ``model.fit`` reads);
+* ``Keras TF adapter, no reading``: the same adapter over a ``PyDataset`` that hands out one batch it holds,
+  as many times as the dataset has batches -- what Keras' adapter (``from_generator`` and a prefetch) costs
+  by itself: the most any ``PyDataset`` can deliver through it;
 * with ``--naive``, what a user writes without lmdbstore's feed: ``tf.data.Dataset.from_generator`` over
   ``StoreReader.read_batch`` (one thread) and a 20-line ``PyDataset`` with Keras' own ``workers`` threads.
 
-After one untimed warm-up epoch of each, ``--rounds`` interleaved rounds (one measurement of each contender
+The readers of ``keras_dataset`` and ``tf_dataset`` stay between epochs and stop after a few idle seconds
+(``lmdbstore.frameworks.idle``); the interleaved rounds leave each contender idle while the others run, as
+epochs back to back do not, so this benchmark lets readers wait a minute.  After one untimed warm-up epoch
+of each, ``--rounds`` interleaved rounds (one measurement of each contender
 per round; the machine may be shared) time whole epochs, as many as fill ``--seconds`` (a 30k-sample epoch
 is tens of milliseconds), epoch starts included.  Reported: the median samples/s and its spread (lowest to
 highest round), the ratio to ``make_loader`` (the median of the rounds' ratios: each round's contenders
-ran side by side) and the median epoch start (``iter()`` to the first batch).
+ran side by side), the median epoch start (``iter()`` to the first batch), and the CPU seconds per million
+samples of the process and its workers with its inverse ratio to ``make_loader``'s: on a machine that
+others load, how much of the 2 cores each path needs says more than its share of them does (a path that
+needs less CPU reads faster once the cores are its own, unless it waits for something else).
 
 Usage::
 
@@ -71,10 +80,35 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
-def epochs_for(make_iter: Maker, seconds: float) -> tuple[float, float]:
+def tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process and every process under it that still runs
+    (DataLoader workers, reader processes, through the forkserver): ``/proc``, Linux; 0 elsewhere."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children: dict[int, list[tuple[int, float]]] = {}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(p), (int(fields[11]) + int(fields[12])) / tick))
+    total, todo = time.process_time(), [os.getpid()]
+    while todo:
+        for pid, cpu in children.get(todo.pop(), []):
+            total += cpu
+            todo.append(pid)
+    return total
+
+
+def epochs_for(make_iter: Maker, seconds: float) -> tuple[float, float, float]:
     """Whole epochs of ``make_iter()`` until ``seconds`` have passed (at least one): samples/s over them,
-    starts included, and the median seconds from ``iter()`` to an epoch's first batch."""
-    n, starts, t0 = 0, [], time.perf_counter()
+    starts included, the median seconds from ``iter()`` to an epoch's first batch, and the CPU seconds per
+    million samples of this process and its workers (a measure a busy machine disturbs less)."""
+    n, starts, t0, cpu0 = 0, [], time.perf_counter(), tree_cpu_seconds()
     while True:
         t_epoch = time.perf_counter()
         first = True
@@ -85,7 +119,7 @@ def epochs_for(make_iter: Maker, seconds: float) -> tuple[float, float]:
             n += len(y)
         elapsed = time.perf_counter() - t0
         if elapsed >= seconds:
-            return n / elapsed, statistics.median(starts)
+            return n / elapsed, statistics.median(starts), 1e6 * (tree_cpu_seconds() - cpu0) / n
 
 
 def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict[str, Maker], list[Any]]:
@@ -119,9 +153,39 @@ def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict
             adapter.on_epoch_end()
 
     out["keras_dataset (Keras TF adapter)"] = through_keras
+    out["Keras TF adapter, no reading"] = adapter_ceiling(kds2, PyDatasetAdapter)
     if naive:
         out.update(naive_contenders(store, train, batch, workers))
     return out, [kds, kds2]
+
+
+def adapter_ceiling(like: Any, adapter_cls: Any) -> Maker:
+    """Keras' adapter over a ``PyDataset`` that hands out one batch of ``like`` without reading anything."""
+    import keras
+
+    x, y = (a.copy() for a in like.feed.peek(0))
+
+    class Held(keras.utils.PyDataset):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+
+        def __len__(self) -> int:
+            return len(like)
+
+        def __getitem__(self, i: int) -> tuple[Any, Any]:
+            return x, y
+
+    adapter = adapter_cls(Held(), shuffle=True)
+    ds = adapter.get_tf_dataset()
+
+    def epoch() -> Iterable[Any]:
+        adapter.on_epoch_begin()
+        try:
+            yield from ds
+        finally:
+            adapter.on_epoch_end()
+
+    return epoch
 
 
 def naive_contenders(store: Path, train: Any, batch: int, workers: int) -> dict[str, Maker]:
@@ -183,13 +247,15 @@ def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[
     rates: dict[str, list[float]] = {name: [] for name in makers}
     starts: dict[str, list[float]] = {name: [] for name in makers}
     ratios: dict[str, list[float]] = {name: [] for name in makers}
+    cpus: dict[str, list[float]] = {name: [] for name in makers}
     for make in makers.values():
         epochs_for(make, 0.0)
     for r in range(a.rounds):
         for name, make in makers.items():
-            rate, start = epochs_for(make, a.seconds)
+            rate, start, cpu = epochs_for(make, a.seconds)
             rates[name].append(rate)
             starts[name].append(start)
+            cpus[name].append(cpu)
         for name in makers:
             ratios[name].append(rates[name][-1] / rates["make_loader"][-1])
         log(f"{human(size)} samples, batch {batch}: round {r + 1}/{a.rounds}")
@@ -207,6 +273,8 @@ def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[
                 "rate": rate, "rate_min": lo, "rate_max": hi,
                 "ratio": q, "ratio_min": q_lo, "ratio_max": q_hi,
                 "start_ms": 1000 * statistics.median(starts[name]),
+                "cpu_s_per_M": statistics.median(cpus[name]),
+                "cpu_ratio": statistics.median(cpus["make_loader"]) / max(statistics.median(cpus[name]), 1e-9),
             }
         )  # fmt: skip
     return rows
@@ -227,13 +295,15 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any], loads: tuple[str, s
         if r["path"] in GOAL_PATHS
     ]
     table = markdown_table(
-        ["store", "batch", "path", "samples/s", "spread", "x make_loader", "spread", "epoch start"],
-        "|---:|---:|---|---:|---:|---:|---:|---:|",
+        ["store", "batch", "path", "samples/s", "spread", "x make_loader", "spread", "epoch start",
+         "CPU s / M samples", "x make_loader (CPU)"],
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         (
             [
                 human(r["size"]), str(r["batch"]), r["path"], human(r["rate"]),
                 f"{human(r['rate_min'])}-{human(r['rate_max'])}", fmt_ratio(r["ratio"]),
                 f"{fmt_ratio(r['ratio_min'])}-{fmt_ratio(r['ratio_max'])}", f"{r['start_ms']:.1f} ms",
+                f"{r['cpu_s_per_M']:.2f}", fmt_ratio(r["cpu_ratio"]),
             ]
             for r in rows
         ),
@@ -268,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("bench_frameworks_out"))
     a = p.parse_args(argv)
+    from lmdbstore.frameworks import idle
+
+    idle.IDLE_MIN_SECONDS = 60.0  # readers wait through the other contenders' turns (module docstring)
     if a.quick:
         a.sizes, a.batches, a.rounds, a.seconds = "20k", "256,4096", 2, 0.2
     batches = [int(v) for v in a.batches.split(",")]
