@@ -266,7 +266,7 @@ def feed_config(config: FeedConfig | None, options: dict[str, Any]) -> FeedConfi
 
 
 def open_feed(
-    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
     config: FeedConfig,
     *,
     indices: Any = None,
