@@ -42,6 +42,7 @@ from lmdbstore.errors import (
     StoreFullError,
     StoreLockedError,
     StoreNotFoundError,
+    StoreReplacedError,
     TaskError,
     ValidationError,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "StoreMeta",
     "StoreNotFoundError",
     "StoreReader",
+    "StoreReplacedError",
     "StoreSet",
     "StoreWriter",
     "TaskError",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 
 from lmdbstore.errors import (
     CorruptStoreError,
@@ -39,6 +40,7 @@ __all__ = [
     "open_reader_env",
     "raise_if_unborn",
     "read_meta",
+    "read_meta_record",
     "to_be_created",
     "unborn_reason",
 ]
@@ -235,18 +237,32 @@ def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> Store
         NotAStoreError: there is no metadata sub-database or record (an LMDB that is not ours).
         CorruptStoreError / FormatVersionError: the record is malformed.
     """
+    return read_meta_record(env, txn, path)[0]
+
+
+def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes, int]:
+    """:func:`read_meta`, and the record's bytes and the address liblmdb returned them at (0: not known; a
+    read-only transaction's values lie in the environment's map of the data file).
+
+    Raises:
+        as :func:`read_meta`.
+    """
     with translate_lmdb_errors(path, "read metadata"):
         try:
             db = env.open_db(DB_META, txn=txn, create=False)
         except (lmdb.NotFoundError, lmdb.IncompatibleError):
             # IncompatibleError: the main database has a plain key "meta", not a sub-database.
             raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path) from None
-        raw = txn.get(META_KEY, db=db)
-    if raw is None:
-        raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
+        buf = txn.get(META_KEY, db=db)
+        if buf is None:
+            raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
+        raw = bytes(buf)
+        address = 0
+        if not isinstance(buf, bytes) and len(raw):
+            address = np.frombuffer(buf, np.uint8).ctypes.data
     meta = StoreMeta.from_json(raw, path=str(path))
     check_count_fits(meta, path)
-    return meta
+    return meta, raw, address
 
 
 def check_count_fits(meta: StoreMeta, path: Path) -> None:
