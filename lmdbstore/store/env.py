@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-import numpy as np
 
 from lmdbstore.errors import (
     CorruptStoreError,
@@ -240,9 +239,8 @@ def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> Store
     return read_meta_record(env, txn, path)[0]
 
 
-def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes, int]:
-    """:func:`read_meta`, and the record's bytes and the address liblmdb returned them at (0: not known; a
-    read-only transaction's values lie in the environment's map of the data file).
+def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
+    """:func:`read_meta`, and the record's bytes as liblmdb returned them.
 
     Raises:
         as :func:`read_meta`.
@@ -257,12 +255,9 @@ def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -
         if buf is None:
             raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
         raw = bytes(buf)
-        address = 0
-        if not isinstance(buf, bytes) and len(raw):
-            address = np.frombuffer(buf, np.uint8).ctypes.data
     meta = StoreMeta.from_json(raw, path=str(path))
     check_count_fits(meta, path)
-    return meta, raw, address
+    return meta, raw
 
 
 def check_count_fits(meta: StoreMeta, path: Path) -> None:

@@ -27,8 +27,10 @@ from pathlib import Path
 import lmdb
 
 from lmdbstore.errors import CorruptStoreError, StoreReplacedError, translate_read_errors
-from lmdbstore.format.layout import DATA_DBS, DB_SAMPLES, encode_key
+from lmdbstore.format.btree import record_position
+from lmdbstore.format.layout import DATA_DBS, DB_META, DB_SAMPLES, META_KEY, encode_key
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
+from lmdbstore.format.pages import PageReader
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
 from lmdbstore.store.locks import resolve_lock
 from lmdbstore.store.mapguard import MapGuard
@@ -150,14 +152,26 @@ class Handle:
                 sub-database.
         """
         with translate_read_errors(self.path, "open"), self.lmdb():
-            self.meta, raw, address = read_meta_record(self.env, self.txn, self.path)
+            self.meta, raw = read_meta_record(self.env, self.txn, self.path)
             try:
                 self.dbs = {name: self.env.open_db(name, txn=self.txn, create=False) for name in DATA_DBS}
             except lmdb.NotFoundError as exc:
                 raise CorruptStoreError("a sub-database is missing", path=self.path) from exc
-            if address:
-                record = fingerprint(raw, address, int(self.env.info()["map_addr"]), os.fstat(self.fd).st_size)
-                self.snapshot = dataclasses.replace(self.snapshot, record=record)
+        self.snapshot = dataclasses.replace(self.snapshot, record=self._fingerprint(raw))
+
+    def _fingerprint(self, raw: bytes) -> tuple[int, bytes] | None:
+        """Where this snapshot's metadata record ``raw`` (as liblmdb read it) lies in the file: its fingerprint
+        (:func:`~lmdbstore.store.snapshot.fingerprint`); ``None`` where the layout is unknown, or where the
+        file does not show liblmdb's bytes there (the snapshot is then not protected; the reader re-opens)."""
+        snap = self.snapshot.meta
+        if snap is None:
+            return None
+        size = os.fstat(self.fd).st_size
+        with contextlib.suppress(CorruptStoreError, OSError):
+            off, n = record_position(PageReader(self.fd, size, snap, self.path, None), snap.main, DB_META, META_KEY)
+            if n == len(raw) and os.pread(self.fd, n, off) == raw:
+                return fingerprint(raw, off)
+        return None
 
     def inherit(self, table: PositionTable | None) -> None:
         """Reuse ``table`` (kept by the reader across a fork, a re-open, ``close()``) if it is of exactly this

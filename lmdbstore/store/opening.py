@@ -153,13 +153,9 @@ def _open_existing(
     if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
         map_size = max(min(map_size, config.max_map_size), size)
     ENVS.prepare(p, writable=True)
-    env = open_env(
+    env = ENVS.open_making_room(
         p,
-        readonly=False,
-        map_size=map_size,
-        sync=config.sync,
-        metasync=config.sync,
-        meminit=False,
+        lambda: open_env(p, readonly=False, map_size=map_size, sync=config.sync, metasync=config.sync, meminit=False),
     )
     ENVS.adopt(p, env, writable=True)
     try:
@@ -183,15 +179,19 @@ def _create(
     one that a rerun creates afresh.
     """
     ENVS.prepare(p, writable=True)
-    with translate_lmdb_errors(p, "create"):
-        env = lmdb.open(
-            str(p),
-            **ENV_OPTIONS,
-            map_size=config.initial_map_size,
-            sync=config.sync,
-            metasync=config.sync,
-            meminit=False,
-        )
+
+    def create() -> lmdb.Environment:
+        with translate_lmdb_errors(p, "create"):
+            return lmdb.open(
+                str(p),
+                **ENV_OPTIONS,
+                map_size=config.initial_map_size,
+                sync=config.sync,
+                metasync=config.sync,
+                meminit=False,
+            )
+
+    env = ENVS.open_making_room(p, create)
     ENVS.adopt(p, env, writable=True)
     try:
         meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])

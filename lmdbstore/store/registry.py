@@ -27,6 +27,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
@@ -39,6 +40,7 @@ __all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "data_fil
 
 #: A file's identity: ``(st_dev, st_ino)``.
 FileId = tuple[int, int]
+T = TypeVar("T")
 
 
 class FileChanged(Exception):
@@ -57,8 +59,8 @@ def data_file_id(path: Path) -> FileId | None:
 class _Entry:
     """One open environment of a path in this process, and how many users share it.
 
-    ``lock_file``: ``(st_dev, st_ino)`` of its reader table (``lock.mdb``) when it has one; ``data_file``: that
-    of the ``data.mdb`` it opened; ``writing``: a write transaction is open on it now (the writer's commit);
+    ``lock_file``: ``(st_dev, st_ino)`` of the store's reader table (``lock.mdb``) when it opened (a lock-free
+    environment does not use it, but py-lmdb keys it too); ``data_file``: that of the ``data.mdb`` it opened; ``writing``: a write transaction is open on it now (the writer's commit);
     ``private``: in a forked child, the inherited reader table was made private to the child, so closing the
     environment cannot touch the parent's.
     """
@@ -210,18 +212,48 @@ class EnvRegistry:
             return EnvLease(self, key, e)
 
     def _open(self, key: str, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
-        """``opener()``; where py-lmdb refuses it because a retired environment of ``key`` shares a file with the
-        new one, that environment is closed (its users re-open) and ``opener()`` tried again."""
+        """``opener()`` (of the store at ``key``), where py-lmdb refuses it first making room with
+        :meth:`make_room` and trying once more."""
+        return self.open_making_room(Path(key), opener)
+
+    def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
+        """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
+        :meth:`make_room` for it and ``opener()`` once more.
+
+        Raises:
+            LmdbStoreError: as ``opener`` (py-lmdb's refusal when no stale environment was in the way).
+        """
         try:
             return opener()
         except LmdbStoreError as exc:
-            stale = [e for e in self._retired if e.key == key]
-            if "already open" not in str(exc) or not stale:
+            if "already open" not in str(exc) or not self.make_room(path):
                 raise
-        for e in stale:
-            with contextlib.suppress(lmdb.Error):
-                e.env.close()
         return opener()
+
+    def make_room(self, path: Path) -> bool:
+        """Close the environments whose files py-lmdb takes for those of ``path`` although they are stale: their
+        store's path no longer holds the data file they opened (removed, replaced).  py-lmdb keys an open
+        environment by the ``(st_dev, st_ino)`` its ``data.mdb`` and ``lock.mdb`` had when it opened; once one of
+        those files is deleted, a new file may get its inode number, and py-lmdb then refuses it.  Their users'
+        leases turn invalid (their readers re-open and find the store replaced).  Returns whether any was closed.
+        """
+        wanted = {data_file_id(path), _lock_file(path)} - {None}
+        with self._mutex:
+            stale = [
+                e
+                for e in self._all()
+                if e.pid == os.getpid()
+                and wanted & {e.data_file, e.lock_file}
+                and data_file_id(Path(e.key)) != e.data_file
+            ]
+            for e in stale:
+                if self._entries.get(e.key) is e:
+                    del self._entries[e.key]
+                if e in self._retired:
+                    self._retired.remove(e)
+                with contextlib.suppress(lmdb.Error):
+                    e.env.close()
+        return bool(stale)
 
     def prepare(self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None) -> None:
         """Make room to open ``path`` in this mode: retire a shared environment of another data file than
@@ -243,9 +275,7 @@ class EnvRegistry:
         """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
         with self._mutex:
             key = os.path.realpath(path)
-            e = _Entry(
-                env, writable, lock or writable, _lock_file(path) if lock or writable else None, data_file_id(path)
-            )
+            e = _Entry(env, writable, lock or writable, _lock_file(path), data_file_id(path))
             e.refs, e.key = 1, key
             self._entries[key] = e
         return env

@@ -24,7 +24,7 @@ another store over ``data.mdb``) can hold a byte-identical meta page (two stores
 under a registered transaction nothing looks at the file at all.  So every check also compares the snapshot's
 *record fingerprint* (:attr:`Snapshot.record`): the bytes of the metadata record from its ``store_id`` on (the
 store's random id, the last commit's time and the exact value statistics, ~250 bytes), read where the record
-lies in the file (found once per snapshot, through liblmdb).  Those bytes are the snapshot's own while it is
+lies in the file (found once per snapshot by walking the ``meta`` B-tree, and checked against liblmdb's bytes).  Those bytes are the snapshot's own while it is
 protected, so a difference means another file.  A check is one 152-byte ``pread`` and one of the fingerprint
 for a lock-free reader, the fingerprint's alone for a registered one (~0.5 us each).
 """
@@ -116,16 +116,12 @@ class Snapshot:
             return False
 
 
-def fingerprint(raw: bytes, address: int, map_address: int, file_size: int) -> tuple[int, bytes] | None:
-    """The fingerprint of the metadata record ``raw``, which liblmdb returned at ``address`` of its map of the
-    file (mapped at ``map_address``): ``(file offset, bytes)``, or ``None`` when the record is not in the map."""
+def fingerprint(raw: bytes, offset: int) -> tuple[int, bytes]:
+    """The fingerprint of the metadata record ``raw``, which lies at ``offset`` of the file: ``(file offset,
+    bytes)`` of its :data:`FINGERPRINT_BYTES` from ``store_id`` on (its last ones for a record without one)."""
     start = raw.find(FINGERPRINT_KEY)
     start = start if start >= 0 else max(0, len(raw) - FINGERPRINT_BYTES)
-    window = raw[start : start + FINGERPRINT_BYTES]
-    off = address - map_address + start
-    if not window or off < 0 or off + len(window) > file_size:
-        return None
-    return off, window
+    return offset + start, raw[start : start + FINGERPRINT_BYTES]
 
 
 def capture(fd: int, txnid: int, registered: bool, path: str | Path | None = None) -> Snapshot:

@@ -18,6 +18,7 @@ from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
 from lmdbstore.store.locks import LOCK_FILE
+from lmdbstore.store.registry import ENVS
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
 
 __all__ = ["COPY_TAG", "CopyReport", "copy_store"]
@@ -77,7 +78,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     _check_dest(dst)
     t0 = time.perf_counter()
     try:
-        env = open_env(src, readonly=True, lock=True)
+        env = ENVS.open_making_room(src, lambda: open_env(src, readonly=True, lock=True))
     except LmdbStoreError as exc:
         if "already open" in str(exc):
             raise LmdbStoreError(
@@ -119,7 +120,10 @@ def _give_own_id(path: Path) -> int:
     """Give the fresh copy at ``path`` (nobody else has it open) a store id of its own, in one durable
     transaction; returns the sample count of the snapshot the copy took."""
     size = os.path.getsize(path / DATA_FILE)
-    env = open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True)
+    env = ENVS.open_making_room(  # a stale environment's lock file may have had the copy's inode number
+        path,
+        lambda: open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True),
+    )
     try:
         with translate_lmdb_errors(path, "give the copy its store id"):
             txn = begin_read(env)
