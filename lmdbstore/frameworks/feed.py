@@ -45,7 +45,9 @@ class BatchFeed:
     """Passes over ``sampler``'s batches of ``store`` (see the module docstring).
 
     Args:
-        store: the store directory.
+        store: the store directory, or the reader the sampler's indices and ``labels`` were taken from (its pin
+            of the store and data file then holds for every pass: a store replaced since is a
+            :class:`~lmdbstore.errors.StoreReplacedError`, never other samples under the old split).
         sampler: a batch sampler of :mod:`lmdbstore.loader` (its ``batch_size`` bounds a slot).
         layout: how samples lie in a batch.
         workers: reader processes (0: read in the consumer's thread, one batch at a time).
@@ -53,6 +55,7 @@ class BatchFeed:
         extra_slots: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
         transform: run on every batch where it is read (:mod:`lmdbstore.loader.transform`).
         context: start method of the readers (``None``: ``forkserver`` when TensorFlow or JAX is loaded).
+        labels: every label of the store, read with ``store``'s reader (default: read on first use).
 
     Raises:
         OSError: no room for the slots in shared memory.
@@ -60,7 +63,7 @@ class BatchFeed:
 
     def __init__(
         self,
-        store: str | os.PathLike[str],
+        store: str | os.PathLike[str] | StoreReader,
         sampler: Sampler,
         layout: BatchLayout,
         *,
@@ -69,8 +72,9 @@ class BatchFeed:
         extra_slots: int = EXTRA_SLOTS,
         transform: Transform | None = None,
         context: str | None = None,
+        labels: np.ndarray | None = None,
     ):
-        self.reader = StoreReader(store)
+        self.reader = store if isinstance(store, StoreReader) else StoreReader(store)
         self.sampler, self.layout, self.transform = sampler, layout, transform
         self.workers, self.context = workers, context
         self.depth = workers * prefetch if workers else 1
@@ -82,7 +86,7 @@ class BatchFeed:
         self.plan: list[np.ndarray] = []  # the indices of this pass's batches so far
         self.it: PassIterator | None = None
         self.exhausted = True
-        self._labels: np.ndarray | None = None
+        self._labels = labels
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -241,7 +245,8 @@ def open_feed(
         ValueError: ``indices`` out of range, or a split or sampler that cannot be made.
     """
     path = Path(store)
-    with StoreReader(path) as reader:
+    reader = StoreReader(path)  # its pin of the store and file travels with the feed and its reader processes
+    with reader:
         meta, labels = reader.meta, reader.labels()
     if indices is None:
         idx = split_indices(labels, config.split, config.val_fraction, config.seed)
@@ -260,6 +265,6 @@ def open_feed(
         sampler.drop_last = True  # type: ignore[union-attr]
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
     return BatchFeed(
-        path, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
-        transform=transform, context=config.multiprocessing_context,
+        reader, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
+        transform=transform, context=config.multiprocessing_context, labels=labels,
     )  # fmt: skip

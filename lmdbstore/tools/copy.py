@@ -64,8 +64,8 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     store id (its pages are not the source's: a reader must never take one for the other), is made in a
     temporary directory beside ``dest`` and renamed into place, then fsynced.
 
-    py-lmdb refuses a second environment of one path in a process: close this process's readers of
-    ``store`` first (DataLoader workers and other processes are fine).
+    The copy shares this process's environment of ``store`` (py-lmdb refuses a second one): readers of it in
+    this process keep working (lock-free ones re-open theirs with a reader table, as for a writer).
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
@@ -77,14 +77,8 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     check_store_dir(src)
     _check_dest(dst)
     t0 = time.perf_counter()
-    try:
-        env = ENVS.open_making_room(src, lambda: open_env(src, readonly=True, lock=True))
-    except LmdbStoreError as exc:
-        if "already open" in str(exc):
-            raise LmdbStoreError(
-                str(exc.message), path=src, hint="close this process's readers of the store first"
-            ) from exc
-        raise
+    lease = ENVS.acquire(src, writable=False, lock=True, opener=lambda: open_env(src, readonly=True, lock=True))
+    env = lease.env
     remove_stale_temps(dst, COPY_TAG, allowed=COPY_FILES)
     tmp = temp_beside(dst, COPY_TAG)
     try:
@@ -94,7 +88,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
             raise LmdbStoreError(f"cannot create the copy ({exc.strerror or exc})", path=dst) from exc
         with translate_lmdb_errors(src, "copy"):
             env.copy(str(tmp), compact=compact)
-        env.close()
+        lease.release()
         count = _give_own_id(tmp)
         fsync_path(tmp / DATA_FILE)
         if dst.exists():
@@ -102,7 +96,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         os.replace(tmp, dst)
         fsync_path(dst.parent)
     finally:
-        env.close()
+        lease.release()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return CopyReport(
