@@ -223,7 +223,7 @@ def test_a_new_reader_after_rm_and_copy_gets_the_new_store_and_old_readers_fail(
     np.testing.assert_array_equal(new.read_batch(np.arange(N)), orig.xb)  # not the old environment
     np.testing.assert_array_equal(new.labels(), orig.yb)
     assert new._handle().env is not old._h.env  # type: ignore[union-attr]
-    with pytest.raises(StoreReplacedError, match="replaced.*another"):
+    with pytest.raises(StoreReplacedError, match=r"replaced.*another"):
         old.read_batch([0])
     old.refresh()
     np.testing.assert_array_equal(old.labels(), orig.yb)
