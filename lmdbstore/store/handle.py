@@ -81,16 +81,37 @@ class Handle:
         try:
             with translate_read_errors(path, "open"):
                 self.file_id = self._open_file(lock)
-                self.env = self.lease.env
-                with self.guard.hold(MIN_DATA_FILE_BYTES):
-                    self.snapshot = self._begin(self.lease.entry.lock)
-                    self.needed_bytes = self.snapshot.needed_bytes or self._env_needed_bytes()
         except BaseException:
             self.close()
             raise
 
     def _open_file(self, lock: bool) -> FileId:
-        """Open the data file, and a share of an environment of the same file (see the module docstring).
+        """Open the data file, a share of an environment of the same file (see the module docstring) and the
+        read transaction; again while another thread closed that environment meanwhile (to re-open it in a
+        stronger mode).
+
+        Raises:
+            StoreReplacedError: the path kept naming another file while it was opened.
+        """
+        for _ in range(OPEN_TRIES):
+            self._open_env(lock)
+            with self.lease.entry.using(), self.guard.hold(MIN_DATA_FILE_BYTES):
+                if self.lease.valid:
+                    self.env = self.lease.env
+                    self.snapshot = self._begin(self.lease.entry.lock)
+                    self.needed_bytes = self.snapshot.needed_bytes or self._env_needed_bytes()
+                    st = os.fstat(self.fd)
+                    return (st.st_dev, st.st_ino)
+            self.lease.release()
+            self.lease = None  # type: ignore[assignment]
+            os.close(self.fd)
+            self.fd = -1
+        raise StoreReplacedError(
+            "the store's environment was re-opened again and again while it was opened", path=self.path
+        )
+
+    def _open_env(self, lock: bool) -> None:
+        """Open the data file and a share of an environment of the same file.
 
         Raises:
             StoreReplacedError: the path kept naming another file while it was opened.
@@ -100,19 +121,25 @@ class Handle:
             st = os.fstat(self.fd)
             self.guard = MapGuard(self.fd, self.path)
             try:
-                with self.guard.hold(0):  # liblmdb reads the meta pages of the map while it opens
-                    self.lease = ENVS.acquire(
-                        self.path,
-                        writable=False,
-                        lock=lock,
-                        opener=lambda: open_reader_env(self.path, lock),
-                        data_file=(st.st_dev, st.st_ino),
-                    )
-                return (st.st_dev, st.st_ino)
+                self.lease = ENVS.acquire(
+                    self.path,
+                    writable=False,
+                    lock=lock,
+                    opener=lambda: self._opener(lock),
+                    data_file=(st.st_dev, st.st_ino),
+                )
+                return
             except FileChanged:
                 os.close(self.fd)
                 self.fd = -1
         raise StoreReplacedError("the data file was replaced again and again while it was opened", path=self.path)
+
+    def _opener(self, lock: bool) -> lmdb.Environment:
+        """Open the environment (the registry calls this, holding its lock) with the file kept from shrinking:
+        liblmdb reads the meta pages of its map while it opens.  Never hold the lease while waiting for the
+        registry: a writer of this process opening the file under the registry's lock would wait for it."""
+        with self.guard.hold(0):
+            return open_reader_env(self.path, lock)
 
     @contextlib.contextmanager
     def lmdb(self) -> Iterator[None]:
@@ -122,7 +149,7 @@ class Handle:
         Raises:
             CorruptStoreError: the file is shorter than the snapshot's pages.
         """
-        with self._mutex, self.guard.hold(self.needed_bytes):
+        with self._mutex, self.lease.entry.using(), self.guard.hold(self.needed_bytes):
             yield
 
     def _begin(self, registered: bool) -> Snapshot:
@@ -187,8 +214,10 @@ class Handle:
         return self.snapshot.registered
 
     def protected(self) -> bool:
-        """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)."""
-        return self.snapshot.protected(self.fd, self.txn, self.env)
+        """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)
+        and its environment is still open (re-opened for a writer, retired for another file: re-snapshot)."""
+        lease = self.lease
+        return lease is not None and lease.valid and self.snapshot.protected(self.fd, self.txn, self.env)
 
     def check_size(self) -> None:
         """Refuse a data file shorter than this snapshot's pages (a page past the end of a mapped file kills

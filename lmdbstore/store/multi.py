@@ -106,9 +106,10 @@ class StoreSet(MetaView):
 
     def close(self) -> None:
         """Close every store in this process (call in the parent before starting workers)."""
-        if self._threads is not None and self._threads_pid == os.getpid():
-            self._threads.shutdown(wait=True)
-        self._threads = None
+        with self._locked():  # reads in progress on other threads keep the pool they submitted to
+            pool, self._threads = self._threads, None
+        if pool is not None and self._threads_pid == os.getpid():
+            pool.shutdown(wait=True)
         for r in self.readers:
             r.close()
 
@@ -288,16 +289,19 @@ class StoreSet(MetaView):
             i, local, rows = cold[0]
             self.readers[i].read_batch(local, out=rows)
             return
-        for f in [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]:
+        with self._locked():  # submitted under the lock: close() cannot shut the pool down in between
+            pool = self._pool()
+            futures = [pool.submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]
+        for f in futures:
             f.result()
 
     def _pool(self) -> ThreadPoolExecutor:
-        """This process's threads for cold reads of several stores at once (made after a fork anew)."""
-        with self._locked():
-            if self._threads is None or self._threads_pid != os.getpid():
-                self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
-                self._threads_pid = os.getpid()
-            return self._threads
+        """This process's threads for cold reads of several stores at once (made after a fork anew); call
+        holding the set's lock."""
+        if self._threads is None or self._threads_pid != os.getpid():
+            self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
+            self._threads_pid = os.getpid()
+        return self._threads
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order (each store's part read as its own range)."""
@@ -345,9 +349,7 @@ class StoreSet(MetaView):
         of the samples the layout counted (a store that grew since adds none)."""
         if self._labels is None:
             self._layout()
-            parts = [
-                remap[r.labels()[:n]] for r, remap, n in zip(self.readers, self._remaps, self.counts, strict=True)
-            ]
+            parts = [remap[r.labels()[:n]] for r, remap, n in zip(self.readers, self._remaps, self.counts, strict=True)]
             if any(len(p) != n for p, n in zip(parts, self.counts, strict=True)):  # a reader pins no fewer
                 raise ValidationError("a store of the set has fewer labels than when it was laid out", path=self.path)
             self._labels = np.concatenate(parts) if parts else np.zeros(0, label_dtype_for(len(self.classes)))

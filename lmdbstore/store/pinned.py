@@ -29,7 +29,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from lmdbstore.errors import LmdbStoreError, StoreReplacedError, translate_read_errors
+from lmdbstore.errors import (
+    LmdbStoreError,
+    NotAStoreError,
+    StoreNotFoundError,
+    StoreReplacedError,
+    translate_read_errors,
+)
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.locks import lock_table_writable
 from lmdbstore.store.positions import PositionTable
@@ -109,7 +115,16 @@ class PinnedReader:
     def _open(self, lock: bool | None) -> Handle:
         """A new snapshot whose metadata was read while it was protected, of the store this reader pinned."""
         for _ in range(MAX_RESNAPSHOTS):
-            h = Handle(self.path, lock, self.io_threads)
+            try:
+                h = Handle(self.path, lock, self.io_threads)
+            except (StoreNotFoundError, NotAStoreError) as exc:
+                if self._pinned[0] is None:
+                    raise
+                raise StoreReplacedError(
+                    f"the store this reader opened is no longer at the path ({exc.message})",
+                    path=self.path,
+                    hint="open a new reader (or call refresh()) once a store is there again",
+                ) from exc
             try:
                 with translate_read_errors(self.path, "open"):
                     try:

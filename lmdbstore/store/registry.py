@@ -80,6 +80,30 @@ class _Entry:
         self.pid = os.getpid()
         self.writing = 0
         self.private = False
+        self._use = threading.Condition()
+        self._using = 0  # liblmdb calls in progress on it (see using())
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Hold for a liblmdb call on this environment: :meth:`close` waits until no call is in progress (a
+        call on another thread must never run on a closed environment)."""
+        with self._use:
+            self._using += 1
+        try:
+            yield
+        finally:
+            with self._use:
+                self._using -= 1
+                if not self._using:
+                    self._use.notify_all()
+
+    def close(self) -> None:
+        """Close the environment once no liblmdb call is in progress on it; its transactions end."""
+        with self._use:
+            while self._using:
+                self._use.wait()
+            with contextlib.suppress(lmdb.Error):
+                self.env.close()
 
     def privatize_after_fork(self) -> None:
         """In a forked child, right after the fork: make the inherited reader table private to the child
@@ -197,9 +221,10 @@ class EnvRegistry:
         Raises:
             FileChanged: the environment opened is not of ``data_file`` (the path changed meanwhile).
         """
-        self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
+        self._after_fork()  # before taking the lock: a forked child's copy of it may be held by a parent thread
         key = os.path.realpath(path)
-        with self._mutex:
+        with self._mutex:  # prepare, open and adopt at once: no other thread opens the path in between
+            self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
             e = self._entries.get(key)
             if e is None:
                 self.adopt(path, self._open(key, opener), writable=writable, lock=lock)
@@ -210,6 +235,29 @@ class EnvRegistry:
             else:
                 e.refs += 1
             return EnvLease(self, key, e)
+
+    def open_own(
+        self,
+        path: Path,
+        opener: Callable[[], lmdb.Environment],
+        *,
+        setup: Callable[[lmdb.Environment], None] | None = None,
+    ) -> lmdb.Environment:
+        """Open ``path`` writable for the writer and share it (:meth:`prepare`, ``opener()``, ``setup(env)`` and
+        :meth:`adopt` at once, so no reader thread opens the path in between, or uses the environment before
+        ``setup`` -- the writer's sub-databases -- is done: liblmdb forbids opening sub-databases in two
+        transactions at once).  Release with :meth:`release_env`.  Errors as ``opener`` and ``setup``."""
+        self._after_fork()
+        with self._mutex:
+            self.prepare(path, writable=True)
+            env = self.open_making_room(path, opener)
+            try:
+                if setup is not None:
+                    setup(env)
+            except BaseException:
+                env.close()
+                raise
+            return self.adopt(path, env, writable=True)
 
     def _open(self, key: str, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
         """``opener()`` (of the store at ``key``), where py-lmdb refuses it first making room with
@@ -251,8 +299,7 @@ class EnvRegistry:
                     del self._entries[e.key]
                 if e in self._retired:
                     self._retired.remove(e)
-                with contextlib.suppress(lmdb.Error):
-                    e.env.close()
+                e.close()
         return bool(stale)
 
     def prepare(self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None) -> None:
@@ -269,7 +316,7 @@ class EnvRegistry:
                 self._retired.append(e)
             elif e is not None and ((writable and not e.writable) or (lock and not e.lock)):
                 del self._entries[key]
-                e.env.close()
+                e.close()
 
     def adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> lmdb.Environment:
         """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
@@ -292,8 +339,7 @@ class EnvRegistry:
                     del self._entries[lease.key]
                 if e in self._retired:
                     self._retired.remove(e)
-                with contextlib.suppress(lmdb.Error):
-                    e.env.close()
+                e.close()
 
     def release_env(self, env: lmdb.Environment) -> None:
         """Release the lease whose environment is ``env`` (closing ``env`` if it was never shared)."""
