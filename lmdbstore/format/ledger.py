@@ -18,7 +18,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from lmdbstore.errors import CorruptStoreError
+from lmdbstore.errors import CorruptStoreError, clip
 
 __all__ = [
     "MAX_NAME_KEY_BYTES",
@@ -105,8 +105,8 @@ def parse_entry(raw: bytes | memoryview, path: str | Path | None, name: str) -> 
     except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
         raise CorruptStoreError(f"resume-ledger entry is malformed ({exc})", path=path, key=name) from exc
     if not _is_count(done):
-        raise CorruptStoreError(f"resume-ledger entry has done={str(done)[:40]!r}", path=path, key=name)
+        raise CorruptStoreError(f"resume-ledger entry has done={clip(repr(done))}", path=path, key=name)
     total = entry.get("total")
     if total is not None and not _is_count(total):
-        raise CorruptStoreError(f"resume-ledger entry has total={str(total)[:40]!r}", path=path, key=name)
+        raise CorruptStoreError(f"resume-ledger entry has total={clip(repr(total))}", path=path, key=name)
     return dict(entry)
