@@ -20,6 +20,7 @@ from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env
 from lmdbstore.store.locks import LOCK_FILE
 from lmdbstore.store.registry import ENVS
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
+from lmdbstore.util.paths import check_outside
 
 __all__ = ["COPY_TAG", "CopyReport", "copy_store"]
 
@@ -69,12 +70,14 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
+        LmdbStoreError: ``dest`` is ``store`` or lies inside it.
         LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
             no directories, a full disk).
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)
+    check_outside(dst, [src], "destination")
     _check_dest(dst)
     t0 = time.perf_counter()
     lease = ENVS.acquire(src, writable=False, lock=True, opener=lambda: open_env(src, readonly=True, lock=True))

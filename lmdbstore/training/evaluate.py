@@ -137,7 +137,7 @@ def evaluate(
     """
     path = Path(store)
     if predictions_out is not None:
-        check_output_file(predictions_out, "predictions file")  # before scoring, not after
+        check_output_file(predictions_out, "predictions file", sources=[path])  # before scoring, not after
     with StoreReader(path) as reader:
         meta = reader.meta
     model_channels(meta.shape, path)
