@@ -144,10 +144,10 @@ def plan_ingest(
     if not sources:
         raise ValueError("sources must not be empty")
     path = Path(store)
-    check_outside(path, [src.path for src in sources], "store")  # never written into what it reads
     if classes is not None:
         classes = check_classes(classes)  # before any source is read: a bad list fails at once
     sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
+    check_outside(path, [src.path for src in sources], "store")  # never written into what it reads
     layout = store_layout(path)
     if layout is None:
         shape, dtype, names = _new_layout(sources, classes, dtype)

@@ -69,6 +69,7 @@ class StoreReader(PinnedReader, MetaView):
 
     Raises (on first use):
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+        StoreReplacedError (on any read): the store or data file at the path is no longer the one it opened.
     """
 
     def __init__(

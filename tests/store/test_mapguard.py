@@ -135,7 +135,7 @@ def test_a_file_truncated_in_a_loop_under_warm_reads_is_never_a_signal(tmp_path:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     lmdb_too = "1" if mode == "open" else "0"  # liblmdb's own reads are safe only under a lease
     reader = subprocess.Popen(
-        [sys.executable, str(tmp_path / "reader.py"), str(path), "2.0", lmdb_too, str(tmp_path / "x.npy")],
+        [sys.executable, str(tmp_path / "reader.py"), str(path), "1.2", lmdb_too, str(tmp_path / "x.npy")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -143,7 +143,7 @@ def test_a_file_truncated_in_a_loop_under_warm_reads_is_never_a_signal(tmp_path:
     )
     assert reader.stdout is not None and reader.stdout.readline().strip() == "READY"
     cut = subprocess.run(
-        [sys.executable, str(tmp_path / "truncate.py"), str(path / "data.mdb"), "1.5", mode], timeout=120, check=False
+        [sys.executable, str(tmp_path / "truncate.py"), str(path / "data.mdb"), "0.8", mode], timeout=120, check=False
     )
     out, err = reader.communicate(timeout=120)
     assert cut.returncode == 0
