@@ -31,7 +31,7 @@ from lmdbstore.format.layout import (
     classidx_key,
     encode_key,
 )
-from lmdbstore.format.ledger import encode_entry, parse_entry
+from lmdbstore.format.ledger import check_entry, encode_entry, parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.locks import release_lock
@@ -150,8 +150,17 @@ class StoreWriter:
 
         Raises:
             ValidationError: bad shape/dtype/values/labels; nothing of the batch is kept.
+            ValueError: ``progress`` not ``(name, position)`` with a non-empty name and an integer position in
+                ``0..2**63-1``, or ``progress_total`` not ``None`` or such an integer; nothing is kept.
         """
         self._check_open()
+        entry = None
+        if progress is not None:
+            if not isinstance(progress, tuple) or len(progress) != 2:
+                raise ValueError(f"progress must be a (name, position) tuple, got {str(progress)[:60]!r}")
+            entry = check_entry(progress[0], progress[1], progress_total)
+        elif progress_total is not None:
+            raise ValueError("progress_total needs progress=(name, position)")
         arr = self.check_samples(x, cast=cast)
         if np.may_share_memory(arr, np.asarray(x)):
             arr = arr.copy()  # buffered until the commit: the caller may reuse its array meanwhile
@@ -162,9 +171,9 @@ class StoreWriter:
             self._pending_y.append(ids)
             self._pending_stats_of.append(stats)
             self._pending_bytes += arr.nbytes
-        if progress is not None:
-            name, pos = progress
-            self._pending_progress[name] = {"done": int(pos), "total": progress_total}
+        if entry is not None:
+            name, pos, total = entry
+            self._pending_progress[name] = {"done": pos, "total": total}
         if self._pending_bytes >= self.config.commit_bytes:
             self.commit()
         return first

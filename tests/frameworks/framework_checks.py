@@ -52,6 +52,10 @@ def check_tf(store: str) -> None:
         np.testing.assert_array_equal(y.numpy(), labels[idx])
     kinds = {type(p).__name__ for p in mp.active_children()}
     assert "ForkServerProcess" in kinds, kinds
+    err = _replaced_before_the_first_epoch(
+        store, lambda s: lmdbstore.tf_dataset(s, split="val", batch_size=BATCH, workers=1)
+    )
+    assert "StoreReplacedError" in err and "replaced" in err, err
     import torch  # noqa: F401  (torch is installed in the test environment)
 
     from lmdbstore.config import LoaderConfig
@@ -63,6 +67,35 @@ def check_tf(store: str) -> None:
     )
     assert sum(len(y) for _, y in loader) == len(labels)
     assert type(loader.multiprocessing_context).__name__ == "ForkServerContext"
+
+
+def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
+    """Make a dataset of a copy of ``store`` (split ``val``), then copy another store (the same samples, another
+    id) over its data file before the first epoch, and iterate: the error's text (issue 25 #4: it used to read
+    the new store through the old split)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from lmdbstore.tools.copy import copy_store
+
+    base = Path(tempfile.mkdtemp())
+    try:
+        shutil.copytree(store, base / "mine")
+        copy_store(store, base / "other")
+        ds = make(str(base / "mine"))
+        shutil.copyfile(base / "other" / "data.mdb", base / "mine" / "data.mdb")
+        try:
+            for _ in ds:
+                pass
+        except Exception as exc:  # TensorFlow wraps what the generator raised
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            if hasattr(ds, "close"):
+                ds.close()
+        raise AssertionError("a store replaced before the first epoch was read through the old split")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _recording(ds: Any) -> list[list[list[int]]]:
@@ -123,6 +156,10 @@ def check_keras(store: str) -> None:
             np.testing.assert_array_equal(np.asarray(y), labels[idx])
     train.close()
     val.close()
+    err = _replaced_before_the_first_epoch(
+        store, lambda s: lmdbstore.keras_dataset(s, split="val", batch_size=BATCH, workers=1)
+    )
+    assert err.startswith("StoreReplacedError: ") and "\n" not in err, err
 
 
 class Recorder:

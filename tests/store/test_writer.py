@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -690,3 +691,25 @@ def test_what_an_interrupted_creation_cannot_leave_is_refused_and_untouched(
         after = dir_bytes(path)
         after.pop("lock.mdb", None)
         assert after == before
+
+
+@pytest.mark.parametrize(
+    "progress, total",
+    [(("src", -5), None), (("src", 2.5), None), (("src", "7"), None), (("src", True), None), (("src", 2**70), None),
+     (("", 5), None), ((b"src", 5), None), (("x" * 600, 5), None), ("src", None), (("src", 5), -1), (("src", 5), 1.5),
+     (None, 10)],
+)  # fmt: skip
+def test_every_number_the_ledger_records_is_checked_before_anything_is_kept(
+    small_store: StoreInfo, progress: Any, total: Any
+) -> None:
+    """Issue 25 #9: a bad position used to be committed (and the store then failed its own ledger check)."""
+    before = snapshot_store(small_store.path)
+    x, y = make_data(20, seed=3)
+    with open_writer(small_store.path) as w:
+        with pytest.raises(ValueError, match="progress") as exc:
+            w.append(x, y, progress=progress, progress_total=total)
+        assert "\n" not in str(exc.value) and w.count == 2000
+        w.append(x, y, progress=("src", np.int64(20)), progress_total=np.uint32(40))  # numpy integers are integers
+        assert w.count == 2020
+    after = snapshot_store(small_store.path)
+    assert after[b"progress"] == {b"src": b'{"done": 20, "total": 40}'} and before[b"progress"] == {}
