@@ -33,15 +33,20 @@ class ValueStats:
     nonfinite: int = 0
     scale: int = 0
 
-    #: Elements folded in per step: float64 temporaries of 2 MiB stay in cache instead of a fresh
-    #: allocation the size of a whole commit (page faults cost more than the arithmetic).
+    #: Elements folded in per step, through float64 (and mask) buffers of 2 MiB allocated once per
+    #: :meth:`update`: they stay in cache, and no allocation per step faults its pages in afresh (page faults cost
+    #: more than the arithmetic; a Dask worker's ``MALLOC_TRIM_THRESHOLD_`` makes every large allocation do so).
     CHUNK = 1 << 18
 
     def update(self, x: np.ndarray) -> None:
         """Fold a batch of samples in; non-finite values are counted and left out of the moments."""
         flat = np.asarray(x).reshape(-1)
+        if not flat.size:
+            return
+        f64 = np.empty(min(flat.size, self.CHUNK), np.float64)
+        finite = np.empty(len(f64), np.bool_) if flat.dtype.kind == "f" else None
         for lo in range(0, flat.size, self.CHUNK):
-            self._update_chunk(flat[lo : lo + self.CHUNK])
+            self._update_chunk(flat[lo : lo + self.CHUNK], f64, finite)
 
     def _rescale(self, scale: int) -> None:
         """Switch to a larger ``scale`` (exact: powers of two)."""
@@ -50,22 +55,25 @@ class ValueStats:
             self.sum, self.sumsq = math.ldexp(self.sum, -shift), math.ldexp(self.sumsq, -2 * shift)
             self.scale = scale
 
-    def _update_chunk(self, flat: np.ndarray) -> None:
-        if flat.dtype.kind == "f":
-            finite_mask = np.isfinite(flat)
+    def _update_chunk(self, flat: np.ndarray, f64_buffer: np.ndarray, finite_buffer: np.ndarray | None) -> None:
+        """Fold in one chunk, converted to float64 in ``f64_buffer`` (the same values and sums as
+        ``flat.astype(np.float64)``: the same contiguous length is reduced in the same order)."""
+        if finite_buffer is not None:
+            finite_mask = np.isfinite(flat, out=finite_buffer[: flat.size])
             n_bad = int(flat.size - np.count_nonzero(finite_mask))
             if n_bad:
                 self.nonfinite += n_bad
                 flat = flat[finite_mask]
             if flat.size == 0:
                 return
-        f64 = flat.astype(np.float64)
+        f64 = f64_buffer[: flat.size]
+        f64[...] = flat
         lo, hi = float(f64.min()), float(f64.max())
         peak = max(abs(lo), abs(hi))
         if peak > 0:
             self._rescale(math.frexp(peak)[1] - _STATS_MAX_SCALED_EXP)
         if self.scale:
-            f64 = np.ldexp(f64, -self.scale)
+            np.ldexp(f64, -self.scale, out=f64)
         self.n += int(f64.size)
         self.sum += float(f64.sum())
         self.sumsq += float(np.einsum("i,i->", f64, f64))  # not np.dot: BLAS threads stall on a busy machine
