@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,13 +41,32 @@ class ValueStats:
 
     def update(self, x: np.ndarray) -> None:
         """Fold a batch of samples in; non-finite values are counted and left out of the moments."""
-        flat = np.asarray(x).reshape(-1)
-        if not flat.size:
+        self.update_all([x])
+
+    def update_all(self, batches: Sequence[np.ndarray]) -> None:
+        """Fold in several batches of one dtype as if concatenated -- the same floats as
+        ``update(np.concatenate(batches))`` (the same chunks, summed in the same order), without the copy."""
+        flats = [f for f in (np.asarray(b).reshape(-1) for b in batches) if f.size]
+        total = sum(f.size for f in flats)
+        if not total:
             return
-        f64 = np.empty(min(flat.size, self.CHUNK), np.float64)
-        finite = np.empty(len(f64), np.bool_) if flat.dtype.kind == "f" else None
-        for lo in range(0, flat.size, self.CHUNK):
-            self._update_chunk(flat[lo : lo + self.CHUNK], f64, finite)
+        if len({f.dtype for f in flats}) > 1:  # never in a store (one dtype); numpy would promote
+            flats = [np.concatenate(flats)]
+        f64 = np.empty(min(total, self.CHUNK), np.float64)
+        finite = np.empty(len(f64), np.bool_) if flats[0].dtype.kind == "f" else None
+        pieces: list[np.ndarray] = []
+        need = self.CHUNK
+        for flat in flats:
+            pos = 0
+            while pos < flat.size:
+                take = min(need, flat.size - pos)
+                pieces.append(flat[pos : pos + take])
+                pos, need = pos + take, need - take
+                if not need:
+                    self._update_chunk(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), f64, finite)
+                    pieces, need = [], self.CHUNK
+        if pieces:
+            self._update_chunk(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), f64, finite)
 
     def _rescale(self, scale: int) -> None:
         """Switch to a larger ``scale`` (exact: powers of two)."""

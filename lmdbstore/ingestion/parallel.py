@@ -110,6 +110,10 @@ def _check_picklable(produce: Callable[[Any], Any]) -> None:
 class ResultSource(Protocol):
     """What runs the producers: the local :class:`OrderedPool` or an :class:`EnginePool`."""
 
+    @property
+    def private_results(self) -> bool:
+        """Whether the results are copies made for the calling process, which the writer keeps without copying."""
+
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
         """``(index, result)`` of every task from ``start`` on, in task order."""
 
@@ -139,7 +143,7 @@ def commit_in_order(
     try:
         for index, (x, y, stats) in results:
             key, done, total = ledger(index)
-            w.append(x, y, progress=(key, done), progress_total=total, stats=stats)
+            w.append(x, y, progress=(key, done), progress_total=total, stats=stats, copy=not pool.private_results)
             added += len(y)
             report(len(y))
     except (TaskFailure, WorkerDied, TaskLost) as exc:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
+import numpy as np
+
 __all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied", "pickled_task"]
 
 #: How often (seconds) a waiting side checks that the other side is still alive.
@@ -71,13 +73,24 @@ def send(fd: int, obj: Any) -> None:
 
 def _read_exactly(fd: int, n: int) -> bytearray:
     out = bytearray(n)
-    view, got = memoryview(out), 0
+    _read_into(fd, memoryview(out))
+    return out
+
+
+def _read_buffer(fd: int, n: int) -> np.ndarray:
+    """``n`` bytes from ``fd`` into a new uninitialized buffer (a ``bytearray`` would zero its bytes first)."""
+    out = np.empty(n, np.uint8)
+    _read_into(fd, memoryview(out).cast("B"))  # type: ignore[arg-type]  # numpy arrays are buffers
+    return out
+
+
+def _read_into(fd: int, view: memoryview) -> None:
+    n, got = len(view), 0
     while got < n:
         k = os.readv(fd, [view[got:]])
         if k == 0:
             raise EOFError("pipe closed")
         got += k
-    return out
 
 
 def receive(fd: int) -> Any:
@@ -85,7 +98,7 @@ def receive(fd: int) -> Any:
     head_len, n = _FRAME.unpack(_read_exactly(fd, _FRAME.size))
     lengths = struct.unpack(f"<{n}Q", _read_exactly(fd, 8 * n)) if n else ()
     head = _read_exactly(fd, head_len)
-    return pickle.loads(head, buffers=[_read_exactly(fd, k) for k in lengths])
+    return pickle.loads(head, buffers=[_read_buffer(fd, k) for k in lengths])
 
 
 def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
@@ -192,6 +205,11 @@ class OrderedPool:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._feeders: list[_Feeder] = []  # parent -> worker task pipes, one per worker
+
+    @property
+    def private_results(self) -> bool:
+        """Results are unpickled here from the workers' pipes (not with ``workers=0``: ``fn``'s own objects)."""
+        return self.workers > 0
 
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
         """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.

@@ -163,6 +163,18 @@ def test_value_stats_are_the_same_floats_as_fresh_float64_chunks(dtype: str) -> 
         assert vars(stats) == _stats_by_fresh_float64_chunks(part)
 
 
+@pytest.mark.parametrize("sizes", [[5, ValueStats.CHUNK, 3], [ValueStats.CHUNK + 1] * 3, [0, 10, 0, 7], [100_000] * 9])
+def test_value_stats_of_batches_are_those_of_their_concatenation(sizes: list[int]) -> None:
+    # the writer folds a commit's batches in without concatenating them: the same floats
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal(n) * 100).astype(np.float32) for n in sizes]
+    batches[-1][:3] = [np.nan, np.inf, -np.inf]
+    whole, parts = ValueStats(), ValueStats()
+    whole.update(np.concatenate(batches))
+    parts.update_all(batches)
+    assert vars(parts) == vars(whole)
+
+
 def test_value_stats_of_huge_values_stay_finite() -> None:
     # squares of values above ~1e154 overflow float64: the moments are kept scaled by a power of two
     rng = np.random.default_rng(2)

@@ -37,9 +37,8 @@ def _write(path: Path, tasks: list[Any] = TASKS, produce: Any = pt.produce, **kw
         shape=pt.SHAPE,
         dtype="float32",
         classes=pt.CLASSES,
-        config=SMALL,
         progress=False,
-        **kw,
+        **{"config": SMALL, **kw},
     )
 
 
@@ -126,6 +125,17 @@ def test_process_pool_worker_killed_is_named_and_a_rerun_resumes_exactly(tmp_pat
     assert verify_store(path).ok
 
 
+def test_a_thread_pool_producer_reusing_its_output_buffer_is_copied_before_the_next_task(tmp_path: Path) -> None:
+    # a thread pool hands over produce's own array (nothing unpickled): the writer copies it, while a process
+    # pool's results are copies made for it, kept as they are until the commit
+    assert not FuturesEngine(ThreadPoolExecutor(1)).private_results
+    with _spawn_pool(1) as ex:
+        assert FuturesEngine(ex).private_results
+    with ThreadPoolExecutor(1) as ex:
+        _write(tmp_path / "s", produce=pt.produce_into_one_buffer, executor=ex, in_flight=1, config=WriterConfig())
+    _assert_holds(tmp_path / "s", TASKS)
+
+
 def test_bad_executor_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="give a number of worker processes"):
         write_parallel(tmp_path / "s", pt.produce, TASKS, shape=pt.SHAPE, dtype="float32", classes=pt.CLASSES)
@@ -163,6 +173,7 @@ def test_dask_client_and_its_executor_write_the_same_store_bytes(
     tmp_path: Path, dask_client: Any, local_bytes: dict[int, Any]
 ) -> None:
     assert isinstance(engine_of(dask_client), DaskEngine) and engine_of(dask_client).workers() == 2
+    assert engine_of(dask_client).private_results  # gathered over tcp://: unpickled here
     assert isinstance(engine_of(dask_client.get_executor()), FuturesEngine)
     for kind, executor in (("client", dask_client), ("executor", dask_client.get_executor())):
         report = _write(tmp_path / kind, executor=executor)
