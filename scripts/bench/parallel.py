@@ -79,14 +79,18 @@ DASK_TUNED = {
 _CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def augment(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Task ``(seed, rounds)``: noise, ``rounds`` blur/shift/tanh passes over the whole batch, z-scored samples."""
-    seed, rounds = task
+def augment(task: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``(seed, rounds[, block])``: noise, ``rounds`` blur/shift/tanh passes over the whole batch (or over
+    ``block`` samples at a time, whose temporaries stay in cache), z-scored samples."""
+    seed, rounds, block = (*task, 0)[:3]
     rng = np.random.default_rng(seed)
     x = rng.random((TASK_SAMPLES, *SHAPE), dtype=np.float32)
-    for r in range(rounds):
-        x = 0.5 * x + 0.25 * (np.roll(x, 1, axis=1) + np.roll(x, -1, axis=2))
-        x = np.tanh(x * np.float32(1.0 + 0.1 * (r % 5)), out=x)
+    for lo in range(0, TASK_SAMPLES, block or TASK_SAMPLES):
+        part = x[lo : lo + (block or TASK_SAMPLES)]
+        for r in range(rounds):
+            part = 0.5 * part + 0.25 * (np.roll(part, 1, axis=1) + np.roll(part, -1, axis=2))
+            part = np.tanh(part * np.float32(1.0 + 0.1 * (r % 5)), out=part)
+        x[lo : lo + len(part)] = part
     flat = x.reshape(len(x), -1)
     flat -= flat.mean(axis=1, keepdims=True)
     flat /= flat.std(axis=1, keepdims=True) + np.float32(1e-6)
@@ -100,23 +104,31 @@ def cached(task: Any) -> tuple[np.ndarray, np.ndarray]:
     return _CACHE[0]
 
 
-def produce_ms(rounds: int, reps: int = 3) -> float:
-    """Milliseconds of one task of ``rounds`` in this process (the best of ``reps``)."""
-    augment((0, rounds))
+def produce_ms(rounds: int, block: int = 0, reps: int = 3) -> float:
+    """Milliseconds of one task of ``rounds`` (passes over ``block`` samples at a time) in this process (the best
+    of ``reps``)."""
+    augment((0, rounds, block))
     best = float("inf")
     for i in range(reps):
         t0 = time.perf_counter()
-        augment((i + 1, rounds))
+        augment((i + 1, rounds, block))
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
 
 
-def calibrate(cost_ms: float) -> tuple[int, float]:
-    """The rounds whose task costs about ``cost_ms`` here (at least 0), and that task's measured milliseconds."""
-    base, probe = produce_ms(0), 8
-    per_round = max((produce_ms(probe) - base) / probe, 1e-3)
-    rounds = max(0, round((cost_ms - base) / per_round))
-    return rounds, produce_ms(rounds)
+def calibrate(cost_ms: float, block: int = 0) -> tuple[int, float]:
+    """The rounds whose task costs about ``cost_ms`` here (at least 0), and that task's measured milliseconds: a
+    first guess from the cost of 0 and 8 rounds, then corrected twice from the cost measured at the guess (the
+    cost per round grows with the allocator's page faults, not quite linearly)."""
+    base = produce_ms(0, block)
+    rounds, ms = 8, produce_ms(8, block)
+    for _ in range(3):
+        per_round = max((ms - base) / max(rounds, 1), 1e-3)
+        guess = max(0, round((cost_ms - base) / per_round))
+        if guess == rounds:
+            break
+        rounds, ms = guess, produce_ms(guess, block)
+    return rounds, ms
 
 
 class CommitStamps:
@@ -149,13 +161,18 @@ def runner(spec: str) -> Iterator[tuple[int | None, Any, list[int]]]:
 
         tuned = spec.endswith("t")
         n = int(spec[4:].rstrip("t"))
-        with (
-            dask.config.set(DASK_TUNED if tuned else {}),
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
-            Client(cluster) as client,
-        ):
-            client.run(augment, (0, 0))  # every worker imported the producer
-            yield None, client, sorted(client.run(os.getpid).values())
+        environ = dict(os.environ)  # a Nanny sets its pre-spawn-environ in this process's own environment too
+        try:
+            with (
+                dask.config.set(DASK_TUNED if tuned else {}),
+                LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+                Client(cluster) as client,
+            ):
+                client.run(augment, (0, 0))  # every worker imported the producer
+                yield None, client, sorted(client.run(os.getpid).values())
+        finally:  # else later local workers (and tuned clusters) inherit MALLOC_TRIM_THRESHOLD_=65536
+            os.environ.clear()
+            os.environ.update(environ)
     elif spec.startswith("ppe"):
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, wait
@@ -210,8 +227,8 @@ class CpuClock:
         return {"writer_thread_s": main, "writer_other_s": other, "workers_s": children + engine}
 
 
-def bench_run(work: Path, tasks: int, rounds: int, spec: str) -> dict[str, Any]:
-    """``write_parallel`` of ``tasks`` tasks of ``rounds`` on the run ``spec`` (see :func:`runner`): the whole
+def bench_run(work: Path, tasks: int, rounds: int, spec: str, block: int = 0) -> dict[str, Any]:
+    """``write_parallel`` of ``tasks`` tasks of ``rounds`` (over ``block`` samples at a time) on the run ``spec`` (see :func:`runner`): the whole
     call's rate, the steady rate between the first and the last commit, and CPU milliseconds per task."""
     import lmdbstore.ingestion.parallel as par
 
@@ -227,7 +244,7 @@ def bench_run(work: Path, tasks: int, rounds: int, spec: str) -> dict[str, Any]:
             rep = write_parallel(
                 path,
                 augment,
-                [(seed, rounds) for seed in range(tasks)],
+                [(seed, rounds, block) for seed in range(tasks)],
                 workers=workers,
                 executor=executor,
                 shape=SHAPE,
@@ -318,6 +335,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(the same, tuned), ppeN (ProcessPoolExecutor); default 1,2,dask2,dask2t (1,2 without Dask)",
     )
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every run (default 3)")
+    ap.add_argument(
+        "--block",
+        type=int,
+        default=0,
+        help="the producer's passes over this many samples at a time (cache-sized temporaries: a producer that "
+        "scales with cores rather than with memory bandwidth); default 0: over the whole 10 MB batch",
+    )
     ap.add_argument("--quick", action="store_true", help="one 10 ms cost, 6 tasks, one round: a smoke test")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
@@ -329,7 +353,9 @@ def tasks_for(cost_ms: float, tasks: int | None) -> int:
     return tasks or int(min(160, max(12, RUN_SECONDS * 1e3 / max(cost_ms, 1.0))))
 
 
-def measure(costs: Sequence[float], runs: Sequence[str], rounds: int, tasks: int | None, workdir: Path | None) -> dict:
+def measure(
+    costs: Sequence[float], runs: Sequence[str], rounds: int, tasks: int | None, workdir: Path | None, block: int = 0
+) -> dict:
     """The sweep (each cost: calibration, then ``rounds`` rounds of every run), the writer and np.save, and the
     pipe; the data goes to a temporary directory under ``workdir`` (removed)."""
     work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=workdir))
@@ -337,9 +363,9 @@ def measure(costs: Sequence[float], runs: Sequence[str], rounds: int, tasks: int
     sweep = []
     try:
         for cost in costs:
-            n_rounds, ms = calibrate(cost)
+            n_rounds, ms = calibrate(cost, block)
             n = tasks_for(cost, tasks)
-            rows = [{"round": i, **bench_run(work, n, n_rounds, spec)} for i in range(rounds) for spec in runs]
+            rows = [{"round": i, **bench_run(work, n, n_rounds, spec, block)} for i in range(rounds) for spec in runs]
             sweep.append({"cost_ms": cost, "rounds_per_task": n_rounds, "produce_ms": ms, "tasks": n, "rows": rows})
         ready = max(6, min(tasks or 24, 24))
         writer = bench_writer(work, ready)
@@ -347,7 +373,8 @@ def measure(costs: Sequence[float], runs: Sequence[str], rounds: int, tasks: int
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = [r for s in sweep for r in s["rows"]]
-    return {"sweep": sweep, "rows": rows, "writer": writer, "pipe": pipe, "load": [load0, os.getloadavg()[0]]}
+    load = [load0, os.getloadavg()[0]]
+    return {"sweep": sweep, "rows": rows, "writer": writer, "pipe": pipe, "load": load, "block": block}
 
 
 def summarize(entry: dict[str, Any], runs: Sequence[str]) -> list[dict[str, Any]]:
@@ -388,7 +415,8 @@ def render(data: dict[str, Any], runs: Sequence[str]) -> str:
     rounds = max((r["round"] for r in data["rows"]), default=0) + 1
     lines = [
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
-        f"{load0:.1f} before, {load1:.1f} at the end; tasks of {TASK_SAMPLES} samples 25x25 float32 ({mb_task:.1f} MB); "
+        f"{load0:.1f} before, {load1:.1f} at the end; tasks of {TASK_SAMPLES} samples 25x25 float32 ({mb_task:.1f} MB), "
+        f"passes over {data['block'] or 'all'} samples at a time; "
         f"{rounds} interleaved round(s): median (min-max); ratios to the workers=1 run of the same round",
         "",
     ]
@@ -446,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tasks = 6 if args.quick else args.tasks
     rounds = 1 if args.quick else args.rounds
     runs = [w.strip() for w in (args.workers or default_runs()).split(",") if w.strip()]
-    data = measure(costs, runs, rounds, tasks, args.workdir)
+    data = measure(costs, runs, rounds, tasks, args.workdir, args.block)
     text = render(data, runs)
     print(text)
     if args.out:
