@@ -181,6 +181,20 @@ def test_dask_client_and_its_executor_write_the_same_store_bytes(
         assert _store_bytes(tmp_path / kind) == local_bytes[1] == local_bytes[2], kind
 
 
+def test_dask_in_this_process_hands_over_produce_s_own_arrays_and_the_writer_copies_them(
+    tmp_path: Path, distributed: Any
+) -> None:
+    # a cluster inside this process (inproc://) passes results without pickling them: a producer refilling one
+    # array must not see its earlier tasks rewritten
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as c,
+        distributed.Client(c) as client,
+    ):
+        assert not engine_of(client).private_results
+        _write(tmp_path / "s", produce=pt.produce_into_one_buffer, executor=client, in_flight=1, config=WriterConfig())
+    _assert_holds(tmp_path / "s", TASKS)
+
+
 def test_dask_raising_task_and_bad_result_are_named(tmp_path: Path, dask_client: Any) -> None:
     path = tmp_path / "s"
     with pytest.raises(TaskError, match=r"task #5 \(\(5, 55\)\) raised RuntimeError: boom in task five") as err:
