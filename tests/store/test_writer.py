@@ -6,6 +6,7 @@ import fcntl
 import itertools
 import json
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from lmdbstore import (
 )
 from lmdbstore.format.layout import DB_META, DB_SAMPLES, META_KEY, decode_key
 from lmdbstore.format.packing import choose_samples_per_value
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.tools.verify import verify_store
 
 FAST = WriterConfig(sync=False)
@@ -139,6 +141,46 @@ def test_odd_batches_commits_and_reopen_continue_indices(tmp_path: Path) -> None
         np.testing.assert_array_equal(got_y, y[:pos])
         assert meta.class_counts == np.bincount(y[:pos], minlength=5).tolist()
         check_value_layout(path)
+
+
+def test_values_and_statistics_are_the_packing_of_each_commit(tmp_path: Path) -> None:
+    """The bytes on disk, from the format's rule alone: value k holds samples k..k+spv-1 then their crc32, however the
+    batches of a commit cut the values (batches spanning values, values spanning batches, a partial value continued
+    by the next commit), with or without the writer's copy; each commit's statistics are those of its samples in
+    order, as one array."""
+    x, y = make_data(400, seed=9)
+    commits = [[1, 17, 18, 19], [2, 35], [100, 7, 1], [36, 64, 3], [97]]
+    path = tmp_path / "s"
+    want = ValueStats()
+    pos = 0
+    with open_writer(path, shape=(25, 25), dtype="float32", classes=CLASSES, config=FAST) as w:
+        for c, sizes in enumerate(commits):
+            for k in sizes:
+                w.append(x[pos : pos + k].copy(), y[pos : pos + k], copy=bool(c % 2))
+                pos += k
+            w.commit()
+            done = ValueStats(**vars(want))
+            done.update(x[pos - sum(sizes) : pos])
+            want = done
+    spv = 18
+    with StoreReader(path) as r:
+        values = {decode_key(k): bytes(v) for k, v in r.iter_raw(DB_SAMPLES)}
+        assert r.meta.value_stats == want
+    assert sorted(values) == list(range(0, pos, spv))
+    for first, value in values.items():
+        payload = x[first : first + spv].tobytes()
+        assert value == payload + zlib.crc32(payload).to_bytes(4, "little"), first
+
+
+def test_append_without_copy_keeps_the_array_given_until_the_commit(tmp_path: Path) -> None:
+    """copy=False hands the array over: the writer writes what it holds at the commit (write_parallel passes
+    results nobody else holds); the default copies (see the next test)."""
+    buf = np.zeros((5, 25, 25), np.float32)
+    with open_writer(tmp_path / "s", shape=(25, 25), dtype="float32", classes=CLASSES) as w:
+        w.append(buf, [0] * 5, copy=False)
+        buf[:] = 7
+    with StoreReader(tmp_path / "s") as r:
+        assert np.all(r.read_range(0, 5) == 7)
 
 
 def test_appending_single_samples_and_reopening_each_time(tmp_path: Path) -> None:
