@@ -230,7 +230,14 @@ def _raw(**changes: object) -> bytes:
     return json.dumps(d).encode()
 
 
-_DELETE = object()
+class _Deleted:
+    """The field is left out of the JSON (a fixed repr keeps test ids the same in every xdist worker)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETE = _Deleted()
 
 
 def test_meta_json_round_trip() -> None:
