@@ -47,13 +47,18 @@ class FileChanged(Exception):
     """The store's data file changed between the caller opening it and the environment being opened: retry."""
 
 
-def data_file_id(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the store's ``data.mdb`` now, or ``None`` when it cannot be found."""
+def file_id(path: Path) -> FileId | None:
+    """``(st_dev, st_ino)`` of the file ``path`` now, or ``None`` when it cannot be found."""
     try:
-        st = os.stat(Path(path) / DATA_FILE)
+        st = os.stat(path)
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
+
+
+def data_file_id(path: Path) -> FileId | None:
+    """``(st_dev, st_ino)`` of the store's ``data.mdb`` now, or ``None`` when it cannot be found."""
+    return file_id(Path(path) / DATA_FILE)
 
 
 class _Entry:
@@ -353,11 +358,7 @@ class EnvRegistry:
 
 def _lock_file(path: Path) -> FileId | None:
     """``(st_dev, st_ino)`` of the store's reader table, or ``None`` when it cannot be found."""
-    try:
-        st = os.stat(Path(path) / LOCK_FILE)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+    return file_id(Path(path) / LOCK_FILE)
 
 
 #: The environments of this process (see :class:`EnvRegistry`).  Process-wide because LMDB's rule it
