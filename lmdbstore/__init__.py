@@ -43,6 +43,7 @@ from lmdbstore.errors import (
     StoreFullError,
     StoreLockedError,
     StoreNotFoundError,
+    StoreReplacedError,
     TaskError,
     ValidationError,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "StoreMeta",
     "StoreNotFoundError",
     "StoreReader",
+    "StoreReplacedError",
     "StoreSet",
     "StoreWriter",
     "TaskError",

@@ -30,6 +30,7 @@ __all__ = [
     "StoreFullError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreReplacedError",
     "TaskError",
     "ValidationError",
     "clip",
@@ -158,6 +159,12 @@ class FormatVersionError(CorruptStoreError):
 
 class ChecksumError(CorruptStoreError):
     """A value's stored checksum does not match its bytes."""
+
+
+class StoreReplacedError(LmdbStoreError):
+    """The store at a path is no longer the one a reader, set or feed opened: another store, or another data
+    file, was put there (``cp`` over ``data.mdb``, ``rm -r`` and a new copy, a rename over it) while it was open.
+    Nothing read from the old one is mixed with the new one; open a new reader (or ``refresh()``) to read it."""
 
 
 class StoreLockedError(LmdbStoreError):

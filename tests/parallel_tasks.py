@@ -10,6 +10,7 @@ Run as a script (``python parallel_tasks.py STORE N_TASKS WORKERS PRODUCER``) it
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -42,6 +43,20 @@ def expected(tasks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def produce(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     return task_data(task)
+
+
+@functools.cache
+def _reused_buffer(n: int) -> np.ndarray:
+    return np.empty((n, *SHAPE), np.float32)
+
+
+def produce_into_one_buffer(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Like :func:`produce`, returning the same array object every time (refilled): a producer that reuses its
+    output buffer, which a writer in its own process must copy before the next task runs."""
+    x, y = task_data(task)
+    buf = _reused_buffer(len(x))
+    buf[:] = x
+    return buf, y
 
 
 def produce_with_inf(task: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -36,7 +36,7 @@ from lmdbstore.format.pages import (
     overflow_pages,
 )
 
-__all__ = ["LEAF_GROUP", "MAX_DEPTH", "BTreeValues", "main_db_entry", "samples_positions"]
+__all__ = ["LEAF_GROUP", "MAX_DEPTH", "BTreeValues", "main_db_entry", "record_position", "samples_positions"]
 
 #: Deepest B-tree accepted (LMDB's cursor stack holds 32 levels).
 MAX_DEPTH = 32
@@ -132,6 +132,54 @@ def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
                 start = o + NODESIZE + ksize
                 return LmdbDb.parse(page[start : start + MDB_DB_SIZE].tobytes())
     raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
+
+
+def _node_key(page: np.ndarray, words: np.ndarray, o: int, pgno: int, pages: PageReader) -> tuple[bytes, int]:
+    """The key of the node at offset ``o`` of ``page`` and the offset just past it (bounds-checked)."""
+    ksize = int(words[o // 2 + 3])
+    if o + NODESIZE + ksize > pages.psize:
+        raise damaged(f"page {pgno} has a node outside its page", path=pages.path)
+    return page[o + NODESIZE : o + NODESIZE + ksize].tobytes(), o + NODESIZE + ksize
+
+
+def record_position(pages: PageReader, main: LmdbDb, name: bytes, key: bytes) -> tuple[int, int]:
+    """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata
+    record), found the way liblmdb's search finds it (keys compared as bytes, shorter first).
+
+    Raises:
+        CorruptStoreError: the tree is damaged, or holds no such key.
+    """
+    db = main_db_entry(pages, main, name)
+    if not 1 <= db.depth <= MAX_DEPTH:
+        raise damaged(f"{name.decode()} B-tree has depth {db.depth}", path=pages.path)
+    pgno = db.root
+    for _ in range(db.depth - 1):
+        page = pages.read([pgno], P_BRANCH)[0]
+        ptr, words = pages.nodes(page, pgno)
+        child = None
+        for i, o in enumerate(ptr.tolist()):
+            if i == 0 or _node_key(page, words, o, pgno, pages)[0] <= key:
+                w = o // 2
+                child = int(words[w]) | int(words[w + 1]) << 16 | int(words[w + 2]) << 32
+        assert child is not None  # a branch page has nodes (checked by nodes())
+        pgno = child
+    page = pages.read([pgno], P_LEAF)[0]
+    ptr, words = pages.nodes(page, pgno)
+    for o in ptr.tolist():
+        k, data = _node_key(page, words, o, pgno, pages)
+        if k != key:
+            continue
+        w, ps = o // 2, pages.psize
+        dsize, flags = int(words[w]) | int(words[w + 1]) << 16, int(words[w + 2])
+        if flags & F_BIGDATA:
+            ov = int(np.frombuffer(page[data : data + 8].tobytes(), "<u8")[0]) if data + 8 <= ps else -1
+            if not 2 <= ov < pages.n_pages or ov + overflow_pages(dsize, ps) > pages.n_pages:
+                raise damaged(f"the {name.decode()} record points at overflow pages outside the file", path=pages.path)
+            return ov * ps + 16, dsize
+        if flags or data + dsize > ps:
+            raise damaged(f"page {pgno} has a {name.decode()} record outside its page", path=pages.path)
+        return pgno * ps + data, dsize
+    raise damaged(f"no {key!r} record in the {name.decode()} sub-database", path=pages.path)
 
 
 def _check_separators(

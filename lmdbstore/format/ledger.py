@@ -17,13 +17,17 @@ Entries are JSON, never pickled; a malformed one is a :class:`~lmdbstore.errors.
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Any
 
-from lmdbstore.errors import CorruptStoreError
+from lmdbstore.errors import CorruptStoreError, clip
 
 __all__ = [
+    "MAX_NAME_KEY_BYTES",
+    "MAX_POSITION",
     "PARALLEL_PREFIX",
+    "check_entry",
     "encode_entry",
     "parallel_key",
     "parallel_prefix",
@@ -38,6 +42,32 @@ PARALLEL_PREFIX = "parallel:"
 MAX_RUN_CHARS = 200
 #: Bytes of a file name kept in a source's key.
 MAX_NAME_BYTES = 100
+#: Largest position (``done``) or total an entry may record (a signed 64-bit integer).
+MAX_POSITION = (1 << 63) - 1
+#: Longest producer name, in UTF-8 bytes (LMDB's longest key).
+MAX_NAME_KEY_BYTES = 511
+
+
+def _is_count(value: object) -> bool:
+    """An integer (Python's or numpy's, never a bool) in ``0..MAX_POSITION``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= int(value) <= MAX_POSITION
+
+
+def check_entry(name: object, done: object, total: object) -> tuple[str, int, int | None]:
+    """An entry about to be recorded, checked: ``name`` a non-empty string of at most
+    :data:`MAX_NAME_KEY_BYTES` UTF-8 bytes, ``done`` and ``total`` (or ``None``) integers in
+    ``0..MAX_POSITION`` (not bools, floats or strings: ``2.5``, ``"7"``, ``True`` are refused, not cast).
+
+    Raises:
+        ValueError: naming ``progress`` (the name and position) or ``progress_total``.
+    """
+    if not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_KEY_BYTES:
+        raise ValueError(f"progress: the name must be a non-empty string of at most {MAX_NAME_KEY_BYTES} bytes")
+    if not _is_count(done):
+        raise ValueError(f"progress: the position must be an integer in 0..2**63-1, got {str(done)[:40]!r}")
+    if total is not None and not _is_count(total):
+        raise ValueError(f"progress_total must be None or an integer in 0..2**63-1, got {str(total)[:40]!r}")
+    return name, int(done), None if total is None else int(total)  # type: ignore[call-overload]
 
 
 def source_key(kind: str, digest: str, file_name: str) -> str:
@@ -78,6 +108,9 @@ def parse_entry(raw: bytes | memoryview, path: str | Path | None, name: str) -> 
         done = entry["done"]
     except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
         raise CorruptStoreError(f"resume-ledger entry is malformed ({exc})", path=path, key=name) from exc
-    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
-        raise CorruptStoreError(f"resume-ledger entry has done={done!r}", path=path, key=name)
+    if not _is_count(done):
+        raise CorruptStoreError(f"resume-ledger entry has done={clip(repr(done))}", path=path, key=name)
+    total = entry.get("total")
+    if total is not None and not _is_count(total):
+        raise CorruptStoreError(f"resume-ledger entry has total={clip(repr(total))}", path=path, key=name)
     return dict(entry)

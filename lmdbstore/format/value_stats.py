@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,15 +34,39 @@ class ValueStats:
     nonfinite: int = 0
     scale: int = 0
 
-    #: Elements folded in per step: float64 temporaries of 2 MiB stay in cache instead of a fresh
-    #: allocation the size of a whole commit (page faults cost more than the arithmetic).
+    #: Elements folded in per step, through float64 (and mask) buffers of 2 MiB allocated once per
+    #: :meth:`update`: they stay in cache, and no allocation per step faults its pages in afresh (page faults cost
+    #: more than the arithmetic; a Dask worker's ``MALLOC_TRIM_THRESHOLD_`` makes every large allocation do so).
     CHUNK = 1 << 18
 
     def update(self, x: np.ndarray) -> None:
         """Fold a batch of samples in; non-finite values are counted and left out of the moments."""
-        flat = np.asarray(x).reshape(-1)
-        for lo in range(0, flat.size, self.CHUNK):
-            self._update_chunk(flat[lo : lo + self.CHUNK])
+        self.update_all([x])
+
+    def update_all(self, batches: Sequence[np.ndarray]) -> None:
+        """Fold in several batches of one dtype as if concatenated -- the same floats as
+        ``update(np.concatenate(batches))`` (the same chunks, summed in the same order), without the copy."""
+        flats = [f for f in (np.asarray(b).reshape(-1) for b in batches) if f.size]
+        total = sum(f.size for f in flats)
+        if not total:
+            return
+        if len({f.dtype for f in flats}) > 1:  # never in a store (one dtype); numpy would promote
+            flats = [np.concatenate(flats)]
+        f64 = np.empty(min(total, self.CHUNK), np.float64)
+        finite = np.empty(len(f64), np.bool_) if flats[0].dtype.kind == "f" else None
+        pieces: list[np.ndarray] = []
+        need = self.CHUNK
+        for flat in flats:
+            pos = 0
+            while pos < flat.size:
+                take = min(need, flat.size - pos)
+                pieces.append(flat[pos : pos + take])
+                pos, need = pos + take, need - take
+                if not need:
+                    self._update_chunk(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), f64, finite)
+                    pieces, need = [], self.CHUNK
+        if pieces:
+            self._update_chunk(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), f64, finite)
 
     def _rescale(self, scale: int) -> None:
         """Switch to a larger ``scale`` (exact: powers of two)."""
@@ -50,22 +75,25 @@ class ValueStats:
             self.sum, self.sumsq = math.ldexp(self.sum, -shift), math.ldexp(self.sumsq, -2 * shift)
             self.scale = scale
 
-    def _update_chunk(self, flat: np.ndarray) -> None:
-        if flat.dtype.kind == "f":
-            finite_mask = np.isfinite(flat)
+    def _update_chunk(self, flat: np.ndarray, f64_buffer: np.ndarray, finite_buffer: np.ndarray | None) -> None:
+        """Fold in one chunk, converted to float64 in ``f64_buffer`` (the same values and sums as
+        ``flat.astype(np.float64)``: the same contiguous length is reduced in the same order)."""
+        if finite_buffer is not None:
+            finite_mask = np.isfinite(flat, out=finite_buffer[: flat.size])
             n_bad = int(flat.size - np.count_nonzero(finite_mask))
             if n_bad:
                 self.nonfinite += n_bad
                 flat = flat[finite_mask]
             if flat.size == 0:
                 return
-        f64 = flat.astype(np.float64)
+        f64 = f64_buffer[: flat.size]
+        f64[...] = flat
         lo, hi = float(f64.min()), float(f64.max())
         peak = max(abs(lo), abs(hi))
         if peak > 0:
             self._rescale(math.frexp(peak)[1] - _STATS_MAX_SCALED_EXP)
         if self.scale:
-            f64 = np.ldexp(f64, -self.scale)
+            np.ldexp(f64, -self.scale, out=f64)
         self.n += int(f64.size)
         self.sum += float(f64.sum())
         self.sumsq += float(np.einsum("i,i->", f64, f64))  # not np.dot: BLAS threads stall on a busy machine

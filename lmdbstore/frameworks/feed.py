@@ -50,7 +50,10 @@ class BatchFeed:
     """Passes over ``sampler``'s batches of ``store`` (see the module docstring).
 
     Args:
-        store: the store directory, a list of them (read as one set) or a reader or set.
+        store: the store directory, a list of them (read as one set), or the reader or set the sampler's
+            indices and ``labels`` were taken from (its pin of the store and data file then holds for every
+            pass: a store replaced since is a :class:`~lmdbstore.errors.StoreReplacedError`, never other
+            samples under the old split).
         sampler: a batch sampler of :mod:`lmdbstore.loader` (its ``batch_size`` bounds a slot).
         layout: how samples lie in a batch.
         workers: reader processes (0: read in the consumer's thread, one batch at a time).
@@ -58,6 +61,7 @@ class BatchFeed:
         extra_slots: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
         transform: run on every batch where it is read (:mod:`lmdbstore.loader.transform`).
         context: start method of the readers (``None``: ``forkserver`` once TensorFlow's or JAX's runtime runs).
+        labels: every label of the store, read with ``store``'s reader (default: read on first use).
 
     Raises:
         OSError: no room for the slots in shared memory.
@@ -74,6 +78,7 @@ class BatchFeed:
         extra_slots: int = EXTRA_SLOTS,
         transform: Transform | None = None,
         context: str | None = None,
+        labels: np.ndarray | None = None,
     ):
         self.reader = as_reader(store)
         self.sampler, self.layout, self.transform = sampler, layout, transform
@@ -87,7 +92,7 @@ class BatchFeed:
         self.plan: list[np.ndarray] = []  # the indices of this pass's batches so far
         self.it: PassIterator | None = None
         self.exhausted = True
-        self._labels: np.ndarray | None = None
+        self._labels = labels
         self.lock = threading.RLock()  # passes begin, end and stop from the consumer's and the timer's threads
         self.idle = IdleStop(self, BatchFeed.close, self.lock)
 
@@ -284,7 +289,7 @@ def open_feed(
         ValidationError: stores of a set that do not make one set.
         ValueError: ``indices`` out of range, or a split or sampler that cannot be made.
     """
-    reader = as_reader(store)
+    reader = as_reader(store)  # its pin of the store and file travels with the feed and its readers
     with reader:
         meta, labels = reader.meta, reader.labels()
     if indices is None:
@@ -305,5 +310,5 @@ def open_feed(
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels_last)
     return BatchFeed(
         reader, sampler, layout, workers=config.workers, prefetch=config.prefetch, extra_slots=extra_slots,
-        transform=transform, context=config.multiprocessing_context,
+        transform=transform, context=config.multiprocessing_context, labels=labels,
     )  # fmt: skip

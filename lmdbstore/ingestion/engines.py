@@ -19,6 +19,7 @@ engine interprets them (Dask would call a tuple whose first item is callable) an
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import pickle
 import sys
 import time
@@ -102,6 +103,11 @@ class Engine(Protocol):
     def start(self) -> None:
         """Get the engine going before the store is opened (see :meth:`FuturesEngine.start`)."""
 
+    @property
+    def private_results(self) -> bool:
+        """Whether every result is a copy made for this process (unpickled from another process), which the
+        writer may keep as it is instead of copying it: nothing else holds it or will change it."""
+
 
 class FuturesEngine:
     """Any ``concurrent.futures.Executor`` (``ProcessPoolExecutor``, a Dask ``client.get_executor()``,
@@ -120,6 +126,12 @@ class FuturesEngine:
     def cancel(self, handles: list[Any]) -> None:
         for h in handles:
             h.cancel()
+
+    @property
+    def private_results(self) -> bool:
+        """A ``ProcessPoolExecutor``'s results are unpickled here; other executors' may be the producers' own
+        objects (a thread pool's are)."""
+        return isinstance(self.executor, cf.ProcessPoolExecutor)
 
     def workers(self) -> int | None:
         """``max_workers`` of the standard executors (read from their ``_max_workers``), or the executor's own
@@ -166,6 +178,13 @@ class DaskEngine:
     def cancel(self, handles: list[Any]) -> None:
         if handles and self.client.status == "running":
             self.client.cancel(handles)
+
+    @property
+    def private_results(self) -> bool:
+        """Results gathered over a connection (``tcp://``, ...) are deserialized here; a cluster inside this
+        process (``inproc://``, ``LocalCluster(processes=False)``) hands over the producers' own objects."""
+        address = getattr(getattr(self.client, "scheduler", None), "address", None)
+        return isinstance(address, str) and not address.startswith("inproc://")
 
     def workers(self) -> int | None:
         """The threads of the cluster's workers now (``None`` while it has none)."""
@@ -241,6 +260,11 @@ class EnginePool:
             raise ValueError(f"workers must be positive with an executor, got {workers}")
         self.call, self.engine, self.in_flight, self.workers = CallPickled(fn), engine, in_flight, workers
         self._capacity, self._next_check = 1, 0.0
+
+    @property
+    def private_results(self) -> bool:
+        """Whether the results are copies made for this process (:attr:`Engine.private_results`)."""
+        return self.engine.private_results
 
     @property
     def limit(self) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.ingestion.parallel import DEFAULT_IN_FLIGHT, TaskResults, as_error, carry_error, commit_in_order
+from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order
 from lmdbstore.ingestion.plan import IngestPlan
 from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import IngestReport, SourceReport
@@ -26,6 +26,9 @@ from lmdbstore.util.progress import Bar, ProgressFactory, bar_from
 __all__ = ["ingest_parallel"]
 
 Chunk = tuple[int, int, int]  # (source index, first row, end row)
+#: Chunks each worker may have read and not yet had committed: a chunk is ``plan.batch`` rows (16,384 of 25x25
+#: float32 by default: 40 MB), so two per worker already cover the writer's commits.
+CHUNKS_IN_FLIGHT = 2
 
 
 class _Rows:
@@ -99,7 +102,7 @@ def ingest_parallel(plan: IngestPlan, *, workers: int, progress: ProgressFactory
             return keys[i], hi, len(srcs[i])
 
         try:
-            pool = OrderedPool(producer, workers, workers * DEFAULT_IN_FLIGHT)
+            pool = OrderedPool(producer, workers, workers * CHUNKS_IN_FLIGHT)
             commit_in_order(w, pool, chunks, 0, ledger_of, report=bar.update)
         finally:
             bar.close()
@@ -117,7 +120,7 @@ def _validate(plan: IngestPlan, chunks: list[Chunk], workers: int, bar: Bar) -> 
         TaskError: a worker died.
     """
     try:
-        for _, rows in OrderedPool(_Scan(plan), workers, workers * DEFAULT_IN_FLIGHT).results(chunks):
+        for _, rows in OrderedPool(_Scan(plan), workers, workers * CHUNKS_IN_FLIGHT).results(chunks):
             bar.update(rows)
     except (TaskFailure, WorkerDied) as exc:
         raise as_error(exc, chunks, plan.path) from exc

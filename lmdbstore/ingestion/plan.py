@@ -31,6 +31,7 @@ from lmdbstore.ingestion.sources.store import restrict_store_sources
 from lmdbstore.store.env import to_be_created
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.writer import StoreWriter
+from lmdbstore.util.paths import check_outside
 
 __all__ = ["IngestPlan", "plan_ingest", "read_ledger", "store_layout"]
 
@@ -138,6 +139,7 @@ def plan_ingest(
         ValueError: no sources, or a bad ``classes`` list (before any source is read).
         ValidationError: ``dtype`` or ``classes`` disagree with the existing store; inferred classes unusable.
         SourceError: a store source is the destination itself.
+        LmdbStoreError: the store is a source or lies inside one.
     """
     if not sources:
         raise ValueError("sources must not be empty")
@@ -145,6 +147,7 @@ def plan_ingest(
     if classes is not None:
         classes = check_classes(classes)  # before any source is read: a bad list fails at once
     sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
+    check_outside(path, [src.path for src in sources], "store")  # never written into what it reads
     layout = store_layout(path)
     if layout is None:
         shape, dtype, names = _new_layout(sources, classes, dtype)

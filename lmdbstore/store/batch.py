@@ -204,7 +204,8 @@ def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray,
 
 
 def value(h: Handle, first: int, verify: bool) -> memoryview:
-    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed).
+    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed), a view of the
+    map: call and use it under ``h.lmdb()``.
 
     Raises:
         CorruptStoreError: the value is missing or of the wrong length.  ChecksumError: with ``verify``.
@@ -248,16 +249,17 @@ def read_by_lmdb(h: Handle, runs: Runs, out: np.ndarray, verify: bool) -> None:
     tail_key = encode_key(tail_first)
     last: Any = None
     buf: Any = None
-    for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
-        if k != last:
-            last = k
-            if verify:
-                buf = value(h, int.from_bytes(k, "big"), True)
-            else:
-                buf = get(k, db=db)
-                if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
-                    buf = value(h, int.from_bytes(k, "big"), False)  # raises the precise error
-        ov[d:e] = buf[o : o + e - d]
+    with h.lmdb():  # liblmdb's map: kept from shrinking, one thread at a time
+        for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
+            if k != last:
+                last = k
+                if verify:
+                    buf = value(h, int.from_bytes(k, "big"), True)
+                else:
+                    buf = get(k, db=db)
+                    if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
+                        buf = value(h, int.from_bytes(k, "big"), False)  # raises the precise error
+            ov[d:e] = buf[o : o + e - d]
 
 
 def prefetch_ranges(table: PositionTable, lo: Any, hi: Any) -> tuple[list[int], list[int]]:

@@ -39,6 +39,7 @@ __all__ = [
     "open_reader_env",
     "raise_if_unborn",
     "read_meta",
+    "read_meta_record",
     "to_be_created",
     "unborn_reason",
 ]
@@ -235,18 +236,28 @@ def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> Store
         NotAStoreError: there is no metadata sub-database or record (an LMDB that is not ours).
         CorruptStoreError / FormatVersionError: the record is malformed.
     """
+    return read_meta_record(env, txn, path)[0]
+
+
+def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
+    """:func:`read_meta`, and the record's bytes as liblmdb returned them.
+
+    Raises:
+        as :func:`read_meta`.
+    """
     with translate_lmdb_errors(path, "read metadata"):
         try:
             db = env.open_db(DB_META, txn=txn, create=False)
         except (lmdb.NotFoundError, lmdb.IncompatibleError):
             # IncompatibleError: the main database has a plain key "meta", not a sub-database.
             raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path) from None
-        raw = txn.get(META_KEY, db=db)
-    if raw is None:
-        raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
+        buf = txn.get(META_KEY, db=db)
+        if buf is None:
+            raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
+        raw = bytes(buf)
     meta = StoreMeta.from_json(raw, path=str(path))
     check_count_fits(meta, path)
-    return meta
+    return meta, raw
 
 
 def check_count_fits(meta: StoreMeta, path: Path) -> None:

@@ -5,29 +5,46 @@ the snapshot as its meta page described it when the transaction began (:mod:`lmd
 the metadata and sub-databases read in it, and (built on first use) its position table.  Everything read
 through a handle is trusted only while :meth:`Handle.protected` says the snapshot is still the file's; the
 reader re-snapshots otherwise.
+
+A handle is tied to one data file: its own descriptor, and an environment the registry opened on the same
+file (``st_dev``, ``st_ino``; :mod:`lmdbstore.store.registry`), so samples read by offset and the metadata and
+labels read through liblmdb always come from one file.  Every access to the map (liblmdb's, and the copies of
+the position path) is made under the file's :class:`~lmdbstore.store.mapguard.MapGuard` (no SIGBUS from a file
+shrunk meanwhile); liblmdb calls go through :meth:`Handle.lmdb`, which also serialises them (a read
+transaction may serve many threads, one at a time).  Threads share a handle: :attr:`Handle.users` counts the
+reads in progress, and a handle retired meanwhile (:meth:`Handle.retire`) is closed by the last of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 
-from lmdbstore.errors import CorruptStoreError, translate_read_errors
-from lmdbstore.format.layout import DATA_DBS, DB_SAMPLES, encode_key
-from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta
+from lmdbstore.errors import CorruptStoreError, StoreReplacedError, translate_read_errors
+from lmdbstore.format.btree import record_position
+from lmdbstore.format.layout import DATA_DBS, DB_META, DB_SAMPLES, META_KEY, encode_key
+from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
+from lmdbstore.format.pages import PageReader
+from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
 from lmdbstore.store.locks import resolve_lock
+from lmdbstore.store.mapguard import MapGuard
 from lmdbstore.store.positions import PositionTable, build_table, table_key
 from lmdbstore.store.preads import PreadEngine
-from lmdbstore.store.registry import ENVS
-from lmdbstore.store.snapshot import Snapshot, capture
+from lmdbstore.store.registry import ENVS, EnvLease, FileChanged, FileId
+from lmdbstore.store.snapshot import Snapshot, capture, fingerprint
 
 __all__ = ["Handle"]
 
 #: Times a registered transaction is begun again when a writer overwrote its meta page before it was read.
 CAPTURE_TRIES = 4
+#: Times the data file is opened again when the path named another file by the time its environment opened.
+OPEN_TRIES = 4
 
 
 class Handle:
@@ -56,16 +73,84 @@ class Handle:
         self.table_source = ""
         self.txn: lmdb.Transaction = None  # type: ignore[assignment]  # set by _begin
         self.fd = -1
-        self.lease = ENVS.acquire(path, writable=False, lock=lock, opener=lambda: open_reader_env(path, lock))
-        self.env = self.lease.env
+        self.lease: EnvLease = None  # type: ignore[assignment]  # set by _open_file
+        self.users = 0  # reads in progress (the reader counts them under its lock)
+        self.retired = False
+        self._mutex = threading.RLock()  # liblmdb calls and the table build: one thread at a time
+        self.needed_bytes = MIN_DATA_FILE_BYTES
         try:
             with translate_read_errors(path, "open"):
-                self.fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
-                self.snapshot = self._begin(self.lease.entry.lock)
-                self.needed_bytes = self.snapshot.needed_bytes or self._env_needed_bytes()
+                self.file_id = self._open_file(lock)
         except BaseException:
             self.close()
             raise
+
+    def _open_file(self, lock: bool) -> FileId:
+        """Open the data file, a share of an environment of the same file (see the module docstring) and the
+        read transaction; again while another thread closed that environment meanwhile (to re-open it in a
+        stronger mode).
+
+        Raises:
+            StoreReplacedError: the path kept naming another file while it was opened.
+        """
+        for _ in range(OPEN_TRIES):
+            self._open_env(lock)
+            with self.lease.entry.using(), self.guard.hold(MIN_DATA_FILE_BYTES):
+                if self.lease.valid:
+                    self.env = self.lease.env
+                    self.snapshot = self._begin(self.lease.entry.lock)
+                    self.needed_bytes = self.snapshot.needed_bytes or self._env_needed_bytes()
+                    st = os.fstat(self.fd)
+                    return (st.st_dev, st.st_ino)
+            self.lease.release()
+            self.lease = None  # type: ignore[assignment]
+            os.close(self.fd)
+            self.fd = -1
+        raise StoreReplacedError(
+            "the store's environment was re-opened again and again while it was opened", path=self.path
+        )
+
+    def _open_env(self, lock: bool) -> None:
+        """Open the data file and a share of an environment of the same file.
+
+        Raises:
+            StoreReplacedError: the path kept naming another file while it was opened.
+        """
+        for _ in range(OPEN_TRIES):
+            self.fd = os.open(self.path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(self.fd)
+            self.guard = MapGuard(self.fd, self.path)
+            try:
+                self.lease = ENVS.acquire(
+                    self.path,
+                    writable=False,
+                    lock=lock,
+                    opener=lambda: self._opener(lock),
+                    data_file=(st.st_dev, st.st_ino),
+                )
+                return
+            except FileChanged:
+                os.close(self.fd)
+                self.fd = -1
+        raise StoreReplacedError("the data file was replaced again and again while it was opened", path=self.path)
+
+    def _opener(self, lock: bool) -> lmdb.Environment:
+        """Open the environment (the registry calls this, holding its lock) with the file kept from shrinking:
+        liblmdb reads the meta pages of its map while it opens.  Never hold the lease while waiting for the
+        registry: a writer of this process opening the file under the registry's lock would wait for it."""
+        with self.guard.hold(0):
+            return open_reader_env(self.path, lock)
+
+    @contextlib.contextmanager
+    def lmdb(self) -> Iterator[None]:
+        """Hold for a liblmdb call on this snapshot: one thread at a time, the file kept from shrinking (see
+        the module docstring).
+
+        Raises:
+            CorruptStoreError: the file is shorter than the snapshot's pages.
+        """
+        with self._mutex, self.lease.entry.using(), self.guard.hold(self.needed_bytes):
+            yield
 
     def _begin(self, registered: bool) -> Snapshot:
         """Begin the read transaction and capture its snapshot (registered: again while a writer overwrote
@@ -86,19 +171,34 @@ class Handle:
         return (int(info["last_pgno"]) + 1) * int(self.env.stat()["psize"])
 
     def load(self) -> None:
-        """Read the metadata and open the sub-databases in this snapshot (through liblmdb).
+        """Read the metadata and open the sub-databases in this snapshot (through liblmdb), and note where the
+        metadata record lies in the file (the snapshot's record fingerprint, :mod:`lmdbstore.store.snapshot`).
 
         Raises:
             NotAStoreError, CorruptStoreError, FormatVersionError: no metadata, a damaged one, a missing
                 sub-database.
         """
-        self.check_size()
-        with translate_read_errors(self.path, "open"):
-            self.meta = read_meta(self.env, self.txn, self.path)
+        with translate_read_errors(self.path, "open"), self.lmdb():
+            self.meta, raw = read_meta_record(self.env, self.txn, self.path)
             try:
                 self.dbs = {name: self.env.open_db(name, txn=self.txn, create=False) for name in DATA_DBS}
             except lmdb.NotFoundError as exc:
                 raise CorruptStoreError("a sub-database is missing", path=self.path) from exc
+        self.snapshot = dataclasses.replace(self.snapshot, record=self._fingerprint(raw))
+
+    def _fingerprint(self, raw: bytes) -> tuple[int, bytes] | None:
+        """Where this snapshot's metadata record ``raw`` (as liblmdb read it) lies in the file: its fingerprint
+        (:func:`~lmdbstore.store.snapshot.fingerprint`); ``None`` where the layout is unknown, or where the
+        file does not show liblmdb's bytes there (the snapshot is then not protected; the reader re-opens)."""
+        snap = self.snapshot.meta
+        if snap is None:
+            return None
+        size = os.fstat(self.fd).st_size
+        with contextlib.suppress(CorruptStoreError, OSError):
+            off, n = record_position(PageReader(self.fd, size, snap, self.path, None), snap.main, DB_META, META_KEY)
+            if n == len(raw) and os.pread(self.fd, n, off) == raw:
+                return fingerprint(raw, off)
+        return None
 
     def inherit(self, table: PositionTable | None) -> None:
         """Reuse ``table`` (kept by the reader across a fork, a re-open, ``close()``) if it is of exactly this
@@ -114,28 +214,25 @@ class Handle:
         return self.snapshot.registered
 
     def protected(self) -> bool:
-        """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)."""
-        return self.snapshot.protected(self.fd, self.txn, self.env)
+        """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)
+        and its environment is still open (re-opened for a writer, retired for another file: re-snapshot)."""
+        lease = self.lease
+        return lease is not None and lease.valid and self.snapshot.protected(self.fd, self.txn, self.env)
 
     def check_size(self) -> None:
-        """Refuse to touch LMDB's map once the data file is shorter than this snapshot's pages (a page past
-        the end of a mapped file kills the process with SIGBUS).
+        """Refuse a data file shorter than this snapshot's pages (a page past the end of a mapped file kills
+        the process with SIGBUS; the map itself is read only under the guard, which checks again).
 
         Raises:
             CorruptStoreError: the file was truncated while open.
         """
-        size = os.fstat(self.fd).st_size
-        if size < self.needed_bytes:
-            raise CorruptStoreError(
-                f"data file was truncated while open: {size} bytes, the snapshot needs {self.needed_bytes}",
-                path=self.path,
-                hint="restore the store from a copy",
-            )
+        with self.guard.hold(self.needed_bytes):
+            pass
 
     def _use(self, table: PositionTable | None) -> None:
         self.built, self.table = True, table
         if table is not None:
-            self.engine = PreadEngine(self.fd, table.file_size, self.io_threads, path=self.path)
+            self.engine = PreadEngine(self.fd, table.file_size, self.io_threads, path=self.path, guard=self.guard)
 
     def positions(self) -> PositionTable | None:
         """The position table of this snapshot, built on first call; ``None``: use liblmdb (a data file
@@ -144,29 +241,32 @@ class Handle:
         Raises:
             CorruptStoreError: the file contradicts itself, its metadata or liblmdb.
         """
-        if not self.built:
-            snap = self.snapshot.meta
-            if snap is None:
-                self._use(None)
-                return None
-            db, txn = self.dbs[DB_SAMPLES], self.txn
-            engine = PreadEngine(self.fd, os.fstat(self.fd).st_size, self.io_threads, path=self.path)
-            try:
-                table = build_table(
-                    self.fd,
-                    self.meta,
-                    snap,
-                    DB_SAMPLES,
-                    lambda first: txn.get(encode_key(first), db=db),
-                    engine,
-                    store_id=self.meta.store_id,
-                    path=self.path,
-                )
-            finally:
-                engine.close()
-            self._use(table)
-            self.table_source = "built"
-        return self.table
+        with self._mutex:
+            if not self.built:
+                self._build()
+            return self.table
+
+    def _build(self) -> None:
+        snap = self.snapshot.meta
+        if snap is None:
+            self._use(None)
+            return
+        db, txn = self.dbs[DB_SAMPLES], self.txn
+
+        def lookup(first: int) -> bytes | None:
+            with self.lmdb():
+                value = txn.get(encode_key(first), db=db)
+                return None if value is None else bytes(value)
+
+        engine = PreadEngine(self.fd, os.fstat(self.fd).st_size, self.io_threads, path=self.path, guard=self.guard)
+        try:
+            table = build_table(
+                self.fd, self.meta, snap, DB_SAMPLES, lookup, engine, store_id=self.meta.store_id, path=self.path
+            )
+        finally:
+            engine.close()
+        self._use(table)
+        self.table_source = "built"
 
     def forget_after_fork(self) -> None:
         """Let go of a handle inherited through ``fork()`` so that this process can open its own.
@@ -180,6 +280,13 @@ class Handle:
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
+    def retire(self) -> None:
+        """No new reads start on this handle: close it now, or when the last read in progress ends (the caller
+        holds the reader's lock, which guards :attr:`users`)."""
+        self.retired = True
+        if self.users == 0:
+            self.close()
+
     def __del__(self) -> None:
         # a reader dropped without close() gives its share back (the last share closes the environment)
         if getattr(self, "lease", None) is not None and self.pid == os.getpid():
@@ -188,6 +295,10 @@ class Handle:
 
     def close(self) -> None:
         if self.lease is None:
+            if self.fd >= 0:  # the environment never opened
+                with contextlib.suppress(OSError):
+                    os.close(self.fd)
+                self.fd = -1
             return
         try:
             if self.txn is not None:
@@ -201,5 +312,6 @@ class Handle:
                 with contextlib.suppress(OSError):
                     os.close(self.fd)
                 self.fd = -1
-            self.lease.release()
+            if self.lease is not None:
+                self.lease.release()
             self.lease = None  # type: ignore[assignment]

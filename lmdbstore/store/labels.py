@@ -25,7 +25,7 @@ def read_labels(h: Handle) -> np.ndarray:
     m = h.meta
     out = np.empty(m.count, m.label_dtype)
     pos = 0
-    with translate_read_errors(h.path, "read labels"):
+    with translate_read_errors(h.path, "read labels"), h.lmdb():
         for first in range(0, m.count, m.label_chunk):
             raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
             n = min(m.label_chunk, m.count - first)
@@ -50,7 +50,7 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
         raise ValueError(f"class_id must be in 0..{len(m.classes) - 1}, got {class_id}")
     n_c = m.class_counts[class_id]
     out = np.empty(n_c, np.int64)
-    with translate_read_errors(h.path, "read class index"):
+    with translate_read_errors(h.path, "read class index"), h.lmdb():
         for pos in range(0, n_c, m.label_chunk):
             raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
             n = min(m.label_chunk, n_c - pos)

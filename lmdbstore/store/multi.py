@@ -11,7 +11,12 @@ the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader a
   store is that store; a class missing from a store is fine, the same name is the same class.
   ``classes=`` fixes the order instead (it must name every class of every store);
 * **one shape and dtype**: a store that differs is a one-line :class:`~lmdbstore.errors.ValidationError`
-  naming it.
+  naming it; so is one store given twice (the same ``store_id``: under two paths, or copied with ``cp -r``);
+* **one snapshot of the layout**: the set is laid out once, from each store's metadata when the set is opened,
+  and stays that set: its length, ``counts``, ``offsets``, ``meta``, ``labels()`` and ``class_indices()`` are
+  those of the layout, also after a store grows (its new samples are not in the set; ``refresh()`` lays the
+  set out again).  Each store's reader pins its store and data file
+  (:class:`~lmdbstore.errors.StoreReplacedError` if one is replaced).
 
 Every store keeps its own position table, reads by file offset and reads in flight: a batch is read store by
 store, each part straight into its rows of the output when the batch is grouped by store (as the trainer's set
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,9 +36,9 @@ import numpy as np
 
 from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
-from lmdbstore.format.meta import StoreMeta
+from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.metaview import MetaView
+from lmdbstore.store.metaview import MetaView, sample_indices
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -50,9 +56,10 @@ class StoreSet(MetaView):
         lock, verify_checksums, positions, io_threads: as :class:`StoreReader`, for every store given by path.
 
     Raises:
-        ValueError: no store, or a store given twice.
-        ValidationError (on first use): stores of different shapes or dtypes, or a store's class missing from
-            ``classes``.
+        ValueError: no store, a store given twice, or ``classes`` with a repeated, blank or non-string name or one
+            holding a control character.
+        ValidationError (on first use): stores of different shapes or dtypes, a store's class missing from
+            ``classes``, or one store (its ``store_id``) given twice.
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError (on first use): a store.
     """
 
@@ -82,7 +89,8 @@ class StoreSet(MetaView):
         if twice:
             raise ValueError(f"stores: {preview(twice)} given twice (a store's samples would count twice)")
         self.path = self.paths[0]  #: the first store (messages about the set as a whole name it)
-        self.wanted_classes = list(classes) if classes is not None else None
+        self.wanted_classes = _check_wanted(classes)
+        self._mutex, self._mutex_pid = threading.Lock(), os.getpid()
         self._meta: StoreMeta | None = None
         self._offsets: np.ndarray | None = None
         self._remaps: list[np.ndarray] = []
@@ -98,9 +106,10 @@ class StoreSet(MetaView):
 
     def close(self) -> None:
         """Close every store in this process (call in the parent before starting workers)."""
-        if self._threads is not None and self._threads_pid == os.getpid():
-            self._threads.shutdown(wait=True)
-        self._threads = None
+        with self._locked():  # reads in progress on other threads keep the pool they submitted to
+            pool, self._threads = self._threads, None
+        if pool is not None and self._threads_pid == os.getpid():
+            pool.shutdown(wait=True)
         for r in self.readers:
             r.close()
 
@@ -120,7 +129,18 @@ class StoreSet(MetaView):
         state = dict(self.__dict__)
         state["_labels"] = None  # rebuilt from the stores' tables on first use
         state["_threads"], state["_threads_pid"] = None, 0  # threads stay in their process
+        del state["_mutex"], state["_mutex_pid"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._mutex, self._mutex_pid = threading.Lock(), os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        """This process's lock of the set (a forked child makes its own)."""
+        if self._mutex_pid != os.getpid():
+            self._mutex, self._mutex_pid = threading.Lock(), os.getpid()
+        return self._mutex
 
     def __repr__(self) -> str:
         return f"StoreSet({[str(p) for p in self.paths]!r})"
@@ -130,8 +150,24 @@ class StoreSet(MetaView):
         """The set's metadata, offsets and class maps, computed once (from the stores' metadata only)."""
         if self._meta is not None:
             return self._meta
+        with self._locked():
+            if self._meta is None:
+                self._lay_out()
+        assert self._meta is not None
+        return self._meta
+
+    def _lay_out(self) -> None:
         metas = [r.meta for r in self.readers]
         first = metas[0]
+        seen: dict[str, int] = {}
+        for i, m in enumerate(metas):
+            if m.store_id and seen.setdefault(m.store_id, i) != i:
+                raise ValidationError(
+                    f"this store is the set's store {seen[m.store_id]} ({self.paths[seen[m.store_id]]}) again: "
+                    "the same store id (a second path to it, or a copy made with cp)",
+                    path=self.paths[i],
+                    hint="give each store once; `lmdbstore copy` gives a copy an id of its own",
+                )
         for r, m in zip(self.readers, metas, strict=True):
             if m.shape != first.shape or m.dtype != first.dtype:
                 raise ValidationError(
@@ -152,7 +188,6 @@ class StoreSet(MetaView):
         self._meta = first.with_(
             classes=names, count=int(self._offsets[-1]), class_counts=counts.tolist(), value_stats=stats
         )
-        return self._meta
 
     def _class_names(self, metas: list[StoreMeta]) -> list[str]:
         """The union of the stores' class names, first seen first, or ``classes=`` checked to cover them."""
@@ -222,7 +257,7 @@ class StoreSet(MetaView):
             CorruptStoreError / ChecksumError: as the store read.
         """
         m = self.meta
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = sample_indices(indices)
         store = self.store_of(idx)  # -1 below the set, len(readers) beyond it
         if idx.size and (store.min() < 0 or store.max() >= len(self.readers)):
             self._check_indices(idx)
@@ -254,11 +289,15 @@ class StoreSet(MetaView):
             i, local, rows = cold[0]
             self.readers[i].read_batch(local, out=rows)
             return
-        for f in [self._pool().submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]:
+        with self._locked():  # submitted under the lock: close() cannot shut the pool down in between
+            pool = self._pool()
+            futures = [pool.submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]
+        for f in futures:
             f.result()
 
     def _pool(self) -> ThreadPoolExecutor:
-        """This process's threads for cold reads of several stores at once (made after a fork anew)."""
+        """This process's threads for cold reads of several stores at once (made after a fork anew); call
+        holding the set's lock."""
         if self._threads is None or self._threads_pid != os.getpid():
             self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
             self._threads_pid = os.getpid()
@@ -306,25 +345,45 @@ class StoreSet(MetaView):
 
     # ------------------------------------------------------------------ labels and classes
     def labels(self) -> np.ndarray:
-        """Every sample's class id in the set's classes (uint8 up to 256 classes), cached."""
+        """Every sample's class id in the set's classes (uint8 up to 256 classes), cached: each store's labels
+        of the samples the layout counted (a store that grew since adds none)."""
         if self._labels is None:
             self._layout()
-            parts = [remap[r.labels()] for r, remap in zip(self.readers, self._remaps, strict=True)]
+            parts = [remap[r.labels()[:n]] for r, remap, n in zip(self.readers, self._remaps, self.counts, strict=True)]
+            if any(len(p) != n for p, n in zip(parts, self.counts, strict=True)):  # a reader pins no fewer
+                raise ValidationError("a store of the set has fewer labels than when it was laid out", path=self.path)
             self._labels = np.concatenate(parts) if parts else np.zeros(0, label_dtype_for(len(self.classes)))
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
         """Class ids of ``indices``."""
-        return self.labels()[np.asarray(indices, dtype=np.int64)]
+        return self.labels()[sample_indices(indices, flat=False)]
 
     def class_indices(self, class_id: int) -> np.ndarray:
-        """Set indices of class ``class_id`` in ascending order, from each store's class-index table."""
+        """Set indices of class ``class_id`` in ascending order, from each store's class-index table (of the
+        samples the layout counted)."""
+        if not 0 <= class_id < len(self.classes):
+            raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
         name = self.classes[class_id]
         parts = []
-        for r, off in zip(self.readers, self.offsets[:-1].tolist(), strict=True):
+        for r, off, n in zip(self.readers, self.offsets[:-1].tolist(), self.counts, strict=True):
             if name in r.classes:
-                parts.append(r.class_indices(r.classes.index(name)).astype(np.int64) + off)
+                own = r.class_indices(r.classes.index(name)).astype(np.int64)
+                parts.append(own[: np.searchsorted(own, n)] + off)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:
+    """``classes=`` of a set as a list of distinct, non-blank class names without control characters.
+
+    Raises:
+        ValueError: naming ``classes``.
+    """
+    if classes is None:
+        return None
+    if isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes):
+        raise ValueError(f"classes must be a list of class names (strings), got {preview(classes, quote=True)}")
+    return check_classes(classes)
 
 
 def _groups(store: np.ndarray) -> Iterator[tuple[int, int, int]]:

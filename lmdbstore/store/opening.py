@@ -152,21 +152,25 @@ def _open_existing(
     map_size = max(config.initial_map_size, 2 * size)
     if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
         map_size = max(min(map_size, config.max_map_size), size)
-    ENVS.prepare(p, writable=True)
-    env = open_env(
-        p,
-        readonly=False,
-        map_size=map_size,
-        sync=config.sync,
-        metasync=config.sync,
-        meminit=False,
-    )
-    ENVS.adopt(p, env, writable=True)
-    try:
+    metas: list[StoreMeta] = []
+
+    def check_and_open_dbs(env: lmdb.Environment) -> None:
+        """The store's metadata checked (nothing written to what is no store), then its sub-databases opened,
+        before any reader thread shares the environment."""
         with env.begin() as txn:
-            meta = read_meta(env, txn, p)
-        _check_same(meta, p, shape, dtype, classes)
-        return StoreWriter(p, meta, env, lock_fd, config)
+            metas.append(read_meta(env, txn, p))
+        _check_same(metas[0], p, shape, dtype, classes)
+        with translate_lmdb_errors(p, "open"):
+            for name in ALL_DBS:
+                env.open_db(name)
+
+    env = ENVS.open_own(
+        p,
+        lambda: open_env(p, readonly=False, map_size=map_size, sync=config.sync, metasync=config.sync, meminit=False),
+        setup=check_and_open_dbs,
+    )
+    try:
+        return StoreWriter(p, metas[0], env, lock_fd, config)
     except BaseException:
         ENVS.release_env(env)
         raise
@@ -182,23 +186,26 @@ def _create(
     pages, and this first transaction makes it a store either way.  Until it commits, the directory stays
     one that a rerun creates afresh.
     """
-    ENVS.prepare(p, writable=True)
-    with translate_lmdb_errors(p, "create"):
-        env = lmdb.open(
-            str(p),
-            **ENV_OPTIONS,
-            map_size=config.initial_map_size,
-            sync=config.sync,
-            metasync=config.sync,
-            meminit=False,
-        )
-    ENVS.adopt(p, env, writable=True)
-    try:
+
+    def create() -> lmdb.Environment:
+        with translate_lmdb_errors(p, "create"):
+            return lmdb.open(
+                str(p),
+                **ENV_OPTIONS,
+                map_size=config.initial_map_size,
+                sync=config.sync,
+                metasync=config.sync,
+                meminit=False,
+            )
+
+    made: list[StoreMeta] = []
+
+    def first_commit(env: lmdb.Environment) -> None:  # the sub-databases and metadata, before anyone shares it
         meta = _new_meta(shape, dtype, classes, config, env.stat()["psize"])
         with translate_lmdb_errors(p, "create"), env.begin(write=True) as txn:
             dbs = {name: env.open_db(name, txn=txn) for name in ALL_DBS}
             txn.put(META_KEY, meta.to_json(), db=dbs[DB_META])
-    except BaseException:
-        ENVS.release_env(env)
-        raise
-    return StoreWriter(p, meta, env, lock_fd, config)
+        made.append(meta)
+
+    env = ENVS.open_own(p, create, setup=first_commit)
+    return StoreWriter(p, made[0], env, lock_fd, config)

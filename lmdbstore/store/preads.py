@@ -5,7 +5,9 @@ The reader copies exactly the bytes a batch needs from ``data.mdb`` at offsets t
 (numpy copies: one gather for a batch of single samples, one slice copy per longer run; no system call);
 what is not goes to a small thread pool running ``os.preadv`` (it releases the GIL, so the reads overlap in
 the kernel and on the disk), in the same batch.  Which is which, the kernel says
-(:class:`~lmdbstore.store.residency.Residency`), not a timer.
+(:class:`~lmdbstore.store.residency.Residency`), not a timer.  Every copy from the map is made under the
+file's :class:`~lmdbstore.store.mapguard.MapGuard`: with its read lease held by numpy, without one by the kernel
+(``process_vm_readv``) or ``preadv``, so a file shrunk under the reader is an error, never SIGBUS.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
+from lmdbstore.store.mapguard import MapGuard, truncated, vm_available, vm_copy
 from lmdbstore.store.residency import Residency, major_faults
 
 __all__ = ["DEFAULT_IO_THREADS", "GATHER_MAX_BYTES", "PreadEngine"]
@@ -52,18 +55,27 @@ class PreadEngine:
     """Copies runs of bytes of one file into memory: from the map when cached, by ``os.preadv`` when not.
 
     The map, the page-cache state and the pool are created on first need in each process, and never cross
-    a fork.  Only offsets below ``file_size`` (checked when the table was built) are ever read; the file's
-    size is checked before the map is read (a shorter file would fault).
+    a fork.  Only offsets below ``file_size`` (checked when the table was built) are ever read; the map is read
+    only under ``guard`` (the file's :class:`~lmdbstore.store.mapguard.MapGuard`; default: one of its own).
     """
 
-    def __init__(self, fd: int, file_size: int, threads: int | None = None, path: str | Path | None = None):
+    def __init__(
+        self,
+        fd: int,
+        file_size: int,
+        threads: int | None = None,
+        path: str | Path | None = None,
+        guard: MapGuard | None = None,
+    ):
         self.fd, self.file_size, self.path = fd, file_size, path
+        self.guard = guard if guard is not None else MapGuard(fd, path)
         self.threads = MAX_IO_THREADS if threads is None else max(1, threads)  # the pool's size
         self.inflight = InFlight(DEFAULT_IO_THREADS if threads is None else self.threads, fixed=threads is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._map: mmap.mmap | None = None
         self._mv: memoryview | None = None
         self._bytes: np.ndarray | None = None
+        self._base = 0  # the map's address
         self._res: Residency | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -84,16 +96,18 @@ class PreadEngine:
             return self._pool
 
     def mapped(self) -> np.ndarray:
-        """The file's bytes as a read-only uint8 array over the map."""
+        """The file's bytes as a read-only uint8 array over the map (read it only under :attr:`guard`)."""
         self._own()
-        if self._bytes is None:
-            self._map = mmap.mmap(self.fd, self.file_size, prot=mmap.PROT_READ)
-            with contextlib.suppress(AttributeError, OSError):
-                self._map.madvise(mmap.MADV_RANDOM)  # a fault reads one page, no read-ahead
-            self._mv = memoryview(self._map)
-            self._bytes = np.frombuffer(self._mv, np.uint8)
-            self._res = Residency(self._bytes.ctypes.data, self.file_size)
-        return self._bytes
+        with self._lock:
+            if self._bytes is None:
+                self._map = mmap.mmap(self.fd, self.file_size, prot=mmap.PROT_READ)
+                with contextlib.suppress(AttributeError, OSError):
+                    self._map.madvise(mmap.MADV_RANDOM)  # a fault reads one page, no read-ahead
+                self._mv = memoryview(self._map)
+                self._bytes = np.frombuffer(self._mv, np.uint8)
+                self._base = self._bytes.ctypes.data
+                self._res = Residency(self._base, self.file_size)
+            return self._bytes
 
     def residency(self) -> Residency:
         self.mapped()
@@ -105,9 +119,12 @@ class PreadEngine:
         return list(self.pool().map(fn, list(items)))
 
     # ------------------------------------------------------------------ reads
-    def _check_size(self) -> None:
-        if os.fstat(self.fd).st_size < self.file_size:
-            raise CorruptStoreError("data file was truncated while open", path=self.path)
+    def _copy_failed(self) -> CorruptStoreError:
+        """The error for a copy by the kernel that stopped short: the file shrank, or it could not be read."""
+        size = os.fstat(self.fd).st_size
+        if size < self.file_size:
+            return truncated(size, self.file_size, self.path)
+        return CorruptStoreError("the data file's pages could not be copied", path=self.path, hint="check the disk")
 
     def _pread(self, bufs_of: Callable[[int], list[memoryview]], offs: list[int], want: list[int]) -> None:
         fd, preadv = self.fd, os.preadv
@@ -131,10 +148,19 @@ class PreadEngine:
             if b > a
         ]
 
-    def _copy(self, dst: np.ndarray, offs: np.ndarray, dsts: np.ndarray, lens: np.ndarray) -> None:
-        """Copy cached runs from the map into the uint8 array ``dst``: runs of one short length by a gather,
-        the others by one slice copy each."""
+    def _copy(self, dst: np.ndarray, offs: np.ndarray, dsts: np.ndarray, lens: np.ndarray, leased: bool) -> None:
+        """Copy cached runs from the map into the uint8 array ``dst``: with the file's lease held, runs of one
+        short length by a gather and the others by one slice copy each; without, by the kernel (or ``preadv``)."""
         self.mapped()
+        if not leased:
+            if vm_copy(dst, dsts, self._base + offs, lens):
+                return
+            if vm_available():
+                raise self._copy_failed()
+            out = memoryview(dst)  # type: ignore[arg-type]
+            dl, nl = dsts.tolist(), lens.tolist()
+            self._pread(lambda j: [out[dl[j] : dl[j] + nl[j]]], offs.tolist(), nl)
+            return
         if len(offs) >= 16:
             width = int(lens[0])
             if width <= min(GATHER_MAX_BYTES, self.file_size) and dst.size % width == 0:
@@ -164,24 +190,35 @@ class PreadEngine:
         """
         if width > self.file_size or not self.residency().cached(offs, np.full(len(offs), width)).all():
             return None
-        self._check_size()
-        view = as_strided(self.mapped(), (self.file_size - width + 1, width), (1, 1), writeable=False)
-        before = major_faults()
-        if rows is None:
-            rows = view[offs]
-        else:
-            k = max(1, GATHER_CHUNK_BYTES // width)
-            for a in range(0, len(offs), k):
-                rows[a : a + k] = view[offs[a : a + k]]
-        if before >= 0 and major_faults() > before:
-            self.residency().distrust()
+        with self.guard.hold(self.file_size) as leased:
+            if not leased:
+                if not vm_available():
+                    return None
+                rows = np.empty((len(offs), width), np.uint8) if rows is None else rows
+                at = np.arange(len(offs), dtype=np.int64) * width
+                if not vm_copy(rows.reshape(-1), at, self._base + offs, np.full(len(offs), width, np.int64)):
+                    raise self._copy_failed()
+            else:
+                view = as_strided(self.mapped(), (self.file_size - width + 1, width), (1, 1), writeable=False)
+                before = major_faults()
+                if rows is None:
+                    rows = view[offs]
+                else:
+                    k = max(1, GATHER_CHUNK_BYTES // width)
+                    for a in range(0, len(offs), k):
+                        rows[a : a + k] = view[offs[a : a + k]]
+                if before >= 0 and major_faults() > before:
+                    self.residency().distrust()
         self.stats["batches"] += 1
         self.stats["copied_runs"] += len(offs)
         return rows
 
-    def _run(self, missing: np.ndarray, start: Callable[[np.ndarray], list[Future]], copy: Callable[[], None]) -> None:
-        """Start the missing runs' reads, copy the cached ones meanwhile, then wait for the reads; a major page
-        fault in the copy (a page left the cache after it was checked) tells the page-cache state."""
+    def _run(
+        self, missing: np.ndarray, start: Callable[[np.ndarray], list[Future]], copy: Callable[[bool], None]
+    ) -> None:
+        """Start the missing runs' reads, copy the cached ones meanwhile (``copy(leased)``, under the guard), then
+        wait for the reads; a major page fault in the copy (a page left the cache after it was checked) tells
+        the page-cache state."""
         self.stats["batches"] += 1
         if missing.any():
             self.stats["pread_batches"] += 1
@@ -189,11 +226,11 @@ class PreadEngine:
         t0 = time.perf_counter()
         futs = start(missing)
         try:
-            self._check_size()
-            before = major_faults()
-            copy()
-            if before >= 0 and major_faults() > before:
-                self.residency().distrust()
+            with self.guard.hold(self.file_size) as leased:
+                before = major_faults()
+                copy(leased)
+                if before >= 0 and major_faults() > before:
+                    self.residency().distrust()
         finally:
             for f in futs:
                 f.result()
@@ -223,7 +260,7 @@ class PreadEngine:
             futs = self._submit(lambda j: [view[md[j] : md[j] + mn[j]]], mo, mn)
             return futs
 
-        self._run(miss, start, lambda: self._copy(dst, o[hit], d[hit], n[hit]))
+        self._run(miss, start, lambda leased: self._copy(dst, o[hit], d[hit], n[hit], leased))
         self.residency().mark(o[miss], n[miss])
         return True
 
@@ -271,10 +308,11 @@ class PreadEngine:
 
             return self._submit(bufs, o[missing].tolist(), [head + ms[j] + mn[j] for j in range(len(idx))])
 
-        def copy() -> None:
+        def copy(leased: bool) -> None:
             if hit.any():
-                heads[hit] = self.mapped()[o[hit, None] + np.arange(head)]
-                self._copy(dst, o[hit] + head + s[hit], d[hit], n[hit])
+                at = np.flatnonzero(hit).astype(np.int64) * head
+                self._copy(heads.reshape(-1), o[hit], at, np.full(len(at), head, np.int64), leased)
+                self._copy(dst, o[hit] + head + s[hit], d[hit], n[hit], leased)
 
         self._run(miss, start, copy)
         self.residency().mark(o[miss], head + s[miss] + n[miss])

@@ -11,17 +11,18 @@ By default (``lock=None``) the reader probes the store's writer lock when it ope
 Every read is checked against the snapshot rule of :mod:`lmdbstore.store.snapshot`, before and after it
 touches the file: a snapshot that is no longer protected (a writer that started after a lock-free reader
 opened, a registered transaction that something ended) is replaced by a new, registered one and the read is
-done again, so a reader never returns bytes of another commit.  The new snapshot must be of the same store
-(its id, creation time and layout; no fewer samples): a store replaced at the path is an error, except on
-:meth:`StoreReader.refresh`, which asks for whatever is there now.
+done again, so a reader never returns bytes of another commit.  The new snapshot must be of the same store and
+data file (:mod:`lmdbstore.store.pinned`): a store replaced at the path is a
+:class:`~lmdbstore.errors.StoreReplacedError`, except on :meth:`StoreReader.refresh`, which asks for whatever is
+there now.  A reader may be shared by threads.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -32,19 +33,18 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
-from lmdbstore.store.locks import lock_table_writable
-from lmdbstore.store.metaview import MetaView
-from lmdbstore.store.positions import PositionTable
+from lmdbstore.store.metaview import MetaView, sample_indices
+from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
-T = TypeVar("T")
-#: Snapshots a reader takes in a row for one call before it gives up (each one overwritten by a writer
-#: before the call could finish: only a lock-free reader beside a fast writer gets there).
-MAX_RESNAPSHOTS = 8
+#: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, under one lease.
+SCAN_VALUES = 64
+#: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
+SCAN_BYTES = 4 << 20
 
 
-class StoreReader(MetaView):
+class StoreReader(PinnedReader, MetaView):
     """Random and sequential access to the samples, labels and class index of a store.
 
     Args:
@@ -69,6 +69,7 @@ class StoreReader(MetaView):
 
     Raises (on first use):
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+        StoreReplacedError (on any read): the store or data file at the path is no longer the one it opened.
     """
 
     def __init__(
@@ -89,111 +90,7 @@ class StoreReader(MetaView):
         self.positions = positions
         self.io_threads = io_threads
         self.check_whole_values = check_whole_values
-        self._h: Handle | None = None
-        self._table: PositionTable | None = None
-        self._labels: np.ndarray | None = None
-        self._identity: tuple[Any, ...] | None = None  # the store this reader reads (StoreMeta.identity)
-        self._count = 0  # the most samples it has seen: a later snapshot of the same store has no fewer
-
-    # ------------------------------------------------------------------ snapshots
-    def _handle(self) -> Handle:
-        h = self._h
-        if h is None or h.pid != os.getpid() or not h.lease.valid:
-            # After a fork the inherited handle belongs to the parent (see Handle.forget_after_fork);
-            # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.  A lease
-            # turns invalid in this process when the shared environment was re-opened for a user that
-            # needed more (a writer): the old transaction is dead, the snapshot may still be the same.
-            self._h = None
-            if h is not None:
-                if h.pid != os.getpid():
-                    h.forget_after_fork()
-                else:
-                    h.close()
-            h = self._h = self._open(self.lock)
-        return h
-
-    def _registered(self) -> bool | None:
-        """The ``lock`` of a snapshot taken because the last one was lost: registered where possible (an
-        explicit ``lock=False`` stays lock-free)."""
-        return False if self.lock is False else lock_table_writable(self.path)
-
-    def _open(self, lock: bool | None) -> Handle:
-        """A new snapshot whose metadata was read while it was protected, of the store this reader pinned."""
-        for _ in range(MAX_RESNAPSHOTS):
-            h = Handle(self.path, lock, self.io_threads)
-            try:
-                with translate_read_errors(self.path, "open"):
-                    try:
-                        h.load()
-                    except Exception:
-                        if h.protected():
-                            raise
-                    if h.protected():
-                        self._pin(h.meta)
-                        h.inherit(self._table)
-                        return h
-            except BaseException:
-                h.close()
-                raise
-            h.close()
-            lock = self._registered()
-        raise self._lost("open")
-
-    def _pin(self, meta: StoreMeta) -> None:
-        """Remember the store this reader reads; refuse a snapshot of another one (or one with fewer samples).
-
-        Raises:
-            LmdbStoreError: the store at the path was replaced while this reader had it open.
-        """
-        ident = meta.identity()
-        if self._identity is not None and (ident != self._identity or meta.count < self._count):
-            raise LmdbStoreError(
-                "the store was replaced while this reader had it open (another store id, layout or fewer samples)",
-                path=self.path,
-                hint="open a new reader (or call refresh()) to read the store that is there now",
-            )
-        self._identity, self._count = ident, max(self._count, meta.count)
-        if self._labels is not None and len(self._labels) != meta.count:
-            self._labels = None  # a newer snapshot of the store: its label table has more labels
-
-    def _lost(self, action: str) -> LmdbStoreError:
-        return LmdbStoreError(
-            f"{action}: a writer overwrote this reader's snapshot {MAX_RESNAPSHOTS} times in a row",
-            path=self.path,
-            hint="lock=False reads only a store nobody writes; use lock=None or lock=True beside a writer",
-        )
-
-    def _guarded(self, action: str, fn: Callable[[Handle], T]) -> T:
-        """``fn(handle)`` on a snapshot protected before and after it ran (see the module docstring); a lost
-        snapshot is replaced and ``fn`` run again.  Errors of ``fn`` count only on a protected snapshot."""
-        for _ in range(MAX_RESNAPSHOTS):
-            h = self._handle()
-            with translate_read_errors(self.path, action):
-                if h.protected():
-                    try:
-                        h.check_size()
-                        result = fn(h)
-                    except Exception:
-                        if h.protected():
-                            raise
-                    else:
-                        if h.protected():
-                            return result
-            self._resnapshot()
-        raise self._lost(action)
-
-    def _resnapshot(self) -> None:
-        """Replace a snapshot that is no longer protected by a new one (registered where possible)."""
-        h, self._h = self._h, None
-        if h is not None and h.pid == os.getpid():
-            h.close()
-        self._h = self._open(self._registered())
-
-    def _positions(self, h: Handle) -> PositionTable | None:
-        """The handle's position table, kept on the reader too: a re-opened handle of the same snapshot
-        (after :meth:`close`, in a forked DataLoader worker) need not rebuild it."""
-        self._table = h.positions()
-        return self._table
+        self._init_pin()
 
     @property
     def read_path(self) -> str:
@@ -209,27 +106,15 @@ class StoreReader(MetaView):
         self._handle()
         return self
 
-    def close(self) -> None:
-        """Close the environment in this process (call in the parent before starting workers)."""
-        if self._h is not None and self._h.pid == os.getpid():
-            self._h.close()
-        self._h = None
-
-    def refresh(self) -> None:
-        """Start a new read snapshot: see samples committed since, or the store now at the path."""
-        self.close()
-        self._labels = None
-        self._identity, self._count = None, 0
-
     def __getstate__(self) -> dict[str, Any]:
         keys = ("path", "lock", "verify_checksums", "positions", "io_threads", "check_whole_values")
-        return {**{k: getattr(self, k) for k in keys}, "identity": (self._identity, self._count)}
+        return {**{k: getattr(self, k) for k in keys}, "pinned": self._pin_state()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         path = state.pop("path")
-        identity = state.pop("identity", (None, 0))
+        pinned = state.pop("pinned", None)
         self.__init__(path, **state)  # type: ignore[misc]
-        self._identity, self._count = identity
+        self._restore_pin(pinned)
 
     def __enter__(self) -> StoreReader:
         return self.open()
@@ -263,7 +148,7 @@ class StoreReader(MetaView):
             CorruptStoreError / ChecksumError: a value is missing, short, or fails its checksum.
         """
         m = self._handle().meta
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = sample_indices(indices)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.count):
             bad = int(idx[(idx < 0) | (idx >= m.count)][0])
             raise IndexError(f"sample index {bad} out of range for a store of {m.count} samples")
@@ -281,7 +166,7 @@ class StoreReader(MetaView):
 
     def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
         """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``."""
-        idx, whole = np.asarray(indices, dtype=np.int64).reshape(-1), self.check_whole_values
+        idx, whole = sample_indices(indices), self.check_whole_values
         if not self.positions or self.verify_checksums:
             return False
         return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
@@ -302,9 +187,14 @@ class StoreReader(MetaView):
         bytes here would cost time, never a wrong sample.
         """
         table = self._guarded("read", self._positions) if self.positions else None
-        h = self._h
-        if table is not None and h is not None and h.engine is not None:
-            h.engine.advise(*prefetch_ranges(table, lo, hi))
+        if table is None:
+            return
+        h = self._take()
+        try:
+            if h.engine is not None:
+                h.engine.advise(*prefetch_ranges(table, lo, hi))
+        finally:
+            self._give(h)
 
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
@@ -325,7 +215,7 @@ class StoreReader(MetaView):
 
     def labels_of(self, indices: Any) -> np.ndarray:
         """Class ids of ``indices`` (from the cached label table)."""
-        return self.labels()[np.asarray(indices, dtype=np.int64)]
+        return self.labels()[sample_indices(indices, flat=False)]
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
@@ -339,43 +229,56 @@ class StoreReader(MetaView):
         """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked."""
 
         def get(h: Handle) -> bytes | None:
-            buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
-            return None if buf is None else bytes(buf)
+            with h.lmdb():
+                buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
+                return None if buf is None else bytes(buf)
 
         return self._guarded("read", get)
 
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
-        """Every (key, value) of sub-database ``db_name`` in key order (values are zero-copy views, valid
-        until the next item); ``None``: the main database, whose keys name the sub-databases.
+        """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
+        name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
+        :data:`SCAN_BYTES`), each under the file's guard and checked protected before it is yielded.
 
         Raises:
-            LmdbStoreError: a writer overwrote the snapshot during the scan (a lock-free reader), so what
-                was yielded may be wrong: scan again.
+            LmdbStoreError: a writer overwrote the snapshot during the scan (a lock-free reader): scan again.
             CorruptStoreError: the data file was truncated or is damaged.
         """
-        h = self._handle()
-        with translate_read_errors(self.path, "scan"):
-            h.check_size()
-            db = None if db_name is None else h.env.open_db(db_name, txn=h.txn, create=False)
-            for k, v in h.txn.cursor(db=db):
-                yield bytes(k), memoryview(v)
-                if not h.protected():
-                    break
-                h.check_size()
-            if not h.protected():
-                raise LmdbStoreError(
-                    "scan: a writer overwrote this snapshot while it was scanned",
-                    path=self.path,
-                    hint="scan again (with lock=True, beside a writer)",
-                )
+        h = self._take()
+        try:
+            with translate_read_errors(self.path, "scan"), h.lmdb():
+                db = None if db_name is None else h.env.open_db(db_name, txn=h.txn, create=False)
+                cursor = h.txn.cursor(db=db)
+                more = cursor.first()
+            while more:
+                group: list[tuple[bytes, memoryview]] = []
+                with translate_read_errors(self.path, "scan"), h.lmdb():
+                    size = 0
+                    while more and len(group) < SCAN_VALUES and size < SCAN_BYTES:
+                        value = bytes(cursor.value())
+                        group.append((bytes(cursor.key()), memoryview(value)))
+                        size += len(value)
+                        more = cursor.next()
+                    if not h.protected():
+                        raise LmdbStoreError(
+                            "scan: a writer overwrote this snapshot while it was scanned",
+                            path=self.path,
+                            hint="scan again (with lock=True, beside a writer)",
+                        )
+                yield from group
+        finally:
+            self._give(h)
 
     def env_stats(self) -> dict[str, Any]:
         """LMDB facts: page size, depth and pages of each sub-database, map size, last page, file bytes."""
-        h = self._handle()
-        with translate_lmdb_errors(self.path, "stat"):
-            info = h.env.info()
-            dbs = {name.decode(): h.txn.stat(db) for name, db in h.dbs.items()}
-            main = h.env.stat()
+        h = self._take()
+        try:
+            with translate_lmdb_errors(self.path, "stat"), h.lmdb():
+                info = h.env.info()
+                dbs = {name.decode(): h.txn.stat(db) for name, db in h.dbs.items()}
+                main = h.env.stat()
+        finally:
+            self._give(h)
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
 
 

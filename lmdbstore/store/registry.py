@@ -10,6 +10,14 @@ the child therefore makes its copy of every inherited reader table private
 (:func:`lmdbstore.util.forking.privatize`); from then on closing those environments is harmless, and the
 child opens its own (a writer open in the parent, or a ``lock=True`` reader, no longer keeps forked
 DataLoader workers from reading the store).
+
+An entry is tied to the data file it opened (``st_dev``, ``st_ino`` of ``data.mdb``): a path whose ``data.mdb``
+is now another file (``rm -r`` and a new copy, a rename over it) gets a new environment, never the old one.  The
+old entry is *retired*: its users see :attr:`EnvLease.valid` turn false (their readers re-open, find another
+file and fail with :class:`~lmdbstore.errors.StoreReplacedError`), and the last of them closes it.  py-lmdb 3.x
+refuses a second environment whose ``data.mdb`` or ``lock.mdb`` has the ``(st_dev, st_ino)`` of one open in the
+process (``lmdb/_envid.py``), so a retired environment sharing a file with the new one (a ``data.mdb`` renamed
+over, ``lock.mdb`` kept) is closed at once instead.
 """
 
 from __future__ import annotations
@@ -19,30 +27,88 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import lmdb
 
+from lmdbstore.errors import LmdbStoreError
+from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.locks import LOCK_FILE
 from lmdbstore.util.forking import file_ranges, privatize, supported
 
-__all__ = ["ENVS", "EnvLease", "EnvRegistry"]
+__all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "data_file_id"]
+
+#: A file's identity: ``(st_dev, st_ino)``.
+FileId = tuple[int, int]
+T = TypeVar("T")
+
+
+class FileChanged(Exception):
+    """The store's data file changed between the caller opening it and the environment being opened: retry."""
+
+
+def file_id(path: Path) -> FileId | None:
+    """``(st_dev, st_ino)`` of the file ``path`` now, or ``None`` when it cannot be found."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def data_file_id(path: Path) -> FileId | None:
+    """``(st_dev, st_ino)`` of the store's ``data.mdb`` now, or ``None`` when it cannot be found."""
+    return file_id(Path(path) / DATA_FILE)
 
 
 class _Entry:
     """One open environment of a path in this process, and how many users share it.
 
-    ``lock_file``: ``(st_dev, st_ino)`` of its reader table (``lock.mdb``) when it has one; ``writing``: a
-    write transaction is open on it now (the writer's commit); ``private``: in a forked child, the inherited
-    reader table was made private to the child, so closing the environment cannot touch the parent's.
+    ``lock_file``: ``(st_dev, st_ino)`` of the store's reader table (``lock.mdb``) when it opened (a lock-free
+    environment does not use it, but py-lmdb keys it too); ``data_file``: that of the ``data.mdb`` it opened; ``writing``: a write transaction is open on it now (the writer's commit);
+    ``private``: in a forked child, the inherited reader table was made private to the child, so closing the
+    environment cannot touch the parent's.
     """
 
-    def __init__(self, env: lmdb.Environment, writable: bool, lock: bool, lock_file: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        env: lmdb.Environment,
+        writable: bool,
+        lock: bool,
+        lock_file: FileId | None = None,
+        data_file: FileId | None = None,
+    ):
         self.env, self.writable, self.lock = env, writable, lock
-        self.lock_file = lock_file
+        self.lock_file, self.data_file = lock_file, data_file
         self.refs = 0
+        self.key = ""
         self.pid = os.getpid()
         self.writing = 0
         self.private = False
+        self._use = threading.Condition()
+        self._using = 0  # liblmdb calls in progress on it (see using())
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Hold for a liblmdb call on this environment: :meth:`close` waits until no call is in progress (a
+        call on another thread must never run on a closed environment)."""
+        with self._use:
+            self._using += 1
+        try:
+            yield
+        finally:
+            with self._use:
+                self._using -= 1
+                if not self._using:
+                    self._use.notify_all()
+
+    def close(self) -> None:
+        """Close the environment once no liblmdb call is in progress on it; its transactions end."""
+        with self._use:
+            while self._using:
+                self._use.wait()
+            with contextlib.suppress(lmdb.Error):
+                self.env.close()
 
     def privatize_after_fork(self) -> None:
         """In a forked child, right after the fork: make the inherited reader table private to the child
@@ -103,20 +169,24 @@ class EnvRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        self._retired: list[_Entry] = []  # replaced by an entry of another data file; closed by their last user
         self._mutex = threading.RLock()
         self._pid = os.getpid()
+
+    def _all(self) -> list[_Entry]:
+        return [*self._entries.values(), *self._retired]
 
     def privatize_after_fork(self) -> None:
         """``os.register_at_fork(after_in_child=...)``: make every inherited reader table private to the
         child at once, before anything in the child could close or drop an inherited environment.  Runs
         single-threaded in the new child, so it takes no lock (a parent thread may have held it)."""
-        for e in list(self._entries.values()):
+        for e in self._all():
             e.privatize_after_fork()
 
     @contextlib.contextmanager
     def writing(self, env: lmdb.Environment) -> Iterator[None]:
         """Mark ``env`` as holding an open write transaction for the block (see :meth:`privatize_after_fork`)."""
-        entry = next((e for e in list(self._entries.values()) if e.env is env), None)
+        entry = next((e for e in self._all() if e.env is env), None)
         if entry is not None:
             entry.writing += 1
         try:
@@ -127,49 +197,139 @@ class EnvRegistry:
 
     def _after_fork(self) -> None:
         if self._pid != os.getpid():
-            entries, self._entries = self._entries, {}
+            entries = self._all()
+            self._entries, self._retired = {}, []
             self._pid = os.getpid()
             self._mutex = threading.RLock()
-            for e in entries.values():
+            for e in entries:
                 e.forget_after_fork()
 
     def current(self, key: str) -> _Entry | None:
         return self._entries.get(key)
 
-    def acquire(self, path: Path, *, writable: bool, lock: bool, opener: Callable[[], lmdb.Environment]) -> EnvLease:
-        """A lease on ``path``'s environment, opened with ``opener()`` unless a sufficient one is open.
+    def acquire(
+        self,
+        path: Path,
+        *,
+        writable: bool,
+        lock: bool,
+        opener: Callable[[], lmdb.Environment],
+        data_file: FileId | None = None,
+    ) -> EnvLease:
+        """A lease on ``path``'s environment, opened with ``opener()`` unless a sufficient one of the same data
+        file is open.
 
         ``opener`` must open with ``readonly=not writable`` and ``lock=lock`` (a writable environment
-        always has a reader table).  Errors come from ``opener`` (already translated).
+        always has a reader table).  ``data_file``: the data file the caller opened itself; an open entry of
+        another one is retired (see the module docstring).  Errors come from ``opener`` (already translated).
+
+        Raises:
+            FileChanged: the environment opened is not of ``data_file`` (the path changed meanwhile).
         """
-        self.prepare(path, writable=writable, lock=lock)  # re-open in a stronger mode if needed
+        self._after_fork()  # before taking the lock: a forked child's copy of it may be held by a parent thread
         key = os.path.realpath(path)
-        with self._mutex:
+        with self._mutex:  # prepare, open and adopt at once: no other thread opens the path in between
+            self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
             e = self._entries.get(key)
             if e is None:
-                self.adopt(path, opener(), writable=writable, lock=lock)
+                self.adopt(path, self._open(key, opener), writable=writable, lock=lock)
                 e = self._entries[key]
+                if data_file is not None and e.data_file != data_file:
+                    self.release(EnvLease(self, key, e))
+                    raise FileChanged(str(path))
             else:
                 e.refs += 1
             return EnvLease(self, key, e)
 
-    def prepare(self, path: Path, *, writable: bool, lock: bool = True) -> None:
-        """Make room to open ``path`` in this mode: close a shared environment of a weaker mode (its users
-        see :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one."""
+    def open_own(
+        self,
+        path: Path,
+        opener: Callable[[], lmdb.Environment],
+        *,
+        setup: Callable[[lmdb.Environment], None] | None = None,
+    ) -> lmdb.Environment:
+        """Open ``path`` writable for the writer and share it (:meth:`prepare`, ``opener()``, ``setup(env)`` and
+        :meth:`adopt` at once, so no reader thread opens the path in between, or uses the environment before
+        ``setup`` -- the writer's sub-databases -- is done: liblmdb forbids opening sub-databases in two
+        transactions at once).  Release with :meth:`release_env`.  Errors as ``opener`` and ``setup``."""
+        self._after_fork()
+        with self._mutex:
+            self.prepare(path, writable=True)
+            env = self.open_making_room(path, opener)
+            try:
+                if setup is not None:
+                    setup(env)
+            except BaseException:
+                env.close()
+                raise
+            return self.adopt(path, env, writable=True)
+
+    def _open(self, key: str, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
+        """``opener()`` (of the store at ``key``), where py-lmdb refuses it first making room with
+        :meth:`make_room` and trying once more."""
+        return self.open_making_room(Path(key), opener)
+
+    def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
+        """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
+        :meth:`make_room` for it and ``opener()`` once more.
+
+        Raises:
+            LmdbStoreError: as ``opener`` (py-lmdb's refusal when no stale environment was in the way).
+        """
+        try:
+            return opener()
+        except LmdbStoreError as exc:
+            if "already open" not in str(exc) or not self.make_room(path):
+                raise
+        return opener()
+
+    def make_room(self, path: Path) -> bool:
+        """Close the environments whose files py-lmdb takes for those of ``path`` although they are stale: their
+        store's path no longer holds the data file they opened (removed, replaced).  py-lmdb keys an open
+        environment by the ``(st_dev, st_ino)`` its ``data.mdb`` and ``lock.mdb`` had when it opened; once one of
+        those files is deleted, a new file may get its inode number, and py-lmdb then refuses it.  Their users'
+        leases turn invalid (their readers re-open and find the store replaced).  Returns whether any was closed.
+        """
+        wanted = {data_file_id(path), _lock_file(path)} - {None}
+        with self._mutex:
+            stale = [
+                e
+                for e in self._all()
+                if e.pid == os.getpid()
+                and wanted & {e.data_file, e.lock_file}
+                and data_file_id(Path(e.key)) != e.data_file
+            ]
+            for e in stale:
+                if self._entries.get(e.key) is e:
+                    del self._entries[e.key]
+                if e in self._retired:
+                    self._retired.remove(e)
+                e.close()
+        return bool(stale)
+
+    def prepare(self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None) -> None:
+        """Make room to open ``path`` in this mode: retire a shared environment of another data file than
+        ``data_file`` (default: the one at the path now), close one of a weaker mode (its users see
+        :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one."""
         self._after_fork()
         key = os.path.realpath(path)
+        now = data_file if data_file is not None else data_file_id(path)
         with self._mutex:
             e = self._entries.get(key)
-            if e is not None and ((writable and not e.writable) or (lock and not e.lock)):
+            if e is not None and now is not None and e.data_file is not None and e.data_file != now:
                 del self._entries[key]
-                e.env.close()
+                self._retired.append(e)
+            elif e is not None and ((writable and not e.writable) or (lock and not e.lock)):
+                del self._entries[key]
+                e.close()
 
     def adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> lmdb.Environment:
         """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
         with self._mutex:
-            e = _Entry(env, writable, lock or writable, _lock_file(path) if lock or writable else None)
-            e.refs = 1
-            self._entries[os.path.realpath(path)] = e
+            key = os.path.realpath(path)
+            e = _Entry(env, writable, lock or writable, _lock_file(path), data_file_id(path))
+            e.refs, e.key = 1, key
+            self._entries[key] = e
         return env
 
     def release(self, lease: EnvLease) -> None:
@@ -182,25 +342,23 @@ class EnvRegistry:
             if e.refs <= 0:
                 if self._entries.get(lease.key) is e:
                     del self._entries[lease.key]
-                e.env.close()
+                if e in self._retired:
+                    self._retired.remove(e)
+                e.close()
 
     def release_env(self, env: lmdb.Environment) -> None:
         """Release the lease whose environment is ``env`` (closing ``env`` if it was never shared)."""
         with self._mutex:
-            for key, e in list(self._entries.items()):
+            for e in self._all():
                 if e.env is env and e.pid == os.getpid():
-                    self.release(EnvLease(self, key, e))
+                    self.release(EnvLease(self, e.key, e))
                     return
         env.close()
 
 
-def _lock_file(path: Path) -> tuple[int, int] | None:
+def _lock_file(path: Path) -> FileId | None:
     """``(st_dev, st_ino)`` of the store's reader table, or ``None`` when it cannot be found."""
-    try:
-        st = os.stat(Path(path) / LOCK_FILE)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+    return file_id(Path(path) / LOCK_FILE)
 
 
 #: The environments of this process (see :class:`EnvRegistry`).  Process-wide because LMDB's rule it

@@ -31,7 +31,7 @@ from lmdbstore.format.layout import (
     classidx_key,
     encode_key,
 )
-from lmdbstore.format.ledger import encode_entry, parse_entry
+from lmdbstore.format.ledger import check_entry, encode_entry, parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.locks import release_lock
@@ -40,6 +40,33 @@ from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
 
 __all__ = ["StoreWriter", "utc_now"]
+
+
+class _Pieces:
+    """Consecutive byte ranges of buffers laid end to end (a value's payload may span two batches): a view
+    where a range lies in one buffer, copied only across a seam."""
+
+    def __init__(self, buffers: list[bytes | memoryview]) -> None:
+        self._buffers, self._i, self._pos = [b for b in buffers if len(b)], 0, 0
+
+    def take(self, n: int) -> bytes | memoryview:
+        """The next ``n`` bytes."""
+        buf = self._buffers[self._i]
+        if self._pos + n <= len(buf):
+            out = buf[self._pos : self._pos + n]
+            self._pos += n
+            if self._pos == len(buf):
+                self._i, self._pos = self._i + 1, 0
+            return out
+        parts = []
+        while n:
+            buf = self._buffers[self._i]
+            k = min(n, len(buf) - self._pos)
+            parts.append(bytes(buf[self._pos : self._pos + k]))
+            self._pos, n = self._pos + k, n - k
+            if self._pos == len(buf):
+                self._i, self._pos = self._i + 1, 0
+        return b"".join(parts)
 
 
 def utc_now() -> str:
@@ -133,6 +160,7 @@ class StoreWriter:
         progress_total: int | None = None,
         cast: bool = False,
         stats: ValueStats | None = None,
+        copy: bool = True,
     ) -> int:
         """Append a batch of samples ``x`` (shape ``(N, *shape)`` or one sample) with labels ``y``.
 
@@ -144,16 +172,28 @@ class StoreWriter:
             cast: convert ``x`` to the store's dtype when the kinds agree (e.g. float64 -> float32).
             stats: ``ValueStats`` of ``x`` computed elsewhere (a worker process), folded into the
                 metadata instead of recomputing them here; trusted as given.
+            copy: keep a copy of ``x`` until the commit (default), so the caller may reuse its array; ``False``
+                hands ``x`` over: the writer keeps the array as given until the commit, and it must not change
+                meanwhile (one copy of every sample less: ``write_parallel``'s results, which nobody else holds).
 
         Returns:
             The index the first sample of the batch receives.
 
         Raises:
             ValidationError: bad shape/dtype/values/labels; nothing of the batch is kept.
+            ValueError: ``progress`` not ``(name, position)`` with a non-empty name and an integer position in
+                ``0..2**63-1``, or ``progress_total`` not ``None`` or such an integer; nothing is kept.
         """
         self._check_open()
+        entry = None
+        if progress is not None:
+            if not isinstance(progress, tuple) or len(progress) != 2:
+                raise ValueError(f"progress must be a (name, position) tuple, got {str(progress)[:60]!r}")
+            entry = check_entry(progress[0], progress[1], progress_total)
+        elif progress_total is not None:
+            raise ValueError("progress_total needs progress=(name, position)")
         arr = self.check_samples(x, cast=cast)
-        if np.may_share_memory(arr, np.asarray(x)):
+        if copy and np.may_share_memory(arr, np.asarray(x)):
             arr = arr.copy()  # buffered until the commit: the caller may reuse its array meanwhile
         ids = label_ids(y, len(arr), self._meta.classes, path=self.path)
         first = self.count
@@ -162,9 +202,9 @@ class StoreWriter:
             self._pending_y.append(ids)
             self._pending_stats_of.append(stats)
             self._pending_bytes += arr.nbytes
-        if progress is not None:
-            name, pos = progress
-            self._pending_progress[name] = {"done": int(pos), "total": progress_total}
+        if entry is not None:
+            name, pos, total = entry
+            self._pending_progress[name] = {"done": pos, "total": total}
         if self._pending_bytes >= self.config.commit_bytes:
             self.commit()
         return first
@@ -175,16 +215,11 @@ class StoreWriter:
         self._check_open()
         if not self._pending_x and not self._pending_progress:
             return
-        if len(self._pending_x) == 1:
-            x = self._pending_x[0]  # already the writer's own copy
-        elif self._pending_x:
-            x = np.concatenate(self._pending_x)
-        else:
-            x = np.zeros((0, *self._meta.shape), self._meta.np_dtype)
+        xs = self._pending_x  # written from the batches as they are: no concatenated copy of a commit's samples
         y = np.concatenate(self._pending_y) if self._pending_y else np.zeros(0, self._meta.label_dtype)
         stats = ValueStats(**vars(self._meta.value_stats))
         if all(s is None for s in self._pending_stats_of):
-            stats.update(x)
+            stats.update_all(xs)  # the same floats as over their concatenation
         else:  # some batches came with statistics computed elsewhere
             for a, s in zip(self._pending_x, self._pending_stats_of, strict=True):
                 if s is None:
@@ -197,7 +232,7 @@ class StoreWriter:
         while True:
             try:
                 with ENVS.writing(self._env), translate_lmdb_errors(self.path, "commit"):
-                    new_meta, new_tail = self._write(x, y, stats)
+                    new_meta, new_tail = self._write(xs, y, stats)
                 break
             except StoreFullError as exc:
                 if not isinstance(exc.__cause__, lmdb.MapFullError) or not self._grow_map():
@@ -216,16 +251,17 @@ class StoreWriter:
         self._env.set_mapsize(new)
         return True
 
-    def _write(self, x: np.ndarray, y: np.ndarray, stats: ValueStats) -> tuple[StoreMeta, Tail]:
-        """Commit ``x``, ``y`` and the pending ledger entries in one transaction; the new metadata and tail.
+    def _write(self, xs: list[np.ndarray], y: np.ndarray, stats: ValueStats) -> tuple[StoreMeta, Tail]:
+        """Commit the samples of the batches ``xs`` (in order), their labels ``y`` and the pending ledger entries in
+        one transaction; the new metadata and tail.
 
         The samples, label chunks and class-index chunks each continue their partly filled last piece (the
         tail kept in memory), and the metadata is rewritten with the new counts and statistics.
         """
         m = self._meta
-        count = m.count + len(x)
+        count = m.count + sum(len(x) for x in xs)
         with self._env.begin(write=True) as txn:
-            samples_tail = self._put_samples(txn, x, count)
+            samples_tail = self._put_samples(txn, xs, count)
             labels_tail = self._put_labels(txn, y, count)
             class_counts, class_tails = self._put_class_index(txn, y, count)
             for name, entry in self._pending_progress.items():
@@ -234,37 +270,24 @@ class StoreWriter:
             txn.put(META_KEY, new_meta.to_json(), db=self._dbs[DB_META])
         return new_meta, Tail(samples_tail, labels_tail.copy(), {c: t.copy() for c, t in class_tails.items()})
 
-    def _put_samples(self, txn: lmdb.Transaction, x: np.ndarray, count: int) -> bytes:
-        """Rewrite the partial last value, then append full values; returns the new partial value's payload."""
+    def _put_samples(self, txn: lmdb.Transaction, xs: list[np.ndarray], count: int) -> bytes:
+        """Rewrite the partial last value, then append full values of the batches ``xs``; returns the new partial
+        value's payload."""
         m = self._meta
         spv, sb = m.samples_per_value, m.sample_bytes
         n_tail = len(self._tail.samples) // sb
         start = m.count - n_tail
-        tail = self._tail.samples
-        xb = memoryview(x.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
-
-        def payload(lo: int, hi: int) -> bytes | memoryview:
-            """Bytes lo..hi of (old partial value + new samples), copying only across the seam."""
-            if hi <= len(tail):
-                return tail[lo:hi]
-            if lo >= len(tail):
-                return xb[lo - len(tail) : hi - len(tail)]
-            return tail[lo:] + bytes(xb[: hi - len(tail)])
-
+        pieces = _Pieces([self._tail.samples, *(memoryview(x.reshape(-1).view(np.uint8)) for x in xs)])  # type: ignore[arg-type]  # numpy arrays are buffers
         db = self._dbs[DB_SAMPLES]
-        pos = 0
+        payload: bytes | memoryview = b""
         for first in range(start, count, spv):
-            n = min(spv, count - first)
-            value: bytes | memoryview = payload(pos * sb, (pos + n) * sb)
-            if self._checksum is not None:
-                value = b"".join((value, self._checksum(value)))
+            payload = pieces.take(min(spv, count - first) * sb)
+            value = payload if self._checksum is None else b"".join((payload, self._checksum(payload)))
             if first == start and n_tail:
                 txn.put(encode_key(first), value, db=db)
             elif not txn.put(encode_key(first), value, db=db, append=True):
                 raise CorruptStoreError("append out of key order", path=self.path, key=first)
-            pos += n
-        total = (count - start) * sb
-        return bytes(payload(total - count % spv * sb, total)) if count % spv else b""
+        return bytes(payload) if count % spv else b""
 
     def _put_labels(self, txn: lmdb.Transaction, y: np.ndarray, count: int) -> np.ndarray:
         """Write the label chunks from the partial last one on; returns the new partial chunk's labels."""

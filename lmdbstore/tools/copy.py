@@ -18,7 +18,9 @@ from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
 from lmdbstore.store.locks import LOCK_FILE
+from lmdbstore.store.registry import ENVS
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
+from lmdbstore.util.paths import check_outside
 
 __all__ = ["COPY_TAG", "CopyReport", "copy_store"]
 
@@ -63,27 +65,23 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     store id (its pages are not the source's: a reader must never take one for the other), is made in a
     temporary directory beside ``dest`` and renamed into place, then fsynced.
 
-    py-lmdb refuses a second environment of one path in a process: close this process's readers of
-    ``store`` first (DataLoader workers and other processes are fine).
+    The copy shares this process's environment of ``store`` (py-lmdb refuses a second one): readers of it in
+    this process keep working (lock-free ones re-open theirs with a reader table, as for a writer).
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
+        LmdbStoreError: ``dest`` is ``store`` or lies inside it.
         LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
             no directories, a full disk).
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)
+    check_outside(dst, [src], "destination")
     _check_dest(dst)
     t0 = time.perf_counter()
-    try:
-        env = open_env(src, readonly=True, lock=True)
-    except LmdbStoreError as exc:
-        if "already open" in str(exc):
-            raise LmdbStoreError(
-                str(exc.message), path=src, hint="close this process's readers of the store first"
-            ) from exc
-        raise
+    lease = ENVS.acquire(src, writable=False, lock=True, opener=lambda: open_env(src, readonly=True, lock=True))
+    env = lease.env
     remove_stale_temps(dst, COPY_TAG, allowed=COPY_FILES)
     tmp = temp_beside(dst, COPY_TAG)
     try:
@@ -93,7 +91,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
             raise LmdbStoreError(f"cannot create the copy ({exc.strerror or exc})", path=dst) from exc
         with translate_lmdb_errors(src, "copy"):
             env.copy(str(tmp), compact=compact)
-        env.close()
+        lease.release()
         count = _give_own_id(tmp)
         fsync_path(tmp / DATA_FILE)
         if dst.exists():
@@ -101,7 +99,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         os.replace(tmp, dst)
         fsync_path(dst.parent)
     finally:
-        env.close()
+        lease.release()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return CopyReport(
@@ -119,7 +117,10 @@ def _give_own_id(path: Path) -> int:
     """Give the fresh copy at ``path`` (nobody else has it open) a store id of its own, in one durable
     transaction; returns the sample count of the snapshot the copy took."""
     size = os.path.getsize(path / DATA_FILE)
-    env = open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True)
+    env = ENVS.open_making_room(  # a stale environment's lock file may have had the copy's inode number
+        path,
+        lambda: open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True),
+    )
     try:
         with translate_lmdb_errors(path, "give the copy its store id"):
             txn = begin_read(env)

@@ -33,6 +33,7 @@ from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
+from lmdbstore.util.paths import check_output_file
 
 __all__ = ["SPLITS", "ExportReport", "export_store", "load_indices", "select_indices"]
 
@@ -189,13 +190,17 @@ def export_store(
     Raises:
         ValueError / IndexError: a bad selection or argument.  StoreExistsError: the output exists.
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
-        LmdbStoreError: HDF5 output without h5py; the output directory is missing.
+        LmdbStoreError: HDF5 output without h5py; the output directory is missing; the output is a directory, a
+            device, a FIFO or a socket, or is (or lies inside) a store read.
     """
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
     out_p = Path(out)
     kind = format_of(out_p, fmt)
     paths = export_paths(out_p, kind)
+    stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
+    for p in paths:  # a file of its own: no device, FIFO or directory, nothing inside a store read
+        check_output_file(p, "output", sources=stores)
     t0 = time.perf_counter()
     with as_reader(store) as r:
         idx, keep = select_indices(

@@ -30,6 +30,7 @@ from lmdbstore.config import (
 )
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.store.reader import StoreReader
+from lmdbstore.util.paths import check_output_file
 from lmdbstore.util.runfiles import METRICS_NAME
 
 __all__ = ["VIZ_EXTRA", "Picture", "load_metrics", "plot_runs", "plot_stats", "require_pyplot", "show_samples"]
@@ -156,6 +157,7 @@ def show_samples(
         LmdbStoreError: matplotlib missing, the store unreadable, the output not writable.
     """
     _check_dpi(dpi)
+    check_output_file(out, "output", sources=[store])  # before any work
     with StoreReader(store) as r:
         rows = _pick(r, per_class, seed, indices)
         data = [r.read_batch(idx) for _, idx in rows]
@@ -236,6 +238,8 @@ def plot_runs(
     _check_dpi(dpi)
     if not runs:
         raise ValueError("runs must name at least one run directory")
+    read = [Path(r) / METRICS_NAME if Path(r).is_dir() else Path(r) for r in runs]  # a run's picture may lie beside
+    check_output_file(out, "output", sources=read)
     loaded = [(Path(r), load_metrics(r)) for r in runs]
     plt = require_pyplot()
     fig, (ax_loss, ax_acc, ax_speed) = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
@@ -280,6 +284,7 @@ def plot_stats(
     for name, v in (("sample", sample), ("bins", bins)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_output_file(out, "output", sources=[store])
     with StoreReader(store) as r:
         m = r.meta
         vs = m.value_stats

@@ -170,7 +170,7 @@ def evaluate(
     reader = as_reader(store)
     path = reader.path
     if predictions_out is not None:
-        check_output_file(predictions_out, "predictions file")  # before scoring, not after
+        check_output_file(predictions_out, "predictions file", sources=list(getattr(reader, "paths", [path])))
     with reader:
         meta = reader.meta
     model_channels(meta.shape, path)

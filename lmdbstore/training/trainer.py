@@ -110,7 +110,8 @@ def train(
     cfg, lcfg = config or TrainConfig(), loader or LoaderConfig()
     data = read_store(store)
     if out_dir is not None and launch().is_main:
-        make_output_dir(out_dir)  # before any work: a file, a file's child or an unwritable place fails now
+        stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
+        make_output_dir(out_dir, sources=stores)  # before any work: a file, a file's child, a store fails now
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)

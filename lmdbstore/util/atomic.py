@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from lmdbstore.util.paths import check_not_special
+
 __all__ = ["atomic_paths", "fsync_path", "pid_alive", "remove_stale_temps", "temp_beside"]
 
 
@@ -78,8 +80,13 @@ def _only(directory: Path, names: frozenset[str]) -> bool:
 def atomic_paths(paths: Sequence[Path], tag: str = "part") -> Iterator[list[Path]]:
     """Temporary names for ``paths``, renamed into place (in order) only if the block succeeds; on any
     error the temporaries are removed and the targets are left as they were.  Temporaries of these targets
-    left by killed processes are removed first (:func:`remove_stale_temps`)."""
+    left by killed processes are removed first (:func:`remove_stale_temps`).
+
+    Raises:
+        LmdbStoreError: a target is a device, FIFO or socket (:func:`~lmdbstore.util.paths.check_not_special`).
+    """
     for p in paths:
+        check_not_special(p)  # never rename a regular file over a device, FIFO or socket
         remove_stale_temps(p, tag)
     tmps = [temp_beside(p, tag) for p in paths]
     try:

@@ -27,6 +27,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from lmdbstore.util.atomic import pid_alive
+
 __all__ = ["POLL_SECONDS", "Lifeline", "WorkerInit", "process_alive", "process_start_time"]
 
 #: How often the watchdog looks at the owner where no pidfd can wait for it.
@@ -52,13 +54,7 @@ def process_alive(pid: int, start: int | None) -> bool:
     """Whether process ``pid`` runs and, when ``start`` is given, is the one that started then."""
     if start is not None:
         return process_start_time(pid) == start
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _set_parent_death_signal() -> bool:

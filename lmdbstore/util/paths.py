@@ -1,26 +1,75 @@
-"""Checks of the paths commands write to (private): refused up front, with one line, before any work."""
+"""The one rule for the paths commands write to (private): refused up front, with one line, before any work.
+
+Every command that writes (``ingest``, ``synth``, ``export``, ``copy``, ``train --out``, ``show``/``plot``/
+``stats --plot`` ``-o``, ``eval --predictions``) checks its output here:
+
+* an output that exists must be a regular file (for a file) or a directory (for a directory): a character or
+  block device, a FIFO or a socket is refused, never replaced by a regular file (a rename over ``/dev/null``, as
+  root, replaces the device);
+* an output must not be, or lie inside, one of the command's sources (``export S S/data.mdb`` would destroy the
+  store it reads; ``copy S S/sub`` writes into the store it copies);
+* its directory must exist (for a file) or be creatable (for a directory), and be writable.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lmdbstore.errors import LmdbStoreError
 
-__all__ = ["check_output_file", "make_output_dir", "write_errors"]
+__all__ = ["check_not_special", "check_output_file", "check_outside", "make_output_dir", "write_errors"]
+
+PathLike = str | os.PathLike[str]
+#: What ``stat`` calls the kinds of files no output may be.
+_SPECIAL = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
 
 
-def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
-    """Raise :class:`LmdbStoreError` unless a file can be written at ``path``: not a directory, in an
-    existing directory this process may write.  Returns ``path`` as a :class:`Path`."""
+def check_not_special(path: PathLike, what: str = "output") -> None:
+    """Raise :class:`LmdbStoreError` when ``path`` (followed through links) is a device, FIFO or socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    kind = _SPECIAL.get(stat.S_IFMT(mode))
+    if kind is not None:
+        raise LmdbStoreError(f"{what} is {kind}, not a regular file", path=Path(path), hint="give a file name")
+
+
+def check_outside(path: PathLike, sources: Iterable[PathLike], what: str = "output") -> None:
+    """Raise :class:`LmdbStoreError` when ``path`` is one of ``sources`` or lies inside one (paths resolved)."""
+    out = Path(path).resolve()
+    for src in sources:
+        s = Path(src).resolve()
+        if out == s or s in out.parents:
+            where = "is" if out == s else "lies inside"
+            raise LmdbStoreError(
+                f"{what} {where} the source {src}: writing it would destroy what is read",
+                path=Path(path),
+                hint="write it somewhere else",
+            )
+
+
+def check_output_file(path: PathLike, what: str = "output", sources: Iterable[PathLike] = ()) -> Path:
+    """Raise :class:`LmdbStoreError` unless a file can be written at ``path``: no directory, device, FIFO or
+    socket there, not one of ``sources`` nor inside one, in an existing directory this process may write.
+    Returns ``path`` as a :class:`Path`."""
     p = Path(path)
     if p.is_dir():
         raise LmdbStoreError(f"{what} is a directory", path=p, hint="give a file name")
+    check_not_special(p, what)
+    check_outside(p, sources, what)
     parent = p.parent
     if not parent.exists():
-        raise LmdbStoreError(f"the {what}'s directory does not exist", path=parent, hint="create it first")
+        raise LmdbStoreError(f"{what} directory does not exist", path=parent, hint="create it first")
     if not parent.is_dir():
         raise LmdbStoreError(f"the {what}'s parent is not a directory", path=parent)
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -28,12 +77,13 @@ def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Pat
     return p
 
 
-def make_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+def make_output_dir(path: PathLike, what: str = "output directory", sources: Iterable[PathLike] = ()) -> Path:
     """Create the directory ``path`` (and its parents) if needed; raise :class:`LmdbStoreError` when it is a
-    file, lies under one, or cannot be created or written."""
+    file, a device, lies under a file, is one of ``sources`` or inside one, or cannot be created or written."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise LmdbStoreError(f"{what} exists and is not a directory", path=p, hint="give a directory")
+    check_outside(p, sources, what)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -44,7 +94,7 @@ def make_output_dir(path: str | os.PathLike[str], what: str = "output directory"
 
 
 @contextmanager
-def write_errors(path: str | os.PathLike[str], action: str) -> Iterator[None]:
+def write_errors(path: PathLike, action: str) -> Iterator[None]:
     """Re-raise an ``OSError`` met while writing ``path`` as one-line :class:`LmdbStoreError`."""
     try:
         yield

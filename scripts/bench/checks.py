@@ -80,7 +80,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for order in ("random", "block"):
         on, mm = w[f"{order} checks on"], w[f"{order} memmap"]
         rows.append((f"warm {order}, every check", fmt(on), fmt(mm), fmt(ratio(on, mm), ".2f"), "1.00"))
-        for variant in ("snapshot rule off", "+ whole-value crc"):
+        for variant in ("snapshot rule off", "no lease (kernel copy)", "+ whole-value crc"):
             v = w[f"{order} {variant}"]
             rows.append(
                 (f"warm {order}, {variant}", fmt(v), fmt(mm), fmt(ratio(v, mm), ".2f"), fmt(ratio(v, on), ".2f"))

@@ -1,9 +1,11 @@
 """The measurements of ``scripts/bench/checks.py``: read rates with the safety checks on and off, in one run.
 
 The checks (issue 18) are the snapshot rule before and after every read (``Snapshot.protected``, a 152-byte
-``pread`` of a meta page for a lock-free reader), each value's overflow-page header at its first read in a
-process (the run is then read from the header on, in one read), and (optional) the checksum of values read
-whole.  "Off" is obtained here by patching the rule out of a running reader (:func:`checks_off`) or marking
+``pread`` of a meta page for a lock-free reader, and since issue 25 a ``pread`` of the metadata record's
+fingerprint for every reader), each value's overflow-page header at its first read in a process (the run is then
+read from the header on, in one read), and (optional) the checksum of values read whole.  Issue 25 added the map
+guard: a read lease on the data file around each batch's copies from the map (``MapGuard.hold``); without a lease
+(a writer holds the file open, another user's file) copies from the map go through ``process_vm_readv``.  "Off" is obtained here by patching the rule out of a running reader (:func:`checks_off`) or marking
 every header checked; the library has no switch to turn them off.
 """
 
@@ -19,11 +21,24 @@ import numpy as np
 
 from bench.common import make_log
 from bench.ooc_runs import drop_cache, samplers, warm_memmap
+from lmdbstore.store.mapguard import MapGuard
 from lmdbstore.store.positions import check_headers
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.snapshot import Snapshot
 
 log = make_log("checks")
+
+
+@contextlib.contextmanager
+def no_lease() -> Iterator[None]:
+    """Readers take no read lease for the block: their copies from the map go through the kernel, as when a
+    writer holds the data file open."""
+    saved = MapGuard._take
+    MapGuard._take = lambda self: False  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MapGuard._take = saved  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -69,6 +84,8 @@ def warm(path: Path, n: int, args: Any, workdir: Path) -> dict[str, float]:
         out[f"{name} checks on"] = cpu_rate(reader.read_batch, bs)
         with checks_off(guard=True):
             out[f"{name} snapshot rule off"] = cpu_rate(reader.read_batch, bs)
+        with no_lease():
+            out[f"{name} no lease (kernel copy)"] = cpu_rate(reader.read_batch, bs)
         out[f"{name} + whole-value crc"] = cpu_rate(crc.read_batch, bs)
         out[f"{name} memmap"] = cpu_rate(lambda b: mm[np.sort(b)], bs)
         log(f"  warm {name}: " + ", ".join(f"{k} {v:,.0f}" for k, v in out.items() if k.startswith(name)))
@@ -118,8 +135,9 @@ def cold(path: Path, n: int, args: Any) -> dict[str, float]:
 
 
 def costs(path: Path, args: Any) -> dict[str, float]:
-    """What each check costs on its own: the snapshot rule per call (lock-free and registered), the file-size
-    check per call, the table build, and all overflow headers checked at build instead of lazily (cold)."""
+    """What each check costs on its own: the snapshot rule per call (lock-free and registered, fingerprint
+    included), the map guard per batch (file-size check, lease taken and released), the fingerprint's ``pread``,
+    the table build, and all overflow headers checked at build instead of lazily (cold)."""
     out: dict[str, float] = {}
     for lock in (False, True):
         r = StoreReader(path, lock=lock)
@@ -134,7 +152,11 @@ def costs(path: Path, args: Any) -> dict[str, float]:
     t0 = time.perf_counter()
     for _ in range(20000):
         h.check_size()
-    out["file-size check us"] = (time.perf_counter() - t0) / 20000 * 1e6
+    out["file-size check and lease us (map guard per batch)"] = (time.perf_counter() - t0) / 20000 * 1e6
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        h.snapshot.same_file(h.fd)
+    out["record fingerprint check us (one pread)"] = (time.perf_counter() - t0) / 20000 * 1e6
     r.close()
     drop_cache(path)
     r = StoreReader(path)

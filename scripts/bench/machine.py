@@ -321,10 +321,12 @@ def pread_rate(path: Path, nbytes: int, inflight: int, seconds: float, seed: int
 
     def worker(k: int) -> None:
         i = k
-        while time.perf_counter() < stop and i < len(offs):
+        while i < len(offs):  # at least one read each: a thread started late on a busy machine still counts
             os.pread(fd, nbytes, offs[i])
             done[0] += 1
             i += inflight
+            if time.perf_counter() >= stop:
+                break
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(inflight) as ex:

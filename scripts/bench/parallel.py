@@ -1,33 +1,41 @@
 #!/usr/bin/env python
-"""write_parallel benchmark: producer scaling against one worker, and the single writer against np.save.
+"""write_parallel benchmark: a sweep of task costs on local workers and engines, where each CPU-millisecond goes,
+and the single writer against np.save.
 
-What it measures, on tasks of 4,096 z-scored 25x25 float32 samples (``BENCH_PARALLEL_TASK_SAMPLES``):
+The producer makes tasks of 4,096 25x25 float32 samples (``BENCH_PARALLEL_TASK_SAMPLES``; 10.2 MB of results per
+task): uniform noise, ``rounds`` blur/shift/tanh passes over the whole batch (numpy temporaries of 10 MB, as an
+augmentation makes), z-scored per sample.  A task is ``(seed, rounds)``; ``rounds`` is calibrated in this process
+for each task cost of the sweep (``--costs``, default 10, 50 and 200 ms).
 
-* ``produce``      the producer alone in this process: milliseconds of numpy work per task (one
-                   augmentation round, ``--rounds``, takes about 50 ms on a 2-core x86-64 VM).
-* ``workers=N``    ``write_parallel`` with N spawned workers (``--workers``), wall clock of the whole call
-                   (spawn start-up included) and the rate after the first task (steady state), and the
-                   ratio against 1 worker (the mean of the 1-worker runs).
-* ``executor=``    ``write_parallel(..., executor=...)`` on an engine started before the call, as one a user
-                   already runs: ``daskN`` a Dask ``LocalCluster`` of N worker processes (goal: 2 of them
-                   >= 1.4x one local worker on this producer), ``ppeN`` a ``ProcessPoolExecutor``.  The
-                   default runs are ``1,2,dask2,1,2,dask2`` (``1,2,1,2`` without Dask installed).
+* ``sweep``        for each task cost, ``--rounds`` interleaved rounds (default 3): in each round every run of
+                   ``--workers`` once, in order -- ``N`` the local pool of N spawned workers (spawn start-up
+                   included), ``daskN`` a Dask ``LocalCluster(n_workers=N, threads_per_worker=1, processes=True)``
+                   as a user makes it, ``daskNt`` the same tuned for numpy producers (the workers'
+                   ``MALLOC_TRIM_THRESHOLD_`` unset, their statistical profiler off; see docs/cluster.md), ``ppeN``
+                   a spawn ``ProcessPoolExecutor``.  An engine is started (and its workers import the producer)
+                   before each timed call, as one a user already runs, and closed after it.  Reported: the median
+                   and the spread (min-max) of the whole call's samples/s and of its ratio to the 1-worker run
+                   *of the same round*, the steady ratio (first to last commit), and CPU milliseconds per task:
+                   the writer's thread, the other threads of the writer's process (a Dask client's IO loop
+                   with its LocalCluster's scheduler; the pool's feeders), and the workers (local: the reaped
+                   processes, spawn start-up included; Dask: the worker processes, all threads).
+                   Goal of a ``dask2`` row at >= 50 ms per task: >= 1.4x one local worker.
 * ``writer``       the writer alone: ``StoreWriter.append`` + commits (crc32, fsync per 64 MiB commit) of
                    ready arrays, in this process; MB/s of sample bytes.
 * ``np.save``      the same bytes written with ``np.save`` to one file and fsynced, same run: the baseline
                    the writer's rate is stated against.
 * ``pipe``         results crossing from a worker to this process (pickled arrays through a pipe, what
-                   ``write_parallel`` uses) with no writing: is the transport a limit?
+                   the local pool uses) with no writing: is the transport a limit?
 
 Usage::
 
-    python scripts/bench/parallel.py                 # a few minutes
+    python scripts/bench/parallel.py                 # the sweep: about 6 minutes on 2 cores
     python scripts/bench/parallel.py --quick         # seconds; a smoke test
 
-Prints a Markdown table; ``--out DIR`` also writes ``bench_parallel.md`` and ``bench_parallel.json``.
-Data goes to a temporary directory (``--workdir``), removed at the end.  Commits are timed by replacing
-``lmdbstore.ingestion.parallel.progress_bar`` (which ``write_parallel`` calls once per committed task)
-for the duration of each call.
+Prints Markdown tables; ``--out DIR`` also writes ``bench_parallel.md`` and ``bench_parallel.json``.  Data goes
+to a temporary directory (``--workdir``), removed at the end.  Commits are timed by replacing
+``lmdbstore.ingestion.parallel.progress_bar`` (which ``write_parallel`` calls once per committed task) for the
+duration of each call.
 """
 
 from __future__ import annotations
@@ -37,8 +45,10 @@ import contextlib
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -55,35 +65,70 @@ from lmdbstore.ingestion.pool import OrderedPool
 
 SHAPE = (25, 25)
 CLASSES = ["a", "b", "c", "d", "e"]
-ROUNDS = int(os.environ.get("BENCH_PARALLEL_ROUNDS", "1"))  # --rounds; the environment reaches the workers
 TASK_SAMPLES = int(os.environ.get("BENCH_PARALLEL_TASK_SAMPLES", "4096"))
+#: Task costs of the sweep (ms of the producer in one process) and the produce-seconds a run aims at.
+COSTS_MS = (10, 50, 200)
+RUN_SECONDS = 4.0
+#: A Dask cluster tuned for numpy producers (the ``daskNt`` runs): glibc's own malloc thresholds in the workers
+#: (Dask sets ``MALLOC_TRIM_THRESHOLD_=65536``, which makes every large numpy temporary fault its pages in afresh)
+#: and no statistical profiler sampling the workers' stacks every 10 ms.
+DASK_TUNED = {
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    "distributed.worker.profile.enabled": False,
+}
 _CACHE: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def augment(task: int) -> tuple[np.ndarray, np.ndarray]:
-    """A producer whose numpy compute dominates: noise, ``ROUNDS`` blur/shift/nonlinearity passes, z-score."""
-    rng = np.random.default_rng(task)
-    x = rng.standard_normal((TASK_SAMPLES, *SHAPE), dtype=np.float32)
-    for r in range(ROUNDS):
-        x = 0.5 * x + 0.25 * (np.roll(x, 1, axis=1) + np.roll(x, -1, axis=2))
-        x = np.tanh(x * (1.0 + 0.1 * r), out=x)
-    x -= x.mean(axis=(1, 2), keepdims=True)
-    x /= x.std(axis=(1, 2), keepdims=True) + 1e-6
+def augment(task: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Task ``(seed, rounds[, block])``: noise, ``rounds`` blur/shift/tanh passes over the whole batch (or over
+    ``block`` samples at a time, whose temporaries stay in cache), z-scored samples."""
+    seed, rounds, block = (*task, 0)[:3]
+    rng = np.random.default_rng(seed)
+    x = rng.random((TASK_SAMPLES, *SHAPE), dtype=np.float32)
+    for lo in range(0, TASK_SAMPLES, block or TASK_SAMPLES):
+        part = x[lo : lo + (block or TASK_SAMPLES)]
+        for r in range(rounds):
+            part = 0.5 * part + 0.25 * (np.roll(part, 1, axis=1) + np.roll(part, -1, axis=2))
+            part = np.tanh(part * np.float32(1.0 + 0.1 * (r % 5)), out=part)
+        x[lo : lo + len(part)] = part
+    flat = x.reshape(len(x), -1)
+    flat -= flat.mean(axis=1, keepdims=True)
+    flat /= flat.std(axis=1, keepdims=True) + np.float32(1e-6)
     return x, rng.integers(0, len(CLASSES), TASK_SAMPLES)
 
 
-def cached(task: int) -> tuple[np.ndarray, np.ndarray]:
+def cached(task: Any) -> tuple[np.ndarray, np.ndarray]:
     """Ready arrays of the same size (no compute): the transport or the writer alone."""
     if not _CACHE:
-        _CACHE[0] = augment(0)
+        _CACHE[0] = augment((0, 0))
     return _CACHE[0]
 
 
-def _time(fn: Any) -> float:
-    """Seconds one call of ``fn`` takes."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def produce_ms(rounds: int, block: int = 0, reps: int = 3) -> float:
+    """Milliseconds of one task of ``rounds`` (passes over ``block`` samples at a time) in this process (the best
+    of ``reps``)."""
+    augment((0, rounds, block))
+    best = float("inf")
+    for i in range(reps):
+        t0 = time.perf_counter()
+        augment((i + 1, rounds, block))
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def calibrate(cost_ms: float, block: int = 0) -> tuple[int, float]:
+    """The rounds whose task costs about ``cost_ms`` here (at least 0), and that task's measured milliseconds: a
+    first guess from the cost of 0 and 8 rounds, then corrected twice from the cost measured at the guess (the
+    cost per round grows with the allocator's page faults, not quite linearly)."""
+    base = produce_ms(0, block)
+    rounds, ms = 8, produce_ms(8, block)
+    for _ in range(3):
+        per_round = max((ms - base) / max(rounds, 1), 1e-3)
+        guess = max(0, round((cost_ms - base) / per_round))
+        if guess == rounds:
+            break
+        rounds, ms = guess, produce_ms(guess, block)
+    return rounds, ms
 
 
 class CommitStamps:
@@ -103,60 +148,103 @@ class CommitStamps:
 
 
 @contextlib.contextmanager
-def runner(spec: str) -> Iterator[tuple[int | None, Any]]:
-    """``(workers, executor)`` for a run spec: ``N`` the local pool of N workers, ``daskN`` a Dask LocalCluster
-    of N worker processes (one thread each) through its Client, ``ppeN`` a spawn ``ProcessPoolExecutor``.
-    The engine starts (and its workers import numpy) before the timed call, as one a user already runs."""
+def runner(spec: str) -> Iterator[tuple[int | None, Any, list[int]]]:
+    """``(workers, executor, engine worker pids)`` for a run spec: ``N`` the local pool of N workers, ``daskN`` a
+    Dask LocalCluster of N worker processes (one thread each) through its Client (``daskNt``: tuned, see
+    :data:`DASK_TUNED`), ``ppeN`` a spawn ``ProcessPoolExecutor``.  The engine starts (and its workers import the
+    producer) before the timed call, as one a user already runs."""
     if spec.isdigit():
-        yield int(spec), None
+        yield int(spec), None, []
     elif spec.startswith("dask"):
+        import dask
         from distributed import Client, LocalCluster
 
-        n = int(spec[4:])
-        with (
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
-            Client(cluster) as client,
-        ):
-            client.run(augment, 0)  # every worker imported the producer
-            yield None, client
+        tuned = spec.endswith("t")
+        n = int(spec[4:].rstrip("t"))
+        environ = dict(os.environ)  # a Nanny sets its pre-spawn-environ in this process's own environment too
+        try:
+            with (
+                dask.config.set(DASK_TUNED if tuned else {}),
+                LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
+                Client(cluster) as client,
+            ):
+                client.run(augment, (0, 0))  # every worker imported the producer
+                yield None, client, sorted(client.run(os.getpid).values())
+        finally:  # else later local workers (and tuned clusters) inherit MALLOC_TRIM_THRESHOLD_=65536
+            os.environ.clear()
+            os.environ.update(environ)
     elif spec.startswith("ppe"):
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, wait
 
         n = int(spec[3:])
         with ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as ex:
-            wait([ex.submit(augment, i) for i in range(n)])
-            yield None, ex
+            wait([ex.submit(augment, (i, 0)) for i in range(n)])
+            yield None, ex, []  # its workers are reaped at shutdown, after the call: not counted
     else:
-        raise ValueError(f"--workers: unknown run {spec!r} (N, daskN or ppeN)")
+        raise ValueError(f"--workers: unknown run {spec!r} (N, daskN, daskNt or ppeN)")
 
 
 def run_label(spec: str) -> str:
     """The table's name of a run spec."""
     if spec.startswith("dask"):
-        return f"executor=Dask LocalCluster, {spec[4:]} worker processes"
+        tuned = ", tuned" if spec.endswith("t") else ""
+        return f"Dask LocalCluster({spec[4:].rstrip('t')}){tuned}"
     if spec.startswith("ppe"):
-        return f"executor=ProcessPoolExecutor({spec[3:]})"
+        return f"ProcessPoolExecutor({spec[3:]})"
     return f"workers={spec}"
 
 
-def bench_workers(work: Path, tasks: int, spec: str) -> dict[str, Any]:
-    """``write_parallel`` of ``tasks`` tasks on the run ``spec`` (see :func:`runner`): the whole call's rate, the
-    steady rate between the first and the last commit, and CPU milliseconds per task in the writer and the
-    (local) workers."""
+class CpuClock:
+    """CPU seconds of this process's main thread, of its other threads, of its reaped children, and of the
+    processes ``pids`` (an engine's workers), between :meth:`start` and :meth:`stop`.  Without psutil (the
+    ``[bench]`` extra) the threads are not told apart (all count as the writer's) and engines are not counted."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self._me, self._procs = None, []
+        else:
+            self._me, self._procs = psutil.Process(), [psutil.Process(p) for p in pids]
+        self._main = threading.main_thread().native_id
+
+    def _read(self) -> tuple[float, float, float, float]:
+        c = os.times()
+        if self._me is None:
+            return c.user + c.system, 0.0, c.children_user + c.children_system, 0.0
+        threads = [(t.id, t.user_time + t.system_time) for t in self._me.threads()]
+        main = sum(s for tid, s in threads if tid == self._main)
+        other = sum(s for tid, s in threads if tid != self._main)
+        engine = sum(sum(p.cpu_times()[:2]) for p in self._procs)
+        return main, other, c.children_user + c.children_system, engine
+
+    def start(self) -> None:
+        self._t0 = self._read()
+
+    def stop(self) -> dict[str, float]:
+        main, other, children, engine = (b - a for a, b in zip(self._t0, self._read(), strict=True))
+        return {"writer_thread_s": main, "writer_other_s": other, "workers_s": children + engine}
+
+
+def bench_run(work: Path, tasks: int, rounds: int, spec: str, block: int = 0) -> dict[str, Any]:
+    """``write_parallel`` of ``tasks`` tasks of ``rounds`` (over ``block`` samples at a time) on the run ``spec`` (see :func:`runner`): the whole
+    call's rate, the steady rate between the first and the last commit, and CPU milliseconds per task."""
     import lmdbstore.ingestion.parallel as par
 
     path = work / f"w{spec}_{time.monotonic_ns()}"
     clock = CommitStamps()
     orig = par.progress_bar
-    with runner(spec) as (workers, executor):
+    with runner(spec) as (workers, executor, pids):
+        cpu = CpuClock(pids)
         par.progress_bar = lambda *a, **k: clock  # type: ignore[assignment]
         try:
-            c0, t0 = os.times(), time.perf_counter()
+            cpu.start()
+            t0 = time.perf_counter()
             rep = write_parallel(
                 path,
                 augment,
-                range(tasks),
+                [(seed, rounds, block) for seed in range(tasks)],
                 workers=workers,
                 executor=executor,
                 shape=SHAPE,
@@ -164,7 +252,8 @@ def bench_workers(work: Path, tasks: int, spec: str) -> dict[str, Any]:
                 classes=CLASSES,
                 config=WriterConfig(),
             )
-            wall, c1 = time.perf_counter() - t0, os.times()
+            wall = time.perf_counter() - t0
+            used = cpu.stop()
         finally:
             par.progress_bar = orig
     shutil.rmtree(path)
@@ -172,17 +261,11 @@ def bench_workers(work: Path, tasks: int, spec: str) -> dict[str, Any]:
     steady = (len(stamps) - 1) * TASK_SAMPLES / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
     return {
         "run": spec,
-        "workers": workers,
         "samples": rep.added,
         "wall_s": wall,
         "rate": rep.added / wall,
         "steady_rate": steady,
-        # CPU seconds per task: the writer's process (with a LocalCluster: its scheduler too), and the reaped
-        # local worker processes together (engines' workers are not reaped during the call: not counted)
-        "writer_cpu_ms": ((c1.user - c0.user) + (c1.system - c0.system)) / tasks * 1e3,
-        "workers_cpu_ms": ((c1.children_user - c0.children_user) + (c1.children_system - c0.children_system))
-        / tasks
-        * 1e3,
+        **{k.replace("_s", "_ms"): v / tasks * 1e3 for k, v in used.items()},
     }
 
 
@@ -228,87 +311,148 @@ def bench_pipe(tasks: int) -> dict[str, Any]:
 
 
 def default_runs() -> str:
-    """Local 1 and 2 workers, then a Dask LocalCluster of 2 processes when Dask is installed; twice."""
+    """Local 1 and 2 workers, then a Dask LocalCluster of 2 processes (as made, and tuned) when Dask is installed."""
     try:
         import distributed  # noqa: F401
     except ImportError:
-        return "1,2,1,2"
-    return "1,2,dask2,1,2,dask2"
+        return "1,2"
+    return "1,2,dask2,dask2t"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The command line (``--quick``: 6 tasks)."""
+    """The command line (``--quick``: one 10 ms cost, 6 tasks, one round)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tasks", type=int, default=60, help="tasks per write_parallel run (default 60)")
+    ap.add_argument(
+        "--costs", default=",".join(map(str, COSTS_MS)), help="task costs in ms, in this process (default 10,50,200)"
+    )
+    ap.add_argument(
+        "--tasks", type=int, default=None, help=f"tasks per run (default: about {RUN_SECONDS:g} s of produce, 12-160)"
+    )
     ap.add_argument(
         "--workers",
         default=None,
-        help="runs, in this order: N local workers, daskN (a Dask LocalCluster of N processes), ppeN "
-        "(ProcessPoolExecutor); default 1,2,dask2,1,2,dask2 (twice, as load drifts; no dask without Dask)",
+        help="runs of each round, in order: N local workers, daskN (a Dask LocalCluster of N processes), daskNt "
+        "(the same, tuned), ppeN (ProcessPoolExecutor); default 1,2,dask2,dask2t (1,2 without Dask)",
     )
-    ap.add_argument("--quick", action="store_true", help="few tasks: a smoke test")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every run (default 3)")
+    ap.add_argument(
+        "--block",
+        type=int,
+        default=0,
+        help="the producer's passes over this many samples at a time (cache-sized temporaries: a producer that "
+        "scales with cores rather than with memory bandwidth); default 0: over the whole 10 MB batch",
+    )
+    ap.add_argument("--quick", action="store_true", help="one 10 ms cost, 6 tasks, one round: a smoke test")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=1, help="augmentation passes per task (default 1: ~50 ms)")
     return ap.parse_args(argv)
 
 
-def measure(tasks: int, runs: Sequence[str], workdir: Path | None) -> dict[str, Any]:
-    """The producer alone, ``write_parallel`` on each run, the writer and np.save, and the pipe; the data goes
-    to a temporary directory under ``workdir`` (removed)."""
+def tasks_for(cost_ms: float, tasks: int | None) -> int:
+    """Tasks per run: ``tasks`` if given, else about :data:`RUN_SECONDS` of produce (12 to 160)."""
+    return tasks or int(min(160, max(12, RUN_SECONDS * 1e3 / max(cost_ms, 1.0))))
+
+
+def measure(
+    costs: Sequence[float], runs: Sequence[str], rounds: int, tasks: int | None, workdir: Path | None, block: int = 0
+) -> dict:
+    """The sweep (each cost: calibration, then ``rounds`` rounds of every run), the writer and np.save, and the
+    pipe; the data goes to a temporary directory under ``workdir`` (removed)."""
     work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=workdir))
+    load0 = os.getloadavg()[0]
+    sweep = []
     try:
-        per_task = min(_time(lambda: augment(1)) for _ in range(3))
-        rows = [bench_workers(work, tasks, spec) for spec in runs]
-        writer = bench_writer(work, tasks)
-        pipe = bench_pipe(min(tasks, 30))
+        for cost in costs:
+            n_rounds, ms = calibrate(cost, block)
+            n = tasks_for(cost, tasks)
+            rows = [{"round": i, **bench_run(work, n, n_rounds, spec, block)} for i in range(rounds) for spec in runs]
+            sweep.append({"cost_ms": cost, "rounds_per_task": n_rounds, "produce_ms": ms, "tasks": n, "rows": rows})
+        ready = max(6, min(tasks or 24, 24))
+        writer = bench_writer(work, ready)
+        pipe = bench_pipe(ready)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"per_task_s": per_task, "rows": rows, "writer": writer, "pipe": pipe, "tasks": tasks}
+    rows = [r for s in sweep for r in s["rows"]]
+    load = [load0, os.getloadavg()[0]]
+    return {"sweep": sweep, "rows": rows, "writer": writer, "pipe": pipe, "load": load, "block": block}
 
 
-def render(data: dict[str, Any]) -> str:
-    """The machine line and the two tables; ratios against the mean of the 1-worker runs (the first run if
-    there is none) and against np.save; the goal of a Dask row: >= 1.4x one local worker."""
-    tasks, rows, writer, pipe = data["tasks"], data["rows"], data["writer"], data["pipe"]
+def summarize(entry: dict[str, Any], runs: Sequence[str]) -> list[dict[str, Any]]:
+    """Per run of one cost: median and min-max of the rates, of the ratios to the same round's first run
+    (``1`` when there is one), and the median CPU ms per task."""
+    rows = entry["rows"]
+    base = "1" if "1" in runs else runs[0]
+    by_round = {r["round"]: r for r in rows if r["run"] == base}
+    out = []
+    for spec in runs:
+        mine = [r for r in rows if r["run"] == spec]
+        ratios = [r["rate"] / by_round[r["round"]]["rate"] for r in mine]
+        steady = [r["steady_rate"] / by_round[r["round"]]["steady_rate"] for r in mine]
+        out.append(
+            {
+                "run": spec,
+                "rate": [
+                    statistics.median(r["rate"] for r in mine),
+                    min(r["rate"] for r in mine),
+                    max(r["rate"] for r in mine),
+                ],
+                "ratio": [statistics.median(ratios), min(ratios), max(ratios)],
+                "steady_ratio": statistics.median(steady),
+                **{
+                    k: statistics.median(r[k] for r in mine)
+                    for k in ("writer_thread_ms", "writer_other_ms", "workers_ms")
+                },
+            }
+        )
+    return out
+
+
+def render(data: dict[str, Any], runs: Sequence[str]) -> str:
+    """The machine line, the sweep table and the writer's table; the goal of a ``daskN`` row (defaults) at
+    >= 50 ms per task: >= 1.4x one local worker."""
+    writer, pipe, (load0, load1) = data["writer"], data["pipe"], data["load"]
     mb_task = TASK_SAMPLES * int(np.prod(SHAPE)) * 4 / 1e6
-    ones = [r for r in rows if r["run"] == "1"] or rows[:1]
-    base_rate = float(np.mean([r["rate"] for r in ones]))
-    base_steady = float(np.mean([r["steady_rate"] for r in ones]))
-    load = os.getloadavg()[0]
+    rounds = max((r["round"] for r in data["rows"]), default=0) + 1
     lines = [
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"load average {load:.1f} at the end; {tasks} tasks x {TASK_SAMPLES} samples 25x25 float32 "
-        f"({mb_task:.1f} MB per task); produce: {data['per_task_s'] * 1e3:.0f} ms per task in one process; "
-        f"ratios against the mean of the {'workers=1 runs' if rows and rows[0]['run'] == '1' else 'first run'}",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
+        f"{load0:.1f} before, {load1:.1f} at the end; tasks of {TASK_SAMPLES} samples 25x25 float32 ({mb_task:.1f} MB), "
+        f"passes over {data['block'] or 'all'} samples at a time; "
+        f"{rounds} interleaved round(s): median (min-max); ratios to the workers=1 run of the same round",
         "",
     ]
     header = [
+        "task cost (here)",
         "run",
-        "samples/s (whole call)",
+        "samples/s",
         "ratio",
-        "samples/s (steady)",
-        "ratio",
-        "goal",
-        "CPU ms/task: writer",
+        "steady ratio",
+        "CPU ms/task: writer thread",
+        "writer's other threads",
         "workers",
+        "goal",
     ]
-    cells = [
-        [
-            run_label(r["run"]),
-            f"{r['rate']:,.0f}",
-            f"{r['rate'] / base_rate:.2f}x",
-            f"{r['steady_rate']:,.0f}",
-            f"{r['steady_rate'] / base_steady:.2f}x",
-            (">= 1.4x: " + ("met" if r["rate"] / base_rate >= 1.4 else "not met"))
-            if r["run"].startswith("dask")
-            else "",
-            f"{r['writer_cpu_ms']:.0f}",
-            f"{r['workers_cpu_ms']:.0f}" if r["workers"] else "-",
-        ]
-        for r in rows
-    ]
-    lines += markdown_table(header, "|---|---:|---:|---:|---:|---|---:|---:|", cells)
+    cells = []
+    for entry in data["sweep"]:
+        cost = f"{entry['cost_ms']:g} ms ({entry['produce_ms']:.0f} ms, {entry['tasks']} tasks)"
+        for s in summarize(entry, runs):
+            rate, ratio = s["rate"], s["ratio"]
+            goal = ""
+            if s["run"].startswith("dask") and not s["run"].endswith("t") and entry["cost_ms"] >= 50:
+                goal = ">= 1.4x: " + ("met" if ratio[0] >= 1.4 else "not met")
+            cells.append(
+                [
+                    cost,
+                    run_label(s["run"]),
+                    f"{rate[0]:,.0f} ({rate[1]:,.0f}-{rate[2]:,.0f})",
+                    f"{ratio[0]:.2f}x ({ratio[1]:.2f}-{ratio[2]:.2f})",
+                    f"{s['steady_ratio']:.2f}x",
+                    f"{s['writer_thread_ms']:.1f}",
+                    f"{s['writer_other_ms']:.1f}",
+                    f"{s['workers_ms']:.1f}",
+                    goal,
+                ]
+            )
+    lines += markdown_table(header, "|---|---|---:|---:|---:|---:|---:|---:|---|", cells)
     sps = 1e6 / (int(np.prod(SHAPE)) * 4)
     npsave = writer["npsave_mb_s"]
     rates = [
@@ -326,12 +470,12 @@ def render(data: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 0 on success."""
     args = parse_args(argv)
-    globals()["ROUNDS"] = args.rounds
-    os.environ["BENCH_PARALLEL_ROUNDS"] = str(args.rounds)
+    costs = [10.0] if args.quick else [float(c) for c in args.costs.split(",") if c.strip()]
     tasks = 6 if args.quick else args.tasks
+    rounds = 1 if args.quick else args.rounds
     runs = [w.strip() for w in (args.workers or default_runs()).split(",") if w.strip()]
-    data = measure(tasks, runs, args.workdir)
-    text = render(data)
+    data = measure(costs, runs, rounds, tasks, args.workdir, args.block)
+    text = render(data, runs)
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -112,3 +112,75 @@ def test_class_names_with_control_characters_are_refused_by_ingest(tmp_path: Pat
 def test_copy_errors_name_the_destination(small_store: StoreInfo, tmp_path: Path) -> None:
     with pytest.raises(LmdbStoreError, match="does not exist"):
         copy_store(small_store.path, tmp_path / "no" / "such" / "dir")
+
+
+# ---------------------------------------------------------------------------------------------- issue 25 #8
+def _special(tmp_path: Path, kind: str) -> Path:
+    p = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(p)
+    else:  # a character device of our own (/dev/null's numbers), never the system's
+        try:
+            os.mknod(p, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+        except (PermissionError, AttributeError):
+            pytest.skip("cannot make a character device here")
+    return p
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev"])
+@pytest.mark.parametrize("cmd", ["synth", "export"])
+def test_an_output_that_is_a_device_or_fifo_is_refused_not_replaced(
+    small_store: StoreInfo, tmp_path: Path, kind: str, cmd: str
+) -> None:
+    out = _special(tmp_path, kind)
+    argv = (
+        ["synth", out, "-n", "10"]
+        if cmd == "synth"
+        else ["export", small_store.path, out, "--force", "--format", "npz"]
+    )
+    r = run_cli(*argv)
+    assert r.exit_code == 1 and "not a regular file" in one_error_line(r)
+    mode = out.lstat().st_mode
+    assert not __import__("stat").S_ISREG(mode)  # still the FIFO / device
+    assert not list(tmp_path.glob(f".{out.name}.*"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "{s}", "{s}/data.mdb", "--force", "--format", "npy"],
+        ["export", "{s}", "{s}/lock.mdb", "--force", "--format", "npz"],
+        ["copy", "{s}", "{s}/sub"],
+        ["copy", "{s}", "{s}"],
+        ["ingest", "{s}/inner", "{s}"],
+        ["show", "{s}", "-o", "{s}/data.mdb"],
+        ["stats", "{s}", "--plot", "{s}/x.png"],
+    ],
+)
+def test_an_output_inside_or_equal_to_a_source_is_refused(small_store: StoreInfo, argv: list[str]) -> None:
+    before = {p.name: p.read_bytes() for p in small_store.path.iterdir()}
+    r = run_cli(*[a.format(s=small_store.path) for a in argv])
+    assert r.exit_code == 1, r.output
+    line = one_error_line(r)
+    assert "source" in line or "exists" in line or "a directory" in line, line
+    assert {p.name: p.read_bytes() for p in small_store.path.iterdir()} == before  # the store untouched
+
+
+def test_the_output_rule_in_the_library(small_store: StoreInfo, tmp_path: Path) -> None:
+    with pytest.raises(LmdbStoreError, match="lies inside the source"):
+        export_store(small_store.path, small_store.path / "data.mdb", fmt="npy", overwrite=True)
+    with pytest.raises(LmdbStoreError, match="lies inside the source"):
+        copy_store(small_store.path, small_store.path / "sub")
+    src = tmp_path / "src.npy"
+    np.save(src, np.zeros((4, 3), np.float32))
+    with pytest.raises(LmdbStoreError, match="is the source"):
+        ingest(src, open_sources([src], label="a"))
+    root = tmp_path / "images"
+    (root / "a").mkdir(parents=True)
+    np.save(root / "a" / "0.npy", np.zeros((3,), np.float32))
+    with pytest.raises(LmdbStoreError, match="lies inside the source"):
+        ingest(root / "a" / "store", open_sources([root]))
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "images", "images/a", "images/a/0.npy", "src.npy", "store", *sorted(
+            str(p.relative_to(tmp_path)) for p in small_store.path.iterdir())
+    ]  # fmt: skip

@@ -122,6 +122,59 @@ def test_value_stats_match_numpy_and_skip_nonfinite() -> None:
     assert ValueStats().mean is None and ValueStats().std is None
 
 
+def _stats_by_fresh_float64_chunks(flat: np.ndarray) -> dict[str, object]:
+    """ValueStats.update as written before its buffers were reused: each chunk through flat.astype(float64)."""
+    s = ValueStats()
+    for lo in range(0, flat.size, ValueStats.CHUNK):
+        part = flat[lo : lo + ValueStats.CHUNK]
+        if part.dtype.kind == "f":
+            s.nonfinite += int(part.size - np.count_nonzero(np.isfinite(part)))
+            part = part[np.isfinite(part)]
+            if not part.size:
+                continue
+        f64 = part.astype(np.float64)
+        lo_v, hi_v = float(f64.min()), float(f64.max())
+        if max(abs(lo_v), abs(hi_v)) > 0:
+            s._rescale(math.frexp(max(abs(lo_v), abs(hi_v)))[1] - 450)
+        if s.scale:
+            f64 = np.ldexp(f64, -s.scale)
+        s.n, s.sum = s.n + f64.size, s.sum + float(f64.sum())
+        s.sumsq += float(np.einsum("i,i->", f64, f64))
+        s.min = lo_v if s.min is None else min(s.min, lo_v)
+        s.max = hi_v if s.max is None else max(s.max, hi_v)
+    return vars(s)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "uint8", "int64", "uint64"])
+def test_value_stats_are_the_same_floats_as_fresh_float64_chunks(dtype: str) -> None:
+    # the stores written before keep their statistics bit for bit: same chunks, same order of summation
+    rng = np.random.default_rng(3)
+    n = 2 * ValueStats.CHUNK + 12345
+    if np.dtype(dtype).kind == "f":
+        x = (rng.standard_normal(n) * 1e3).astype(dtype)
+        x[::997] = np.nan
+        x[5] = np.inf
+    else:
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    for part in (x, x[1:], x[: ValueStats.CHUNK], x[:7]):
+        stats = ValueStats()
+        stats.update(part)
+        assert vars(stats) == _stats_by_fresh_float64_chunks(part)
+
+
+@pytest.mark.parametrize("sizes", [[5, ValueStats.CHUNK, 3], [ValueStats.CHUNK + 1] * 3, [0, 10, 0, 7], [100_000] * 9])
+def test_value_stats_of_batches_are_those_of_their_concatenation(sizes: list[int]) -> None:
+    # the writer folds a commit's batches in without concatenating them: the same floats
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal(n) * 100).astype(np.float32) for n in sizes]
+    batches[-1][:3] = [np.nan, np.inf, -np.inf]
+    whole, parts = ValueStats(), ValueStats()
+    whole.update(np.concatenate(batches))
+    parts.update_all(batches)
+    assert vars(parts) == vars(whole)
+
+
 def test_value_stats_of_huge_values_stay_finite() -> None:
     # squares of values above ~1e154 overflow float64: the moments are kept scaled by a power of two
     rng = np.random.default_rng(2)
@@ -177,7 +230,14 @@ def _raw(**changes: object) -> bytes:
     return json.dumps(d).encode()
 
 
-_DELETE = object()
+class _Deleted:
+    """The field is left out of the JSON (a fixed repr keeps test ids the same in every xdist worker)."""
+
+    def __repr__(self) -> str:
+        return "<deleted>"
+
+
+_DELETE = _Deleted()
 
 
 def test_meta_json_round_trip() -> None:

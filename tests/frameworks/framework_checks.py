@@ -65,6 +65,10 @@ def check_tf(store: str) -> None:
     assert [ids(x) for x, _ in ds] == expected(labels, "train", 5)  # the count above was epoch 4
     assert {p.pid for p in ds._lmdbstore_passes.feed.pool.procs} == readers  # the same readers all along
     check_tf_abandoned(ds, derived)
+    err = _replaced_before_the_first_epoch(
+        store, lambda s: lmdbstore.tf_dataset(s, split="val", batch_size=BATCH, workers=1)
+    )
+    assert "StoreReplacedError" in err and "replaced" in err, err
     import torch  # noqa: F401  (torch is installed in the test environment)
 
     from lmdbstore.config import LoaderConfig
@@ -98,6 +102,35 @@ def check_tf_abandoned(ds: Any, derived: Any) -> None:
             raise AssertionError("an abandoned iteration went on")
         rest = [ids(x) for x, _ in newer]
         assert len(rest) == len(ds) - 1 and all(len(b) == BATCH for b in [first, *rest[:-1]])
+
+
+def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
+    """Make a dataset of a copy of ``store`` (split ``val``), then copy another store (the same samples, another
+    id) over its data file before the first epoch, and iterate: the error's text (issue 25 #4: it used to read
+    the new store through the old split)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from lmdbstore.tools.copy import copy_store
+
+    base = Path(tempfile.mkdtemp())
+    try:
+        shutil.copytree(store, base / "mine")
+        copy_store(store, base / "other")
+        ds = make(str(base / "mine"))
+        shutil.copyfile(base / "other" / "data.mdb", base / "mine" / "data.mdb")
+        try:
+            for _ in ds:
+                pass
+        except Exception as exc:  # TensorFlow wraps what the generator raised
+            return f"{type(exc).__name__}: {exc}"
+        finally:
+            if hasattr(ds, "close"):
+                ds.close()
+        raise AssertionError("a store replaced before the first epoch was read through the old split")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _recording(ds: Any) -> list[list[list[int]]]:
@@ -166,6 +199,10 @@ def check_keras(store: str) -> None:
             np.testing.assert_array_equal(np.asarray(y), labels[idx])
     train.close()
     val.close()
+    err = _replaced_before_the_first_epoch(
+        store, lambda s: lmdbstore.keras_dataset(s, split="val", batch_size=BATCH, workers=1)
+    )
+    assert err.startswith("StoreReplacedError: ") and "\n" not in err, err
 
 
 class Recorder:

@@ -77,6 +77,16 @@ def test_same_store_for_any_worker_count(tmp_path: Path) -> None:
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_producer_reusing_its_output_buffer_in_this_process_is_copied_before_the_next_task(tmp_path: Path) -> None:
+    # workers=0 runs produce here: its result is its own array, which the writer must copy (not keep until the
+    # commit, as it keeps the results unpickled from worker processes)
+    tasks = _tasks(9)
+    for workers in (0, 2):
+        path = tmp_path / f"w{workers}"
+        _write(path, produce=pt.produce_into_one_buffer, tasks=tasks, workers=workers, config=WriterConfig(sync=False))
+        _assert_holds(path, tasks)
+
+
 def test_generator_producer_with_class_names_gives_the_same_store(tmp_path: Path) -> None:
     _write(tmp_path / "chunks", produce=pt.produce_chunks)
     _assert_holds(tmp_path / "chunks", _tasks(12))

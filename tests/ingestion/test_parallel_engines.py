@@ -37,9 +37,8 @@ def _write(path: Path, tasks: list[Any] = TASKS, produce: Any = pt.produce, **kw
         shape=pt.SHAPE,
         dtype="float32",
         classes=pt.CLASSES,
-        config=SMALL,
         progress=False,
-        **kw,
+        **{"config": SMALL, **kw},
     )
 
 
@@ -126,6 +125,17 @@ def test_process_pool_worker_killed_is_named_and_a_rerun_resumes_exactly(tmp_pat
     assert verify_store(path).ok
 
 
+def test_a_thread_pool_producer_reusing_its_output_buffer_is_copied_before_the_next_task(tmp_path: Path) -> None:
+    # a thread pool hands over produce's own array (nothing unpickled): the writer copies it, while a process
+    # pool's results are copies made for it, kept as they are until the commit
+    assert not FuturesEngine(ThreadPoolExecutor(1)).private_results
+    with _spawn_pool(1) as ex:
+        assert FuturesEngine(ex).private_results
+    with ThreadPoolExecutor(1) as ex:
+        _write(tmp_path / "s", produce=pt.produce_into_one_buffer, executor=ex, in_flight=1, config=WriterConfig())
+    _assert_holds(tmp_path / "s", TASKS)
+
+
 def test_bad_executor_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="give a number of worker processes"):
         write_parallel(tmp_path / "s", pt.produce, TASKS, shape=pt.SHAPE, dtype="float32", classes=pt.CLASSES)
@@ -163,11 +173,26 @@ def test_dask_client_and_its_executor_write_the_same_store_bytes(
     tmp_path: Path, dask_client: Any, local_bytes: dict[int, Any]
 ) -> None:
     assert isinstance(engine_of(dask_client), DaskEngine) and engine_of(dask_client).workers() == 2
+    assert engine_of(dask_client).private_results  # gathered over tcp://: unpickled here
     assert isinstance(engine_of(dask_client.get_executor()), FuturesEngine)
     for kind, executor in (("client", dask_client), ("executor", dask_client.get_executor())):
         report = _write(tmp_path / kind, executor=executor)
         assert report.added == len(pt.expected(TASKS)[1])
         assert _store_bytes(tmp_path / kind) == local_bytes[1] == local_bytes[2], kind
+
+
+def test_dask_in_this_process_hands_over_produce_s_own_arrays_and_the_writer_copies_them(
+    tmp_path: Path, distributed: Any
+) -> None:
+    # a cluster inside this process (inproc://) passes results without pickling them: a producer refilling one
+    # array must not see its earlier tasks rewritten
+    with (
+        distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as c,
+        distributed.Client(c) as client,
+    ):
+        assert not engine_of(client).private_results
+        _write(tmp_path / "s", produce=pt.produce_into_one_buffer, executor=client, in_flight=1, config=WriterConfig())
+    _assert_holds(tmp_path / "s", TASKS)
 
 
 def test_dask_raising_task_and_bad_result_are_named(tmp_path: Path, dask_client: Any) -> None:
@@ -203,11 +228,14 @@ def test_dask_task_lost_for_good_is_named_and_a_rerun_resumes(tmp_path: Path, di
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c,
         distributed.Client(c) as client,
     ):
-        with pytest.raises(TaskError, match=r"task #4 \(\(4, 54\)\) was lost with its worker: KilledWorker") as err:
+        with pytest.raises(TaskError, match=r"task #\d \(\(\d, 5\d\)\) was lost with its worker: KilledWorker") as err:
             _write(path, produce=pt.produce_kills_at_4, executor=client, name="job")
-        assert err.value.key == 4
-        _assert_holds(path, TASKS[:4])
-        assert _write(path, executor=client, name="job").skipped == 4
+        # task 4 kills its worker; tasks waiting on that worker (or done there and not yet gathered) die with it:
+        # the first of them in task order is named, and every task before it is committed
+        lost = err.value.key
+        assert 0 <= lost <= 4 and f"task #{lost} (({lost}, {50 + lost}))" in str(err.value)
+        _assert_holds(path, TASKS[:lost])
+        assert _write(path, executor=client, name="job").skipped == lost
     _assert_holds(path, TASKS)
 
 

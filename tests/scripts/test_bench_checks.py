@@ -22,11 +22,16 @@ def test_quick_run_measures_every_row(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "out"
     res = checks.main([*QUICK, "--warm-samples", "2000", "--seconds", "0.05", "--out", str(out)])
     for order in ("random", "block"):
-        for variant in ("checks on", "snapshot rule off", "+ whole-value crc", "memmap"):
+        for variant in ("checks on", "snapshot rule off", "no lease (kernel copy)", "+ whole-value crc", "memmap"):
             assert _positive(res["warm"][f"{order} {variant}"]), (order, variant)
     assert all(_positive(v) for v in res["cold"].values()) and len(res["cold"]) == 5
     assert all(_positive(v) for v in res["disk"].values())
-    assert set(res["costs"]) >= {"snapshot rule us (lock-free)", "all headers at build us per value (cold)"}
+    assert set(res["costs"]) >= {
+        "snapshot rule us (lock-free)",
+        "record fingerprint check us (one pread)",
+        "file-size check and lease us (map guard per batch)",
+        "all headers at build us per value (cold)",
+    }
     report = (out / "bench_checks.md").read_text()
     for row in ("| warm random, every check |", "| cold random header check off |", "goals:"):
         assert row in report, row

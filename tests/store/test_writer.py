@@ -6,8 +6,10 @@ import fcntl
 import itertools
 import json
 import os
+import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +40,7 @@ from lmdbstore import (
 )
 from lmdbstore.format.layout import DB_META, DB_SAMPLES, META_KEY, decode_key
 from lmdbstore.format.packing import choose_samples_per_value
+from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.tools.verify import verify_store
 
 FAST = WriterConfig(sync=False)
@@ -138,6 +141,46 @@ def test_odd_batches_commits_and_reopen_continue_indices(tmp_path: Path) -> None
         np.testing.assert_array_equal(got_y, y[:pos])
         assert meta.class_counts == np.bincount(y[:pos], minlength=5).tolist()
         check_value_layout(path)
+
+
+def test_values_and_statistics_are_the_packing_of_each_commit(tmp_path: Path) -> None:
+    """The bytes on disk, from the format's rule alone: value k holds samples k..k+spv-1 then their crc32, however the
+    batches of a commit cut the values (batches spanning values, values spanning batches, a partial value continued
+    by the next commit), with or without the writer's copy; each commit's statistics are those of its samples in
+    order, as one array."""
+    x, y = make_data(400, seed=9)
+    commits = [[1, 17, 18, 19], [2, 35], [100, 7, 1], [36, 64, 3], [97]]
+    path = tmp_path / "s"
+    want = ValueStats()
+    pos = 0
+    with open_writer(path, shape=(25, 25), dtype="float32", classes=CLASSES, config=FAST) as w:
+        for c, sizes in enumerate(commits):
+            for k in sizes:
+                w.append(x[pos : pos + k].copy(), y[pos : pos + k], copy=bool(c % 2))
+                pos += k
+            w.commit()
+            done = ValueStats(**vars(want))
+            done.update(x[pos - sum(sizes) : pos])
+            want = done
+    spv = 18
+    with StoreReader(path) as r:
+        values = {decode_key(k): bytes(v) for k, v in r.iter_raw(DB_SAMPLES)}
+        assert r.meta.value_stats == want
+    assert sorted(values) == list(range(0, pos, spv))
+    for first, value in values.items():
+        payload = x[first : first + spv].tobytes()
+        assert value == payload + zlib.crc32(payload).to_bytes(4, "little"), first
+
+
+def test_append_without_copy_keeps_the_array_given_until_the_commit(tmp_path: Path) -> None:
+    """copy=False hands the array over: the writer writes what it holds at the commit (write_parallel passes
+    results nobody else holds); the default copies (see the next test)."""
+    buf = np.zeros((5, 25, 25), np.float32)
+    with open_writer(tmp_path / "s", shape=(25, 25), dtype="float32", classes=CLASSES) as w:
+        w.append(buf, [0] * 5, copy=False)
+        buf[:] = 7
+    with StoreReader(tmp_path / "s") as r:
+        assert np.all(r.read_range(0, 5) == 7)
 
 
 def test_appending_single_samples_and_reopening_each_time(tmp_path: Path) -> None:
@@ -690,3 +733,25 @@ def test_what_an_interrupted_creation_cannot_leave_is_refused_and_untouched(
         after = dir_bytes(path)
         after.pop("lock.mdb", None)
         assert after == before
+
+
+@pytest.mark.parametrize(
+    "progress, total",
+    [(("src", -5), None), (("src", 2.5), None), (("src", "7"), None), (("src", True), None), (("src", 2**70), None),
+     (("", 5), None), ((b"src", 5), None), (("x" * 600, 5), None), ("src", None), (("src", 5), -1), (("src", 5), 1.5),
+     (None, 10)],
+)  # fmt: skip
+def test_every_number_the_ledger_records_is_checked_before_anything_is_kept(
+    small_store: StoreInfo, progress: Any, total: Any
+) -> None:
+    """Issue 25 #9: a bad position used to be committed (and the store then failed its own ledger check)."""
+    before = snapshot_store(small_store.path)
+    x, y = make_data(20, seed=3)
+    with open_writer(small_store.path) as w:
+        with pytest.raises(ValueError, match="progress") as exc:
+            w.append(x, y, progress=progress, progress_total=total)
+        assert "\n" not in str(exc.value) and w.count == 2000
+        w.append(x, y, progress=("src", np.int64(20)), progress_total=np.uint32(40))  # numpy integers are integers
+        assert w.count == 2020
+    after = snapshot_store(small_store.path)
+    assert after[b"progress"] == {b"src": b'{"done": 20, "total": 40}'} and before[b"progress"] == {}
