@@ -77,8 +77,29 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     @property
     def sampler(self) -> Any:
-        """The batch sampler (``set_epoch`` pins the next epoch's order; ``state_dict`` says where it is)."""
+        """The batch sampler (``set_epoch`` pins the next epoch's order; its own ``state_dict`` counts the
+        batches the readers read ahead too: save :meth:`state_dict`)."""
         return self.feed.sampler
+
+    def state_dict(self, taken: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands: the sampler's state after the batches this dataset handed out (or the
+        first ``taken`` of them: under ``model.fit`` on TensorFlow, Keras' adapter holds several batches
+        ahead of the training step, so a callback saves ``state_dict(batch + 1)`` at ``on_train_batch_end``).
+        :meth:`load_state_dict` of it makes the next epoch the rest of that one.
+
+        Raises:
+            ValueError: ``taken`` is more than the batches handed out in this epoch, or negative.
+        """
+        return self.feed.state_dict(taken)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (or the sampler's): the next epoch yields the rest of that epoch's
+        batches, unread until then (after a finished epoch: the whole next one).
+
+        Raises:
+            ValueError: the state is malformed or belongs to another sampler (naming what differs).
+        """
+        self.feed.load_state_dict(state)
 
     def on_epoch_begin(self) -> None:
         self._begin()

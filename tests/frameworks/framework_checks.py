@@ -199,10 +199,36 @@ def check_keras(store: str) -> None:
             np.testing.assert_array_equal(np.asarray(y), labels[idx])
     train.close()
     val.close()
+    check_keras_resume(store, model, labels)
     err = _replaced_before_the_first_epoch(
         store, lambda s: lmdbstore.keras_dataset(s, split="val", batch_size=BATCH, workers=1)
     )
     assert err.startswith("StoreReplacedError: ") and "\n" not in err, err
+
+
+def check_keras_resume(store: str, model: Any, labels: np.ndarray) -> None:
+    """A state saved by a callback after k training steps of model.fit (``state_dict(batch + 1)``: Keras'
+    adapter holds batches ahead of the step) resumes a new dataset at exactly the rest of that epoch."""
+    import keras
+
+    k, saved = 3, {}
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+
+    def save(batch: int, logs: Any = None) -> None:
+        if batch + 1 == k:
+            saved["handed"] = train.feed.delivered
+            saved["state"] = train.state_dict(batch + 1)
+            model.stop_training = True
+
+    model.fit(train, epochs=1, verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=save)])
+    assert (saved["state"]["epoch"], saved["state"]["position"]) == (0, k), saved
+    assert saved["handed"] >= k, saved  # on TensorFlow, Keras' adapter held more
+    train.close()
+    resumed = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    resumed.load_state_dict(saved["state"])
+    rest = [ids(x) for x, _ in resumed]
+    assert rest == expected(labels, "train", 0)[k:], (len(rest), len(resumed))
+    resumed.close()
 
 
 class Recorder:

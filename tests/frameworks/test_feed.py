@@ -99,6 +99,49 @@ def test_an_abandoned_pass_gives_way_to_a_whole_new_one(small_store: StoreInfo) 
     assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(1, 0)]
 
 
+def _ids(x: np.ndarray) -> list[int]:
+    return np.rint(x.reshape(len(x), -1)[:, 0]).astype(np.int64).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_state_counts_batches_handed_out_and_resumes_after_them(small_store: StoreInfo, workers: int) -> None:
+    """Issue 25 #6 for the feeds: after k batches the state says k (the sampler's own counts those read
+    ahead), and a new feed resumed from it yields exactly the rest of that epoch's samples, then whole epochs."""
+    train = split_indices(small_store.y, "train", 0.1, 0)
+    feed = _feed(small_store, split="train", workers=workers)
+    _pass(feed)  # epoch 0, whole
+    feed.begin()  # epoch 1
+    assert feed.state_dict()["epoch"] == 1 and feed.state_dict()["position"] == 0
+    k = 3
+    taken = [_ids(feed.next()[0]) for _ in range(k)]
+    state = feed.state_dict()
+    assert (state["epoch"], state["position"]) == (1, k)
+    if workers:
+        assert feed.sampler.state_dict()["position"] > k  # the readers read ahead: the sampler drew more
+    assert feed.state_dict(taken=1)["position"] == 1  # a consumer holding batches says what it used
+    for bad in (-1, k + 1, 1.0, True):
+        with pytest.raises(ValueError, match="taken"):
+            feed.state_dict(taken=bad)  # type: ignore[arg-type]
+    feed.close()  # mid-pass: what was read ahead is dropped, the state stays at k
+    assert feed.state_dict() == state
+
+    resumed = _feed(small_store, split="train", workers=workers)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # pinned, nothing handed out yet
+    rest = _pass(resumed)
+    assert len(rest) == len(feed) - k
+    assert [b.tolist() for b in rest] == [b.tolist() for b in resumed.sampler.batches_from(1, k)]
+    together = sorted(i for b in [*taken, *(r.tolist() for r in rest)] for i in b)
+    assert together == train.tolist()  # every sample of the epoch once: none lost, none twice
+    end = resumed.state_dict()
+    assert (end["epoch"], end["position"]) == (1, len(feed))
+    after = _pass(resumed)  # then the whole next epoch
+    assert [b.tolist() for b in after] == [b.tolist() for b in resumed.sampler.batches_from(2, 0)]
+    with pytest.raises(ValueError, match="batch_size"):
+        _feed(small_store, split="train", workers=0, batch_size=32).load_state_dict(state)
+    resumed.close()
+
+
 def test_peek_and_read_do_not_move_the_pass(small_store: StoreInfo) -> None:
     feed = _feed(small_store, workers=2)
     x0, _ = feed.peek(3)  # batch 3 of the next pass, before it begins
