@@ -11,12 +11,19 @@ factory are built on.  numpy only, no torch.
   read in its own thread into fresh memory, so keeping batches is safe, only slower.
 * :meth:`BatchFeed.read` reads batch ``k`` of the current pass again, :meth:`BatchFeed.peek` batch ``i``
   of the next pass without starting it (what Keras' first look at a dataset needs).
+* The readers start with the first pass and wait between passes: :meth:`BatchFeed.rest` (or the end of a
+  pass) lets them stop once no pass began for a while (:mod:`lmdbstore.frameworks.idle`), and the next
+  :meth:`BatchFeed.begin` starts them again; :meth:`BatchFeed.close` and garbage collection stop them at once.
+* :meth:`BatchFeed.state_dict` is the sampler's state at the batches *handed out* (as a ``make_loader``
+  loader's, :mod:`lmdbstore.loader.delivered`): the sampler's own counts the ``workers * prefetch`` batches
+  the readers read ahead too.  :meth:`BatchFeed.load_state_dict` makes the next pass resume there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -25,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import FeedConfig
+from lmdbstore.frameworks.idle import IdleStop
 from lmdbstore.frameworks.readers import BatchLayout, InlineReader, ReaderPool, raise_answer, read_into
 from lmdbstore.frameworks.slots import SharedSlots
 from lmdbstore.loader.choose import Sampler, make_sampler_for, split_indices
@@ -87,7 +95,10 @@ class BatchFeed:
         self.plan: list[np.ndarray] = []  # the indices of this pass's batches so far
         self.it: PassIterator | None = None
         self.exhausted = True
+        self.pass_: tuple[int, int] | None = None  # (epoch, first batch) of the latest pass
         self._labels = labels
+        self.lock = threading.RLock()  # passes begin, end and stop from the consumer's and the timer's threads
+        self.idle = IdleStop(self, BatchFeed.close, self.lock)
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -109,6 +120,11 @@ class BatchFeed:
     # ---------------------------------------------------------------- passes
     def begin(self) -> None:
         """Start a new pass (abandoning the one running, if any; starting the readers if stopped)."""
+        with self.lock:
+            self.idle.wake()
+            self._begin()
+
+    def _begin(self) -> None:
         if self.slots.closed:
             self.slots = self._new_slots()
             self.state = [FREE] * self.slots.n
@@ -121,12 +137,49 @@ class BatchFeed:
         self._drain()
         self.it = iter(self.sampler)  # type: ignore[assignment]
         self.plan = []
+        self.pass_ = self.sampler.upcoming_pass()  # taken again at the first draw (a pin may come before it)
         self.exhausted = False
 
     @property
     def delivered(self) -> int:
-        """Batches of this pass handed out (or in flight) so far."""
+        """Batches of this pass handed out so far."""
         return len(self.plan) - len(self.queue)
+
+    def state_dict(self, taken: int | None = None) -> dict[str, Any]:
+        """The sampler's state after the batches of the latest pass handed out so far (not those read ahead),
+        or after its first ``taken`` of them (what a consumer that holds batches itself, like Keras' adapter,
+        has really used): loaded (:meth:`load_state_dict`), the next pass yields the rest of that epoch.
+
+        Raises:
+            ValueError: ``taken`` is not a count of batches handed out in this pass.
+        """
+        with self.lock:
+            if taken is not None and (
+                not isinstance(taken, int) or isinstance(taken, bool) or not 0 <= taken <= self.delivered
+            ):
+                raise ValueError(f"taken must be a count of the {self.delivered} batches handed out, got {taken!r}")
+            if self.pass_ is None or self.sampler.pinned_pass() is not None:
+                return dict(self.sampler.state_dict())  # nothing handed out since a pin (or ever)
+            epoch, start = self.pass_
+            return dict(self.sampler.state_at(epoch, start + (self.delivered if taken is None else taken)))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass resume from ``state`` (:meth:`state_dict`'s, or the sampler's own): the rest of
+        that epoch's batches, unread until then; after a finished pass, the whole next epoch.
+
+        Raises:
+            ValueError: the state is malformed or belongs to another sampler (naming what differs).
+        """
+        with self.lock:
+            self.sampler.load_state_dict(state)
+            self.pass_ = None
+
+    def rest(self) -> None:
+        """The pass is over (or abandoned): the readers wait for the next one, and stop if none begins in
+        :func:`~lmdbstore.frameworks.idle.idle_seconds`.  Also done when :meth:`next` finds the pass over."""
+        with self.lock:
+            if self.pool is not None:
+                self.idle.rest()
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch of the pass.
@@ -135,17 +188,24 @@ class BatchFeed:
             StopIteration: the pass is over (or none was begun).
             LmdbStoreError, ValueError: a reader's error (the store, or the transform), one line.
         """
+        with self.lock:
+            try:
+                return self._next()
+            except StopIteration:
+                self.rest()
+                raise
+
+    def _next(self) -> tuple[np.ndarray, np.ndarray]:
         self._release()
         self._fill()
         if not self.queue:
             if self.exhausted or self.it is None:
                 raise StopIteration
             try:  # every slot is held by the consumer: this one is read here, into fresh memory
-                idx = next(self.it)
+                idx = self._draw()
             except StopIteration:
                 self.exhausted = True
                 raise
-            self.plan.append(idx)
             return self.read_fresh(idx)
         slot = self.queue.popleft()
         answer = self.pool.answer()  # type: ignore[union-attr]
@@ -188,12 +248,15 @@ class BatchFeed:
     def close(self) -> None:
         """Stop the readers and free the shared memory (also done when the feed is garbage-collected); the
         next :meth:`begin` starts them again."""
-        if isinstance(self.pool, ReaderPool):
-            self.pool.close()  # the readers finish what they were sent, then stop
-        self.pool = None
-        self.queue.clear()
-        self.it, self.exhausted = None, True
-        self._free_memory()
+        with self.lock:
+            self.idle.cancel()
+            if isinstance(self.pool, ReaderPool):
+                self.pool.close()  # the readers finish what they were sent, then stop
+            self.pool = None
+            del self.plan[len(self.plan) - len(self.queue) :]  # read ahead, never handed out
+            self.queue.clear()
+            self.it, self.exhausted = None, True
+            self._free_memory()
 
     # ---------------------------------------------------------------- slots
     def _release(self) -> None:
@@ -208,14 +271,23 @@ class BatchFeed:
             if slot is None:
                 return
             try:
-                idx = next(self.it)
+                idx = self._draw()
             except StopIteration:
                 self.exhausted = True
                 return
-            self.plan.append(idx)
             self.pool.submit(slot, idx)  # type: ignore[union-attr]
             self.state[slot] = INFLIGHT
             self.queue.append(slot)
+
+    def _draw(self) -> np.ndarray:
+        """The pass's next batch from the sampler (``StopIteration``: none left); the first draw begins the
+        sampler's pass, so where it begins is taken just before."""
+        assert self.it is not None
+        if not self.plan:
+            self.pass_ = self.sampler.upcoming_pass()
+        idx = next(self.it)
+        self.plan.append(idx)
+        return idx
 
     def _drain(self) -> None:
         """Wait out the requests of an abandoned pass (their readers write into those slots)."""
@@ -242,7 +314,7 @@ def feed_config(config: FeedConfig | None, options: dict[str, Any]) -> FeedConfi
 
 
 def open_feed(
-    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
     config: FeedConfig,
     *,
     indices: Any = None,

@@ -15,9 +15,11 @@ How it meets Keras:
 * Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
   do the work, and Keras' thread or process pool would only add copies.
 * Iterating it directly (``for x, y in ds``) is one epoch, in order.
-* The reader processes run during an epoch: they start when it begins and stop when it ends (Keras'
-  ``on_epoch_end``, the end of a ``for``, ``close()``, garbage collection), since Keras on the TensorFlow
-  backend keeps every dataset it fitted on for as long as the process lives.  They die with the process
+* The reader processes start with the first epoch and wait between epochs (no start-up per epoch); once
+  no epoch began for a while after one ended (Keras' ``on_epoch_end``, the end of a ``for``) they stop
+  (:mod:`lmdbstore.frameworks.idle`: at least 5 s, half an epoch when longer), since Keras on the
+  TensorFlow backend keeps every dataset it fitted on for as long as the process lives; the next epoch
+  starts them again.  ``close()`` and garbage collection stop them at once, and they die with the process
   whatever kills it (:mod:`lmdbstore.util.lifeline`).
 
 Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
@@ -34,10 +36,26 @@ import keras
 import numpy as np
 
 from lmdbstore.config import FeedConfig
-from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
+from lmdbstore.frameworks.feed import EXTRA_SLOTS, BatchFeed, feed_config, open_feed
+from lmdbstore.frameworks.slots import slot_bytes
 from lmdbstore.loader.transform import Transform
+from lmdbstore.store.readers import as_reader
 
-__all__ = ["StorePyDataset", "keras_dataset"]
+__all__ = ["KERAS_HELD_BYTES", "KERAS_HELD_MAX", "StorePyDataset", "keras_dataset", "keras_extra_slots"]
+
+#: Shared memory for the batches Keras' adapter holds on the TensorFlow backend, beyond the feed's usual
+#: slots: its ``prefetch(AUTOTUNE)`` buffer grows to 5-13 batches (measured: batch 1024 on a 1M-sample
+#: store), and while the consumer holds every slot the next batch is read in its own thread, slowly.
+KERAS_HELD_BYTES = 64 << 20
+#: At most this many slots for them (at least 2).
+KERAS_HELD_MAX = 12
+
+
+def keras_extra_slots(batch_size: int, item_bytes: int) -> int:
+    """Slots for the batches the consumer holds under Keras: the feed's usual ones plus what
+    :data:`KERAS_HELD_BYTES` holds of batches this size (2 to :data:`KERAS_HELD_MAX`)."""
+    held = KERAS_HELD_BYTES // slot_bytes(batch_size, item_bytes)[1]
+    return EXTRA_SLOTS + min(KERAS_HELD_MAX, max(2, held))
 
 
 class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
@@ -59,15 +77,36 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
     @property
     def sampler(self) -> Any:
-        """The batch sampler (``set_epoch`` pins the next epoch's order; ``state_dict`` says where it is)."""
+        """The batch sampler (``set_epoch`` pins the next epoch's order; its own ``state_dict`` counts the
+        batches the readers read ahead too: save :meth:`state_dict`)."""
         return self.feed.sampler
+
+    def state_dict(self, taken: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands: the sampler's state after the batches this dataset handed out (or the
+        first ``taken`` of them: under ``model.fit`` on TensorFlow, Keras' adapter holds several batches
+        ahead of the training step, so a callback saves ``state_dict(batch + 1)`` at ``on_train_batch_end``).
+        :meth:`load_state_dict` of it makes the next epoch the rest of that one.
+
+        Raises:
+            ValueError: ``taken`` is more than the batches handed out in this epoch, or negative.
+        """
+        return self.feed.state_dict(taken)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict` (or the sampler's): the next epoch yields the rest of that epoch's
+        batches, unread until then (after a finished epoch: the whole next one).
+
+        Raises:
+            ValueError: the state is malformed or belongs to another sampler (naming what differs).
+        """
+        self.feed.load_state_dict(state)
 
     def on_epoch_begin(self) -> None:
         self._begin()
 
     def on_epoch_end(self) -> None:
         self._in_epoch = False
-        self.feed.close()  # the readers stop until the next epoch (Keras may keep this dataset for good)
+        self.feed.rest()  # the readers wait for the next epoch, and stop if none comes (Keras may keep us for good)
 
     def _begin(self) -> None:
         self.feed.begin()
@@ -95,7 +134,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
                     return
         finally:
             self._in_epoch = False
-            self.feed.close()
+            self.feed.rest()
 
     def close(self) -> None:
         """Stop the reader processes and free their shared memory."""
@@ -133,7 +172,12 @@ def keras_dataset(
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
     """
+    cfg = feed_config(config, options)
+    reader = as_reader(store)
+    with reader:
+        item_bytes = int(np.prod(reader.meta.shape, dtype=np.int64)) * np.dtype(reader.meta.dtype).itemsize
     feed = open_feed(
-        store, feed_config(config, options), indices=indices, transform=transform, rank=rank, world_size=world_size
-    )
+        reader, cfg, indices=indices, transform=transform, extra_slots=keras_extra_slots(cfg.batch_size, item_bytes),
+        rank=rank, world_size=world_size,
+    )  # fmt: skip
     return StorePyDataset(feed)

@@ -7,7 +7,9 @@ GIL-bound, so reader *threads* in one process serialize (a ``from_generator`` ov
 samples from being pickled.
 
 Protocol: a reader maps the slots and says ``("ready",)``; once all have, the slots' file name is removed.
-The feed sends ``(slot, indices)`` to reader ``k % workers`` for its ``k``-th batch; each reader
+For its ``k``-th batch the feed writes the sample numbers into the slot's label area (int64, as many as
+the labels) and sends ``(slot, rows)`` to reader ``k % workers`` -- a few bytes, whatever the batch size;
+the reader takes the numbers from there before it writes the labels over them.  Each reader
 works its queue in order, so the answers, read back reader by reader in the same round, come in batch
 order.  An answer is ``("slot", slot, rows)`` (the batch is in the slot), ``("fresh", slot, x, y)`` (a
 transform returned another shape or dtype: the arrays travel pickled) or ``("error", kind, message)``.
@@ -36,7 +38,7 @@ from lmdbstore.frameworks.slots import SegmentFd, SharedSlots
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.readers import Reader
 from lmdbstore.util.lifeline import Lifeline
-from lmdbstore.util.procs import check_main_guard, start_hint, start_method
+from lmdbstore.util.procs import check_main_guard, main_script_hidden, start_hint, start_method
 
 __all__ = ["BatchLayout", "InlineReader", "ReaderPool", "serve_reads"]
 
@@ -109,7 +111,7 @@ def serve_reads(
     transform: Transform | None,
     lifeline: Lifeline,
 ) -> None:
-    """A reader process: answer ``(slot, indices)`` requests on ``conn`` until ``None`` or end of input.
+    """A reader process: answer ``(slot, rows)`` requests on ``conn`` until ``None`` or end of input.
     ``shape`` is ``(slots, rows per slot, bytes per sample)`` of the shared ``segment``; the process ends
     when the owner of ``lifeline`` does."""
     lifeline.attach()
@@ -129,8 +131,9 @@ def serve_reads(
                 return
             if request is None:
                 return
-            slot, idx = request
+            slot, rows = request
             try:
+                idx = slots.y(slot, rows).copy()  # the sample numbers, where the labels go
                 answer = read_into(reader, labels, layout, slots, slot, idx, transform)
             except Exception as exc:  # sent to the consumer, raised there as one line
                 answer = ("error", type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -211,19 +214,21 @@ class ReaderPool:
         ctx = mp.get_context(self.method)
         lifeline = Lifeline.here(self.method)
         shape = (slots.n, slots.rows, layout.item_bytes)
+        self.slots = slots
         self.procs, self.conns = [], []
         reader.close()  # no open environment crosses into the readers
-        for _ in range(workers):
-            ours, theirs = ctx.Pipe()
-            p = ctx.Process(  # type: ignore[attr-defined]
-                target=serve_reads,
-                args=(theirs, reader, layout, slots.segment, shape, transform, lifeline),
-                daemon=True,
-            )
-            p.start()
-            theirs.close()
-            self.procs.append(p)
-            self.conns.append(ours)
+        with main_script_hidden(self.method, transform):  # the script's imports only for a transform of its own
+            for _ in range(workers):
+                ours, theirs = ctx.Pipe()
+                p = ctx.Process(  # type: ignore[attr-defined]
+                    target=serve_reads,
+                    args=(theirs, reader, layout, slots.segment, shape, transform, lifeline),
+                    daemon=True,
+                )
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.conns.append(ours)
         self._stopper = weakref.finalize(self, _stop, self.procs, self.conns)
         for k in range(workers):
             ready = self._receive(k)
@@ -241,8 +246,9 @@ class ReaderPool:
             LmdbStoreError: the reader died.
         """
         k = self.sent % len(self.conns)
+        self.slots.y(slot, len(idx))[:] = idx  # the reader takes them from there (protocol: module docstring)
         try:
-            self.conns[k].send((slot, idx))
+            self.conns[k].send((slot, len(idx)))
         except OSError:
             self._died(k)
         self.sent += 1

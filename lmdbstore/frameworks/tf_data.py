@@ -2,13 +2,16 @@
 that work ahead (the prefetch), and a new order every time it is iterated.  Imports TensorFlow, never
 torch.
 
-The pipeline is one ``from_generator`` whose generator begins a pass of the feed
-(:class:`~lmdbstore.frameworks.feed.BatchFeed`) each time the dataset is iterated -- so every epoch of
-``model.fit`` or every ``for`` over it has the sampler's next order -- and yields the pass's batches, then
-``assert_cardinality`` (``len(ds)``; Keras knows the steps per epoch).  The reader processes read
-``workers * prefetch`` batches ahead; a ``.prefetch()`` on top adds nothing but threads (measured: a
-final ``prefetch(2)`` and a ``map`` of a ``py_function`` each cost throughput on 2 cores,
-docs/benchmarks.md).
+The pipeline hands TensorFlow whole batches with as little per batch as TensorFlow allows (measured,
+docs/benchmarks.md: ``from_generator`` costs about 0.3 ms of CPU per batch, 2x this): a one-element
+dataset whose ``numpy_function`` begins a pass of the feed (:class:`~lmdbstore.frameworks.feed.BatchFeed`)
+each time the dataset is iterated -- so every epoch of ``model.fit`` or every ``for`` over it has the
+sampler's next order -- and returns the pass's number, then ``flat_map`` to ``len(ds)`` calls of a second
+``numpy_function`` that returns the pass's next batch: a synchronous map (never parallelized, so batches
+stay in order) whose function runs in the calling thread, without inter-op hand-offs.  The dataset's
+options turn off the prefetch TensorFlow would inject after it (a thread hand-off per batch, and batches
+held): the reader processes already work ``workers * prefetch`` batches ahead; add a ``.prefetch()``
+yourself where the consumer should run apart from the data (``model.fit`` on a GPU).
 
 No copy on the way: a batch lies in a 4 KiB-aligned shared-memory slot, and TensorFlow makes a tensor of
 aligned numpy memory without copying it, holding the array while the tensor lives; the slot is reused
@@ -17,18 +20,20 @@ only after that (:mod:`lmdbstore.frameworks.slots`).
 Iterating the dataset again while an earlier iterator is unfinished abandons the earlier one: its next
 batch is an error.
 
-Lifetime: TensorFlow keeps the generator function of a ``from_generator`` for as long as the process lives
-(its graph functions are cached), so that function holds the feed only weakly; the dataset object (and
-every dataset made from it, and every iterator of them) holds it strongly.  Once the dataset and its
-iterators are gone, the feed is collected and its reader processes stop.
+Lifetime: TensorFlow keeps the functions of a dataset for as long as the process lives (its graph
+functions are cached), so they hold the feed only weakly; the dataset object (and every dataset made from
+it, and every iterator of them) holds it strongly.  Once the dataset and its iterators are gone, the feed
+is collected and its reader processes stop; between iterations they wait, and stop when none began for a
+while (:mod:`lmdbstore.frameworks.idle`).
 
-Errors: an error in the generator reaches the consumer as a TensorFlow ``UnknownError`` carrying a
+Errors: an error in the readers reaches the consumer as a TensorFlow ``UnknownError`` carrying a
 traceback; iterated in Python (``for x, y in ds``), the dataset raises the original one-line
 :class:`~lmdbstore.errors.LmdbStoreError` (or ``ValueError`` of a transform) instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -50,10 +55,12 @@ __all__ = ["TF_EXTRA_SLOTS", "tf_dataset"]
 #: more; when none is free, a batch is read in the consuming thread instead, slower but right).
 TF_EXTRA_SLOTS = 2
 
+Spec = tuple[tf.TensorSpec, tf.TensorSpec]
+
 
 class _Passes:
-    """The dataset's hold on the feed: one pass per iteration, batches taken under a lock (tf.data may call
-    the generators of two iterators from threads of its own)."""
+    """The dataset's hold on the feed: one pass per iteration, numbered (a newer one abandons the older),
+    batches taken under a lock (tf.data may run the functions of two iterators in threads of its own)."""
 
     def __init__(self, feed: BatchFeed):
         self.feed = feed
@@ -61,71 +68,175 @@ class _Passes:
         self.number = 0
         self.error: Exception | None = None  # the last error a pass raised, for the Python iterator
 
-    def batches(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def begin(self) -> np.ndarray:
+        """Begin a pass (call with the lock held); its number."""
+        with self._noting_errors():
+            self.feed.begin()
+            self.number += 1
+            return np.array(self.number, dtype=np.int64)
+
+    def take(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch of pass ``number`` (call with the lock held)."""
+        with self._noting_errors():
+            if number != self.number:
+                raise LmdbStoreError("a newer iteration of this tf.data dataset started; this one is abandoned")
+            try:
+                batch = self.feed.next()
+            except StopIteration:
+                raise LmdbStoreError(
+                    f"the pass ended after {self.feed.delivered} of {len(self.feed)} batches"
+                ) from None
+            if self.feed.delivered == len(self.feed):
+                self.feed.rest()  # the readers wait for the next iteration (and stop if none comes)
+            return batch
+
+    def current(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next batch of the pass running (begun and checked by the Python iterator, which holds the
+        lock while this runs in a thread of TensorFlow's)."""
+        with self._noting_errors():
+            return self.feed.next()
+
+    @contextlib.contextmanager
+    def _noting_errors(self) -> Iterator[None]:
+        """Keep the one-line error of the readers (or a transform) for the Python iterator to raise."""
         try:
-            with self.lock:
-                self.feed.begin()
-                self.number += 1
-                mine = self.number
-            while True:
-                with self.lock:
-                    if mine != self.number:
-                        raise LmdbStoreError("a newer iteration of this tf.data dataset started; this one is abandoned")
-                    try:
-                        batch = self.feed.next()
-                    except StopIteration:
-                        return
-                yield batch
+            yield
         except (LmdbStoreError, ValueError) as exc:
             self.error = exc
             raise
 
 
-def _generator(ref: weakref.ref[_Passes]) -> Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """The generator function ``from_generator`` keeps (for good): it holds the passes weakly."""
+def _held(ref: weakref.ref[_Passes]) -> _Passes:
+    passes = ref()
+    if passes is None:
+        raise LmdbStoreError("this tf_dataset was garbage-collected", hint="keep a reference to the dataset")
+    return passes
 
-    def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        passes = ref()
-        if passes is None:
-            raise LmdbStoreError("this tf_dataset was garbage-collected", hint="keep a reference to the dataset")
-        yield from passes.batches()
 
-    return batches
+def _batch_fn(take: Callable[..., tuple[np.ndarray, np.ndarray]], spec: Spec) -> Callable[..., Any]:
+    """A map function calling ``take(*inputs)`` as a ``numpy_function`` that returns one batch of ``spec``."""
+
+    @tf.autograph.experimental.do_not_convert  # type: ignore[misc]
+    def batch(*inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = tf.numpy_function(take, list(inputs), (spec[0].dtype, spec[1].dtype), stateful=True)
+        x.set_shape(spec[0].shape)
+        y.set_shape(spec[1].shape)
+        return x, y
+
+    return batch
+
+
+def _pipeline(ref: weakref.ref[_Passes], batches: int, spec: Spec) -> tf.data.Dataset:
+    """The dataset of the module docstring; its functions (which TensorFlow keeps for good) hold the passes
+    only through ``ref``."""
+
+    def begin() -> np.ndarray:
+        passes = _held(ref)
+        with passes.lock:
+            return passes.begin()
+
+    def take(number: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        passes = _held(ref)
+        with passes.lock:
+            return passes.take(int(number))
+
+    @tf.autograph.experimental.do_not_convert  # type: ignore[misc]
+    def begin_fn(_: tf.Tensor) -> tf.Tensor:
+        return tf.numpy_function(begin, [], tf.int64, stateful=True)
+
+    def one_pass(number: tf.Tensor) -> tf.data.Dataset:
+        return _synchronous_map(tf.data.Dataset.from_tensors(number).repeat(batches), _batch_fn(take, spec))
+
+    ds = tf.data.Dataset.from_tensors(np.int64(0)).map(begin_fn, synchronous=True).flat_map(one_pass)
+    return _without_injected_prefetch(ds)
+
+
+def _without_injected_prefetch(ds: tf.data.Dataset) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return ds.with_options(options)
+
+
+def _synchronous_map(ds: tf.data.Dataset, fn: Callable[..., Any]) -> tf.data.Dataset:
+    """``ds.map(fn, synchronous=True)`` whose function runs in the calling thread (no inter-op hand-off;
+    TensorFlow's own ``_MapDataset``, the public map where that is gone)."""
+    try:
+        from tensorflow.python.data.ops.map_op import _MapDataset
+    except ImportError:  # pragma: no cover - another TensorFlow
+        return ds.map(fn, synchronous=True)
+    return _MapDataset(ds, fn, force_synchronous=True, use_inter_op_parallelism=False)
+
+
+class _EagerBatches:
+    """The batches of whatever pass Python iteration began: one long-lived iterator over an endless map of
+    the feed's next batch, so that iterating the dataset again costs no new TensorFlow iterator (several
+    milliseconds each, a share of a small epoch); passes are begun, counted and numbered in Python."""
+
+    def __init__(self, ref: weakref.ref[_Passes], spec: Spec):
+        def take(_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return _held(ref).current()
+
+        endless = _synchronous_map(tf.data.Dataset.from_tensors(np.int64(0)).repeat(), _batch_fn(take, spec))
+        self.iterator: Any = iter(_without_injected_prefetch(endless))
 
 
 class _Iterator:
-    """A dataset's eager iterator that raises a pass's own error instead of TensorFlow's wrapping of it."""
+    """A pass of the dataset iterated in Python: raises a pass's own error instead of TensorFlow's wrapping
+    of it (see the module docstring)."""
 
-    def __init__(self, inner: Any, passes: _Passes):
-        self.inner, self.passes = inner, passes
+    def __init__(self, dataset: StoreDataset):
+        self.dataset, self.passes = dataset, dataset._lmdbstore_passes
+        with self.passes.lock:
+            try:
+                self.mine = int(self.passes.begin())
+            except (LmdbStoreError, ValueError) as exc:
+                self.passes.error = None
+                raise exc from None  # one line, as from a batch (__next__)
+        self.left = len(self.passes.feed)
 
     def __iter__(self) -> _Iterator:
         return self
 
     def __next__(self) -> Any:
-        try:
-            return next(self.inner)
-        except tf.errors.OpError:
-            error, self.passes.error = self.passes.error, None
-            if error is None:
-                raise
-            raise error from None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+        passes = self.passes
+        with passes.lock:
+            if self.mine != passes.number:
+                raise LmdbStoreError("a newer iteration of this tf.data dataset started; this one is abandoned")
+            if self.left == 0:
+                raise StopIteration
+            try:
+                batch = next(self.dataset._lmdbstore_eager().iterator)
+            except tf.errors.OpError:
+                self.dataset._lmdbstore_eager_batches = None  # a new iterator next time
+                error, passes.error = passes.error, None
+                if error is None:
+                    raise
+                raise error from None
+            self.left -= 1
+            if self.left == 0:
+                passes.feed.rest()  # the readers wait for the next iteration (and stop if none comes)
+            return batch
 
 
 class StoreDataset(dataset_ops.UnaryUnchangedStructureDataset):  # type: ignore[misc]
-    """The dataset :func:`tf_dataset` returns: its input as it is, holding the feed (the readers live as
-    long as it, or a dataset or iterator made from it), and iterated in Python, raising a pass's own error."""
+    """The dataset :func:`tf_dataset` returns: its input as it is (what TensorFlow and datasets made from it
+    iterate), holding the feed (the readers live as long as it, or a dataset or iterator made from it);
+    iterated in Python, its passes run through one long-lived iterator (:class:`_EagerBatches`) and raise
+    a pass's own error."""
 
-    def __init__(self, input_dataset: tf.data.Dataset, passes: _Passes):
+    def __init__(self, input_dataset: tf.data.Dataset, passes: _Passes, spec: Spec):
         self._lmdbstore_passes = passes
+        self._lmdbstore_spec = spec
+        self._lmdbstore_eager_batches: _EagerBatches | None = None
         super().__init__(input_dataset, input_dataset._variant_tensor)
 
+    def _lmdbstore_eager(self) -> _EagerBatches:
+        if self._lmdbstore_eager_batches is None:
+            self._lmdbstore_eager_batches = _EagerBatches(weakref.ref(self._lmdbstore_passes), self._lmdbstore_spec)
+        return self._lmdbstore_eager_batches
+
     def __iter__(self) -> Any:
-        inner = super().__iter__()
-        return _Iterator(inner, self._lmdbstore_passes) if tf.executing_eagerly() else inner
+        return _Iterator(self) if tf.executing_eagerly() else super().__iter__()
 
 
 def tf_dataset(
@@ -165,5 +276,5 @@ def tf_dataset(
         tf.TensorSpec((None, *feed.layout.item_shape), tf.as_dtype(np.dtype(feed.layout.dtype))),
         tf.TensorSpec((None,), tf.int64),
     )
-    ds = tf.data.Dataset.from_generator(_generator(weakref.ref(passes)), output_signature=spec)
-    return StoreDataset(ds.apply(tf.data.experimental.assert_cardinality(len(feed))), passes)
+    ds = _pipeline(weakref.ref(passes), len(feed), spec)
+    return StoreDataset(ds.apply(tf.data.experimental.assert_cardinality(len(feed))), passes, spec)

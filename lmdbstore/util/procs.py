@@ -14,16 +14,26 @@ keeps ``fork``.
 ``forkserver`` and ``spawn`` import the main script again in the server or child: a script that starts
 workers outside ``if __name__ == "__main__":`` would start them again there.
 :func:`check_main_guard` finds that case before any process starts and says so in one line.
+
+Importing the main script again is also slow: every child runs the script's imports (Keras and TensorFlow:
+seconds each; Python 3.11's forkserver never preloads the script, so each child does it).  A process whose
+arguments need nothing of the script (:func:`needs_main`) starts under :func:`main_script_hidden`, and the
+child imports only what unpickling them needs.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+import pickle
 import sys
 import threading
+import types
+from collections.abc import Iterator
 from functools import cache
 from types import FrameType
+from typing import Any
 
 from lmdbstore.errors import LmdbStoreError
 
@@ -31,7 +41,9 @@ __all__ = [
     "FORK_UNSAFE_MODULES",
     "check_main_guard",
     "fork_unsafe",
+    "main_script_hidden",
     "missing_main_guard",
+    "needs_main",
     "start_hint",
     "start_method",
 ]
@@ -177,3 +189,34 @@ def start_hint(method: str | None) -> str:
             "its traceback is on stderr"
         )
     return "out of memory? a transform that crashed? see its traceback on stderr and the system log"
+
+
+def needs_main(obj: Any) -> bool:
+    """Whether unpickling ``obj`` in a child process may need the main script: its pickle names ``__main__``
+    (a function or class defined in the script), or it cannot be pickled here (the child's own error then
+    says why).  ``None`` needs nothing."""
+    if obj is None:
+        return False
+    try:
+        return b"__main__" in pickle.dumps(obj)
+    except Exception:  # any pickling failure: left to the start, which reports it
+        return True
+
+
+@contextlib.contextmanager
+def main_script_hidden(method: str | None, *args: Any) -> Iterator[None]:
+    """Start processes by ``spawn`` or ``forkserver`` in this block without their running the main script
+    again (``multiprocessing`` tells a child to import the script it finds as ``sys.modules["__main__"]``;
+    a bare stand-in is there while the block runs) -- unless one of ``args``, the user's objects the
+    processes get (a transform), needs the script (:func:`needs_main`).  Other start methods are left as
+    they are."""
+    if _effective(method) not in ("spawn", "forkserver") or any(needs_main(a) for a in args):
+        yield
+        return
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main

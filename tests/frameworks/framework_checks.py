@@ -32,10 +32,14 @@ def expected(labels: np.ndarray, split: str, epoch: int) -> list[list[int]]:
 
 
 def check_tf(store: str) -> None:
-    """tf_dataset: known length, every sample once per iteration in the sampler's next order, kept tensors
-    never overwritten, forkserver readers; make_loader in this process starts forkserver workers too."""
+    """tf_dataset: known length, every sample once per iteration in the sampler's next order (in Python, in
+    a dataset made from it, in a graph), kept tensors never overwritten, the same forkserver readers all
+    along, an abandoned iteration an error; make_loader in this process starts forkserver workers too."""
     import tensorflow as tf
 
+    from lmdbstore.frameworks import idle
+
+    idle.IDLE_MIN_SECONDS = 60.0  # however slow the machine, the readers wait between iterations here
     reader = lmdbstore.open_reader(store)
     x_all, labels = reader.read_range(0, len(reader)), reader.labels()
     ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
@@ -52,6 +56,15 @@ def check_tf(store: str) -> None:
         np.testing.assert_array_equal(y.numpy(), labels[idx])
     kinds = {type(p).__name__ for p in mp.active_children()}
     assert "ForkServerProcess" in kinds, kinds
+    readers = {p.pid for p in ds._lmdbstore_passes.feed.pool.procs}
+    # a dataset made from it is iterated by TensorFlow's own iterators (a pass per iteration, in graph)
+    derived = ds.map(lambda x, y: (x, y))
+    assert [ids(x) for x, _ in derived] == expected(labels, "train", 3)
+    graph_batches = tf.function(lambda d: d.reduce(tf.constant(0, tf.int64), lambda n, b: n + 1))
+    assert int(graph_batches(ds)) == n
+    assert [ids(x) for x, _ in ds] == expected(labels, "train", 5)  # the count above was epoch 4
+    assert {p.pid for p in ds._lmdbstore_passes.feed.pool.procs} == readers  # the same readers all along
+    check_tf_abandoned(ds, derived)
     err = _replaced_before_the_first_epoch(
         store, lambda s: lmdbstore.tf_dataset(s, split="val", batch_size=BATCH, workers=1)
     )
@@ -67,6 +80,28 @@ def check_tf(store: str) -> None:
     )
     assert sum(len(y) for _, y in loader) == len(labels)
     assert type(loader.multiprocessing_context).__name__ == "ForkServerContext"
+
+
+def check_tf_abandoned(ds: Any, derived: Any) -> None:
+    """Iterating again abandons an unfinished iteration: its next batch is a one-line error, in Python and
+    in TensorFlow's iterators alike; the newer iteration goes on with whole batches of its pass."""
+    import tensorflow as tf
+
+    from lmdbstore.errors import LmdbStoreError
+
+    for make in (lambda: iter(ds), lambda: iter(derived)):
+        older = make()
+        next(older)
+        newer = make()
+        first = ids(next(newer)[0])
+        try:
+            next(older)
+        except (LmdbStoreError, tf.errors.OpError) as exc:
+            assert "abandoned" in str(exc), str(exc)
+        else:
+            raise AssertionError("an abandoned iteration went on")
+        rest = [ids(x) for x, _ in newer]
+        assert len(rest) == len(ds) - 1 and all(len(b) == BATCH for b in [first, *rest[:-1]])
 
 
 def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
@@ -103,10 +138,12 @@ def _recording(ds: Any) -> list[list[list[int]]]:
     passes: list[list[list[int]]] = []
     feed = ds.feed
     begin, nxt = feed.begin, feed.next
+    ds.reader_pids = []  # the reader processes of every pass
 
     def recorded_begin() -> None:
         passes.append([])
         begin()
+        ds.reader_pids.append(tuple(p.pid for p in feed.pool.procs))
 
     def recorded_next() -> Any:
         x, y = nxt()
@@ -119,9 +156,14 @@ def _recording(ds: Any) -> list[list[list[int]]]:
 
 def check_keras(store: str) -> None:
     """keras_dataset under model.fit on this backend: each epoch a whole new order of the training split
-    (Keras shuffles the numbers it asks for; the dataset answers in its own order), the validation split
-    whole each time, and through Keras' TF adapter kept batches are never overwritten."""
+    (Keras shuffles the numbers it asks for; the dataset answers in its own order) read by the same reader
+    processes, the validation split whole each time, and through Keras' TF adapter kept batches are never
+    overwritten."""
     import keras
+
+    from lmdbstore.frameworks import idle
+
+    idle.IDLE_MIN_SECONDS = 60.0  # however slow the machine, the readers wait between epochs here
 
     reader = lmdbstore.open_reader(store)
     labels = reader.labels()
@@ -134,6 +176,7 @@ def check_keras(store: str) -> None:
     assert np.isfinite(history.history["loss"]).all()
     whole = [p for p in seen if len(p) == len(train)]
     assert len(whole) == 3, [len(p) for p in seen]  # a pass per epoch (plus, on torch, Keras' first look)
+    assert len(set(train.reader_pids)) == 1, train.reader_pids  # the same readers every epoch: no restarts
     everything = sorted(split_indices(labels, "train", 0.1, 0).tolist())
     for p in whole:
         assert sorted(i for b in p for i in b) == everything
@@ -156,10 +199,36 @@ def check_keras(store: str) -> None:
             np.testing.assert_array_equal(np.asarray(y), labels[idx])
     train.close()
     val.close()
+    check_keras_resume(store, model, labels)
     err = _replaced_before_the_first_epoch(
         store, lambda s: lmdbstore.keras_dataset(s, split="val", batch_size=BATCH, workers=1)
     )
     assert err.startswith("StoreReplacedError: ") and "\n" not in err, err
+
+
+def check_keras_resume(store: str, model: Any, labels: np.ndarray) -> None:
+    """A state saved by a callback after k training steps of model.fit (``state_dict(batch + 1)``: Keras'
+    adapter holds batches ahead of the step) resumes a new dataset at exactly the rest of that epoch."""
+    import keras
+
+    k, saved = 3, {}
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+
+    def save(batch: int, logs: Any = None) -> None:
+        if batch + 1 == k:
+            saved["handed"] = train.feed.delivered
+            saved["state"] = train.state_dict(batch + 1)
+            model.stop_training = True
+
+    model.fit(train, epochs=1, verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=save)])
+    assert (saved["state"]["epoch"], saved["state"]["position"]) == (0, k), saved
+    assert saved["handed"] >= k, saved  # on TensorFlow, Keras' adapter held more
+    train.close()
+    resumed = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    resumed.load_state_dict(saved["state"])
+    rest = [ids(x) for x, _ in resumed]
+    assert rest == expected(labels, "train", 0)[k:], (len(rest), len(resumed))
+    resumed.close()
 
 
 class Recorder:

@@ -2,13 +2,15 @@
 real reader processes over real stores.  Every pass reads every sample of its split once, in the sampler's
 next order; batches are channels-last; a consumer keeping batches never sees them overwritten; a transform
 runs in the readers; errors of the store, of a transform or of a dead reader are one line; closing stops
-the readers and frees the shared memory."""
+the readers and frees the shared memory; the readers stay between passes and stop when none comes."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
+from lmdbstore.frameworks import idle
 from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
 from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
 from lmdbstore.loader.choose import split_indices
@@ -94,6 +97,49 @@ def test_an_abandoned_pass_gives_way_to_a_whole_new_one(small_store: StoreInfo) 
     feed.next()  # readers are working ahead
     batches = _pass(feed)
     assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(1, 0)]
+
+
+def _ids(x: np.ndarray) -> list[int]:
+    return np.rint(x.reshape(len(x), -1)[:, 0]).astype(np.int64).tolist()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_state_counts_batches_handed_out_and_resumes_after_them(small_store: StoreInfo, workers: int) -> None:
+    """Issue 25 #6 for the feeds: after k batches the state says k (the sampler's own counts those read
+    ahead), and a new feed resumed from it yields exactly the rest of that epoch's samples, then whole epochs."""
+    train = split_indices(small_store.y, "train", 0.1, 0)
+    feed = _feed(small_store, split="train", workers=workers)
+    _pass(feed)  # epoch 0, whole
+    feed.begin()  # epoch 1
+    assert feed.state_dict()["epoch"] == 1 and feed.state_dict()["position"] == 0
+    k = 3
+    taken = [_ids(feed.next()[0]) for _ in range(k)]
+    state = feed.state_dict()
+    assert (state["epoch"], state["position"]) == (1, k)
+    if workers:
+        assert feed.sampler.state_dict()["position"] > k  # the readers read ahead: the sampler drew more
+    assert feed.state_dict(taken=1)["position"] == 1  # a consumer holding batches says what it used
+    for bad in (-1, k + 1, 1.0, True):
+        with pytest.raises(ValueError, match="taken"):
+            feed.state_dict(taken=bad)  # type: ignore[arg-type]
+    feed.close()  # mid-pass: what was read ahead is dropped, the state stays at k
+    assert feed.state_dict() == state
+
+    resumed = _feed(small_store, split="train", workers=workers)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # pinned, nothing handed out yet
+    rest = _pass(resumed)
+    assert len(rest) == len(feed) - k
+    assert [b.tolist() for b in rest] == [b.tolist() for b in resumed.sampler.batches_from(1, k)]
+    together = sorted(i for b in [*taken, *(r.tolist() for r in rest)] for i in b)
+    assert together == train.tolist()  # every sample of the epoch once: none lost, none twice
+    end = resumed.state_dict()
+    assert (end["epoch"], end["position"]) == (1, len(feed))
+    after = _pass(resumed)  # then the whole next epoch
+    assert [b.tolist() for b in after] == [b.tolist() for b in resumed.sampler.batches_from(2, 0)]
+    with pytest.raises(ValueError, match="batch_size"):
+        _feed(small_store, split="train", workers=0, batch_size=32).load_state_dict(state)
+    resumed.close()
 
 
 def test_peek_and_read_do_not_move_the_pass(small_store: StoreInfo) -> None:
@@ -224,3 +270,56 @@ def test_a_feed_reads_a_set_of_stores_in_every_order(tmp_path: Path, shuffle: st
         if shuffle != "balanced":  # balanced draws with replacement
             np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
     feed.close()
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if process_start_time(p) is not None]
+
+
+def test_readers_stay_between_passes_and_stop_when_none_comes(
+    small_store: StoreInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reader start per epoch: the same processes serve pass after pass; once no pass began for the idle
+    time after one ended they stop (a framework may keep the dataset for good), and the next pass starts
+    new ones, in the same order of epochs as ever."""
+    monkeypatch.setattr(idle, "IDLE_MIN_SECONDS", 1.0)
+    feed = _feed(small_store, split="train", workers=2)
+    first = _pass(feed)
+    pids = [p.pid for p in feed.pool.procs]  # type: ignore[union-attr]
+    second = _pass(feed)  # begun within the idle time: the same readers
+    assert [p.pid for p in feed.pool.procs] == pids and len(_alive(pids)) == 2  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while feed.pool is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert feed.pool is None and feed.slots.closed  # stopped by the idle thread, memory freed
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids)
+    third = _pass(feed)  # new readers, the next epoch's order
+    assert set(p.pid for p in feed.pool.procs).isdisjoint(pids)  # type: ignore[union-attr]
+    for epoch, batches in enumerate([first, second, third]):
+        assert [b.tolist() for b in batches] == [b.tolist() for b in feed.sampler.batches_from(epoch, 0)]
+    feed.close()
+
+
+def test_a_pass_begun_in_time_keeps_the_readers_and_a_collected_feed_leaves_nothing(
+    small_store: StoreInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idle, "IDLE_MIN_SECONDS", 0.5)
+    feed = _feed(small_store, workers=2)
+    _pass(feed)
+    pids = [p.pid for p in feed.pool.procs]  # type: ignore[union-attr]
+    for _ in range(4):  # each pass begins before the idle time is up: never stopped
+        time.sleep(0.3)
+        feed.begin()
+        feed.next()
+        feed.rest()  # abandoned after a batch: resting too
+    assert [p.pid for p in feed.pool.procs] == pids  # type: ignore[union-attr]
+    thread = feed.idle._thread
+    assert thread is not None and thread.is_alive()
+    del feed
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (_alive(pids) or thread.is_alive()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids) and not thread.is_alive()  # collected: readers and the idle thread gone at once

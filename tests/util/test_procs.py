@@ -114,3 +114,63 @@ def test_missing_main_guard_is_found_where_the_script_calls_from(tmp_path: Path,
 def test_the_hint_for_a_dead_worker_names_the_guard_only_where_it_matters() -> None:
     assert "__main__" in start_hint("forkserver") and "__main__" in start_hint("spawn")
     assert "__main__" not in start_hint("fork") and "memory" in start_hint("fork")
+
+
+#: A script whose top level notes every process that runs it; its guarded part reads one batch through feed
+#: readers started by forkserver (or spawn), with a transform of its own or none.
+NOTING_SCRIPT = """
+import os, sys
+with open(MARK, "a") as f:
+    f.write(f"{os.getpid()}\\n")
+
+
+def plus_one(x, y):
+    x += 1
+    return x, y
+
+
+if __name__ == "__main__":
+    from lmdbstore.config import FeedConfig
+    from lmdbstore.frameworks.feed import open_feed
+
+    method, own = sys.argv[1], sys.argv[2] == "own"
+    config = FeedConfig(batch_size=64, workers=2, shuffle="none", multiprocessing_context=method)
+    feed = open_feed(STORE, config, transform=plus_one if own else None)
+    feed.begin()
+    x, y = feed.next()
+    print("FIRST", float(x[0, 0, 0, 0]), flush=True)
+    print("READERS", *[p.pid for p in feed.pool.procs], flush=True)
+    feed.close()
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("own", [False, True], ids=["no transform", "the script's transform"])
+def test_readers_run_the_main_script_again_only_for_a_transform_of_its_own(
+    small_store: StoreInfo, tmp_path: Path, method: str, own: bool
+) -> None:
+    """forkserver and spawn children import the main script again (its imports: seconds for Keras and
+    TensorFlow, every reader start): feed readers skip it unless their transform is defined there."""
+    mark = tmp_path / "ran.txt"
+    script = tmp_path / "train.py"
+    script.write_text(NOTING_SCRIPT.replace("MARK", repr(str(mark))).replace("STORE", repr(str(small_store.path))))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, str(script), method, "own" if own else "none"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ran = {int(v) for v in mark.read_text().split()}
+    readers = {int(v) for v in _lines(proc.stdout, "READERS")[0].split()}
+    assert len(readers) == 2
+    if own:  # the transform is the script's: the readers import it, and it runs there
+        assert readers <= ran and _lines(proc.stdout, "FIRST") == ["1.0"]
+    else:
+        assert not readers & ran and _lines(proc.stdout, "FIRST") == ["0.0"]
+
+
+def test_what_needs_the_main_script() -> None:
+    from lmdbstore.util.procs import needs_main
+
+    assert not needs_main(None) and not needs_main(start_hint) and not needs_main({"a": [1, 2]})
+    assert needs_main(lambda x: x)  # cannot be pickled here: left to the start, which says why
