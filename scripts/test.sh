@@ -11,4 +11,4 @@ source scripts/_venv.sh
 setup_venv "[dev,torch,frameworks]"
 workers=${TEST_WORKERS:-$(nproc)}
 ((workers > 8)) && workers=8
-.venv/bin/python -m pytest -q -n "$workers" --durations=15 "$@"
+.venv/bin/python -m pytest -q -n "$workers" --dist worksteal --durations=15 "$@"

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,8 +90,8 @@ SINGLE_THREADED = {
 for _name, _value in SINGLE_THREADED.items():
     os.environ.setdefault(_name, _value)
 
-from lmdbstore import WriterConfig, open_writer
-from lmdbstore.format.layout import ALL_DBS, DB_META, DB_SAMPLES, MAX_DBS
+from lmdbstore import WriterConfig, open_writer  # noqa: E402 (after the thread settings)
+from lmdbstore.format.layout import ALL_DBS, DB_META, DB_SAMPLES, MAX_DBS  # noqa: E402
 
 #: The tests folder (``parallel_tasks.py`` lives here) and the repository root.
 TESTS = Path(__file__).resolve().parent
@@ -254,6 +255,13 @@ def cli_subprocess(*args: str | Path, timeout: float = 300) -> Any:
 def dir_bytes(path: Path) -> dict[str, bytes]:
     """Every file of the directory ``path``, by name."""
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a script a test interrupts: Ctrl-C's default disposition before Python starts.  A shell
+    runs background jobs with SIGINT ignored (``pytest ... &``, some CI runners), an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler: the script would never hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
