@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -74,8 +75,23 @@ import lmdb
 import numpy as np
 import pytest
 
-from lmdbstore import WriterConfig, open_writer
-from lmdbstore.format.layout import ALL_DBS, DB_META, DB_SAMPLES, MAX_DBS
+#: One compute thread per process: the suite runs one pytest-xdist worker per core (scripts/test.sh), and every
+#: worker and every process a test starts (CLI runs, training scripts, framework checks) inherits these.  With
+#: torch's, TensorFlow's and XLA's default of one thread per core, two workers on two cores oversubscribe them,
+#: and their spinning threads doubled the CPU time of the training tests.  Set before torch is imported;
+#: a value already in the environment wins.
+SINGLE_THREADED = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+}
+for _name, _value in SINGLE_THREADED.items():
+    os.environ.setdefault(_name, _value)
+
+from lmdbstore import WriterConfig, open_writer  # noqa: E402 (after the thread settings)
+from lmdbstore.format.layout import ALL_DBS, DB_META, DB_SAMPLES, MAX_DBS  # noqa: E402
 
 #: The tests folder (``parallel_tasks.py`` lives here) and the repository root.
 TESTS = Path(__file__).resolve().parent
@@ -239,6 +255,25 @@ def cli_subprocess(*args: str | Path, timeout: float = 300) -> Any:
 def dir_bytes(path: Path) -> dict[str, bytes]:
     """Every file of the directory ``path``, by name."""
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a script a test interrupts: Ctrl-C's default disposition before Python starts.  A shell
+    runs background jobs with SIGINT ignored (``pytest ... &``, some CI runners), an ignored signal stays
+    ignored across exec, and Python then installs no KeyboardInterrupt handler: the script would never hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the test files that hold a ``slow`` test first, each file's tests together and in order.
+
+    pytest-xdist (scripts/test.sh) hands tests to its workers in this order, so the long tests start early and
+    the workers end together on short ones rather than one waiting for the other's last long test; a file's
+    tests stay together so that its module-scoped fixtures are built once per worker.  The order is a pure
+    function of the collected tests: every worker must collect the same list.
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
 
 
 @pytest.fixture(name="make_data")

@@ -11,9 +11,11 @@ time wait until no worker or reader process of this one is left and print ``CLEA
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -134,6 +136,7 @@ def run_tf(store: str, mode: str) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks when it waited too long
     kind, mode, store = sys.argv[1:4]
     {"loader": run_loader, "keras": run_keras, "tf": run_tf}[kind](store, mode)
     print("CLEAN", flush=True)

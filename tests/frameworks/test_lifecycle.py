@@ -20,13 +20,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TESTS, StoreInfo
+from conftest import REPO, TESTS, StoreInfo, default_sigint
 
 SCRIPT = TESTS / "frameworks" / "lifecycle_script.py"
 SHM = Path("/dev/shm")
 #: Seconds the processes get to go after their owner ended: they go at once (this absorbs a loaded machine),
 #: well before torch's own worker watchdog (5 s) would end DataLoader workers.
 GONE_WITHIN = 3.0
+#: Seconds the script may take to end (a killed one, or a ``drop`` run) before the test fails with its stacks.
+ENDS_WITHIN = 150
+
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and /dev/shm")
 
@@ -76,7 +79,7 @@ def run_case(store: Path, kind: str, mode: str, sig: signal.Signals | None = Non
     }
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), kind, mode, str(store)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     seen: set[int] = set()
     try:
@@ -89,7 +92,14 @@ def run_case(store: Path, kind: str, mode: str, sig: signal.Signals | None = Non
             assert len(seen) >= 3, f"expected the script and its workers, saw {seen}"  # script + 2 workers at least
             assert sig is not None
             proc.send_signal(sig)
-        out, err = proc.communicate(timeout=300)
+        try:
+            out, err = proc.communicate(timeout=ENDS_WITHIN)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # its threads' stacks to stderr (faulthandler), then the failure
+            time.sleep(2)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the script did not end {ENDS_WITHIN} s after {sig!r}:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()

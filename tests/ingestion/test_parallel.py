@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import parallel_tasks as pt
 import pytest
-from conftest import TESTS
+from conftest import TESTS, default_sigint
 
 from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, open_writer, write_parallel
 from lmdbstore.format.layout import DB_PROGRESS
@@ -208,14 +208,8 @@ def _start(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        # a shell runs background jobs with SIGINT ignored, and an ignored signal stays ignored across exec
-        # (Python then installs no KeyboardInterrupt handler): give the run a terminal's default Ctrl-C
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,  # a terminal's Ctrl-C, also when pytest runs in the background
     )
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _tasks_done(path: Path) -> int:

@@ -22,7 +22,21 @@ def _bench(name: str, *args: str, out: Path) -> subprocess.CompletedProcess[str]
 
 def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
     proc = _bench(
-        "gpu", "--device", "cpu", "--quick", "-n", "4000", "--widths", "8,16", "--workers", "0,1", out=tmp_path
+        "gpu",
+        "--device",
+        "cpu",
+        "--quick",
+        "-n",
+        "2000",
+        "--batch",
+        "256",
+        "--steps",
+        "2",
+        "--widths",
+        "8,16",
+        "--workers",
+        "0,1",
+        out=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
