@@ -116,9 +116,12 @@ class PreadEngine:
             return self._bytes
 
     def residency(self) -> Residency:
-        self.mapped()
-        assert self._res is not None
-        return self._res
+        res = self._res
+        if res is None or self._pid != os.getpid():  # not mapped yet in this process
+            self.mapped()
+            res = self._res
+            assert res is not None
+        return res
 
     def pmap(self, fn: Callable[[Any], Any], items: Any) -> list[Any]:
         """``[fn(i) for i in items]`` on the pool (many reads in flight: the pages of one B-tree level)."""
