@@ -36,6 +36,8 @@ __all__ = [
 
 #: A batch whose runs average fewer samples than this (random order) is read row by row when wholly cached.
 ROW_RUN_SAMPLES = 4
+#: A run of at least this many samples of one value (block order) that is not cached is read with the whole value.
+EXTEND_RUN_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     """Fill ``out`` from the file at the table's offsets: one read per run.
 
     Every value's overflow-page header is checked the first time the value is read in this process (before
-    anything is returned; the run is then read from the header on, in one read); with ``checksums``, values
+    anything is returned; the run is then read from the header on, in one read); a run of several samples that
+    is not cached is read with the rest of its value (:data:`EXTEND_RUN_SAMPLES`); with ``checksums``, values
     read whole are checked against their stored checksum.
 
     Raises:
@@ -195,21 +198,22 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     d0 = runs.dst * sb
     ends = d0 + runs.rows * sb
     view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    # A block-like run (several samples of a value) that is not cached is read with the rest of its value: the
+    # other pieces of the value come in the next batches (block order cuts values in block_buffer pieces), and
+    # one read of a whole value costs the disk less than two of its halves.
+    block_like = runs.rows >= EXTEND_RUN_SAMPLES
+    before = np.where(block_like, runs.skip * sb, 0)
+    after = np.where(block_like, (np.minimum(spv, m.count - runs.first) - runs.skip - runs.rows) * sb, 0)
     # A value read for the first time in this process has its overflow header checked before anything is
     # returned; its run is read from the header on, in the same read (one disk read, not two).
     new = ~table.checked[values]
     if new.any():
         heads = engine.read_headed(
-            view,
-            voffs[new] - PAGEHDRSZ,
-            runs.skip[new] * sb,
-            d0[new],
-            ends[new],
-            PAGEHDRSZ,
+            view, voffs[new] - PAGEHDRSZ, runs.skip[new] * sb, d0[new], ends[new], PAGEHDRSZ, after[new]
         )
         check_heads(table, values[new], heads, h.path)
     old = ~new
-    engine.read(view, voffs[old] + runs.skip[old] * sb, d0[old], ends[old])
+    engine.read(view, voffs[old] + runs.skip[old] * sb, d0[old], ends[old], around=(before[old], after[old]))
     if checksums and m.trailer_bytes:
         whole = whole_value_runs(runs, h)
         if whole.size:

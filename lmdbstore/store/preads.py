@@ -90,8 +90,7 @@ class PreadEngine:
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: start afresh in this process
             self._pool, self._map, self._mv, self._bytes, self._res = None, None, None, None, None
-            self._views = {}
-            self._pid, self._lock = os.getpid(), threading.Lock()
+            self._pid, self._lock, self._views = os.getpid(), threading.Lock(), {}
             self.stats = dict.fromkeys(self.stats, 0)
 
     def pool(self) -> ThreadPoolExecutor:
@@ -285,9 +284,13 @@ class PreadEngine:
         if futs:  # the disk's rate at this count of reads in flight (only the count depends on it)
             self.inflight.observe(int(missing.sum()), time.perf_counter() - t0)
 
-    def read(self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False) -> bool:
+    def read(
+        self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False, around: Any = (0, 0)
+    ) -> bool:
         """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``; with ``only_cached``, only
-        if the page cache holds them all (else nothing is read).  Returns whether it read.
+        if the page cache holds them all (else nothing is read).  Returns whether it read.  A run that is not
+        cached is read together with the ``around[0][i]`` bytes before it and the ``around[1][i]`` after it
+        (thrown away, but in the page cache then: the rest of a value whose other samples a later batch reads).
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built (truncated under us).
@@ -296,6 +299,7 @@ class PreadEngine:
         n = _arr(ends) - d
         if len(o) == 0:
             return True
+        pre, post = (np.broadcast_to(_arr(a), len(o)) for a in around)
         dst = np.frombuffer(view, np.uint8)
         hit = self.residency().cached(o, n)
         miss = ~hit
@@ -304,12 +308,16 @@ class PreadEngine:
         self.stats["copied_runs"] += int(hit.sum())
 
         def start(missing: np.ndarray) -> list[Future]:
-            mo, md, mn = o[missing].tolist(), d[missing].tolist(), n[missing].tolist()
-            futs = self._submit(lambda j: [view[md[j] : md[j] + mn[j]]], mo, mn)
-            return futs
+            mb, md, mn, ma = pre[missing].tolist(), d[missing].tolist(), n[missing].tolist(), post[missing].tolist()
+            junk = memoryview(bytearray(max([*mb, *ma, 1])))  # read along and thrown away
+
+            def bufs(j: int) -> list[memoryview]:
+                return [junk[: mb[j]], view[md[j] : md[j] + mn[j]], junk[: ma[j]]]
+
+            return self._submit(bufs, (o[missing] - pre[missing]).tolist(), (pre + n + post)[missing].tolist())
 
         self._run(miss, start, lambda leased: self._copy(dst, o[hit], d[hit], n[hit], leased))
-        self.residency().mark(o[miss], n[miss])
+        self.residency().mark(o[miss] - pre[miss], (pre + n + post)[miss])
         return True
 
     def gather(self, offs: Any, width: int) -> np.ndarray:
@@ -325,16 +333,18 @@ class PreadEngine:
         self.read(memoryview(buf.reshape(-1)), o, d, d + width)  # type: ignore[arg-type]
         return buf
 
-    def read_headed(self, view: memoryview, offs: Any, skips: Any, dsts: Any, ends: Any, head: int) -> np.ndarray:
+    def read_headed(
+        self, view: memoryview, offs: Any, skips: Any, dsts: Any, ends: Any, head: int, tails: Any
+    ) -> np.ndarray:
         """For each run: the ``head`` bytes at ``o``, then ``s`` bytes skipped, then ``view[d:e]`` (a value's
-        overflow header and the samples read from it: one disk read, not two, when not cached).
-
-        Returns the ``(n, head)`` heads.
+        overflow header and the samples read from it: one disk read, not two, when not cached), and when not
+        cached the ``tails[i]`` bytes after it too (thrown away, but in the page cache then).  Returns the
+        ``(n, head)`` heads.
 
         Raises:
             CorruptStoreError: a short read (the file shorter than the table says).
         """
-        o, s, d = _arr(offs), _arr(skips), _arr(dsts)
+        o, s, d, t = _arr(offs), _arr(skips), _arr(dsts), _arr(tails)
         n = _arr(ends) - d
         heads = np.empty((len(o), head), np.uint8)
         if len(o) == 0:
@@ -347,14 +357,14 @@ class PreadEngine:
 
         def start(missing: np.ndarray) -> list[Future]:
             idx = np.flatnonzero(missing).tolist()
-            ms, md, mn = s[missing].tolist(), d[missing].tolist(), n[missing].tolist()
-            junk = memoryview(bytearray(max(ms, default=0) or 1))  # what lies between: read and thrown away
+            ms, md, mn, mt = s[missing].tolist(), d[missing].tolist(), n[missing].tolist(), t[missing].tolist()
+            junk = memoryview(bytearray(max([*ms, *mt, 1])))  # what lies between and after: read and thrown away
 
             def bufs(j: int) -> list[memoryview]:
                 i = idx[j]
-                return [hv[i * head : (i + 1) * head], junk[: ms[j]], view[md[j] : md[j] + mn[j]]]
+                return [hv[i * head : (i + 1) * head], junk[: ms[j]], view[md[j] : md[j] + mn[j]], junk[: mt[j]]]
 
-            return self._submit(bufs, o[missing].tolist(), [head + ms[j] + mn[j] for j in range(len(idx))])
+            return self._submit(bufs, o[missing].tolist(), (head + s + n + t)[missing].tolist())
 
         def copy(leased: bool) -> None:
             if hit.any():
@@ -363,7 +373,7 @@ class PreadEngine:
                 self._copy(dst, o[hit] + head + s[hit], d[hit], n[hit], leased)
 
         self._run(miss, start, copy)
-        self.residency().mark(o[miss], head + s[miss] + n[miss])
+        self.residency().mark(o[miss], (head + s + n + t)[miss])
         return heads
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
