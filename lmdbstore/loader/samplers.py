@@ -21,8 +21,9 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbstore.config import LoaderConfig, ShuffleMode
-from lmdbstore.loader.orders import STREAM_BALANCED, concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
+from lmdbstore.loader.orders import STREAM_BALANCED, deal_batches, epoch_rng
 from lmdbstore.loader.passes import EpochPasses
+from lmdbstore.loader.plans import BlockPlan, batch_bounds
 
 __all__ = [
     "BalancedBatchSampler",
@@ -45,21 +46,7 @@ def block_order(
     ``batch_size``, and its samples come in runs of consecutive indices that the reader copies in one go.
     ``block_buffer=1`` keeps each value's samples in one batch (fastest, most correlated).
     """
-    idx = np.sort(np.asarray(indices, dtype=np.int64))
-    if idx.size == 0:
-        return idx
-    order, _, g_len = shuffle_runs(idx, idx // samples_per_value, rng)
-    if block_buffer <= 1:
-        return order
-    # cut every group (now contiguous in ``order``) into up to block_buffer pieces
-    g_start = np.cumsum(g_len) - g_len
-    piece = np.repeat(np.arange(len(g_len)) * block_buffer, g_len) + (
-        (np.arange(idx.size) - np.repeat(g_start, g_len)) * block_buffer // np.repeat(g_len, g_len)
-    )
-    p_start, p_len = runs(piece)
-    window = np.asarray(p_start // max(1, block_buffer * batch_size))
-    shuffled = np.lexsort((rng.random(len(p_start)), window))  # pieces shuffled inside their window
-    return concat_runs(order, p_start[shuffled], p_len[shuffled])
+    return BlockPlan(indices, samples_per_value, batch_size, block_buffer, rng).order()
 
 
 def shard_batches(order: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> list[np.ndarray]:
@@ -144,16 +131,28 @@ class EpochBatchSampler(EpochPasses):
 
     def batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """This rank's batches of ``epoch`` (default: the current one), without beginning a pass."""
+        if self.shuffle == "block":
+            return list(self._block_batches(self.epoch if epoch is None else epoch, 0))
         order = self.epoch_order(epoch)
         out = shard_batches(self.whole_steps(order), self.batch_size, self.rank, self.world_size)
-        if self.shuffle == "block":
-            # A batch is a set for SGD; sorted, its runs of consecutive indices are contiguous, and the
-            # reader copies each run with one memcpy straight into place.
-            out = [np.sort(b) for b in out]
         return out
 
     def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        if self.shuffle == "block":  # made as they are asked for: the first batch does not wait for the epoch
+            return self._block_batches(epoch, start)
         return iter(self.batches(epoch)[start:])
+
+    def _block_batches(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """This rank's block-order batches of ``epoch`` from batch ``start`` on, each expanded from the epoch's
+        pieces when it is asked for (:class:`~lmdbstore.loader.plans.BlockPlan`; the same batches as cutting
+        :meth:`epoch_order`), sorted: its runs are contiguous, and the reader copies each in one go."""
+        rng = epoch_rng(self.seed, epoch)
+        plan = BlockPlan(self.indices, self.samples_per_value, self.batch_size, self.block_buffer, rng)
+        n, step = len(plan), self.batch_size * self.world_size
+        bounds = batch_bounds(n // step * step if self.drop_last else n, self.batch_size, self.world_size).tolist()
+        rank, world = self.rank, self.world_size
+        for j in range(rank + start * world, len(bounds) - 1, world):
+            yield np.sort(plan.take(bounds[j], bounds[j + 1]))
 
     def __len__(self) -> int:
         n, step = len(self.indices), self.batch_size * self.world_size

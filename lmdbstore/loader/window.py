@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.loader.orders import STREAM_WINDOW, deal_batches, epoch_rng, shuffle_runs
+from lmdbstore.loader.orders import STREAM_WINDOW, epoch_rng
+from lmdbstore.loader.plans import WindowSequence, batch_bounds
 from lmdbstore.loader.samplers import EpochBatchSampler
 
 __all__ = [
@@ -115,30 +116,8 @@ def window_order(
     ``window_samples // chunk_samples`` chunks (at least one), the first window
     ``first_window_samples // chunk_samples`` (default: as many).  O(len(indices)) time and memory.
     """
-    idx = np.sort(np.asarray(indices, dtype=np.int64))
-    if idx.size == 0:
-        return WindowPlan(idx, np.zeros(1, np.int64), [], [])
-    vals = idx // samples_per_value
-    new_val = np.r_[True, vals[1:] != vals[:-1]]
-    val_rank = np.cumsum(new_val) - 1  # 0.. number of distinct values - 1
-    per_chunk = max(1, -(-chunk_samples // samples_per_value))
-    order, starts, lengths = shuffle_runs(idx, val_rank // per_chunk, rng)  # whole chunks, shuffled
-    chunk_len = max(1, per_chunk * samples_per_value)
-    per_window = max(1, window_samples // chunk_len)
-    first = per_window if first_window_samples is None else min(per_window, max(1, first_window_samples // chunk_len))
-    cum = np.r_[0, np.cumsum(lengths)]
-    bounds = np.r_[0, np.arange(first, len(starts), per_window), len(starts)]  # in chunks
-    bounds = np.unique(bounds)
-    win_starts = cum[bounds]
-    lo_all = idx[starts]
-    hi_all = idx[starts + lengths - 1] + 1
-    chunk_lo, chunk_hi = [], []
-    for w in range(len(win_starts) - 1):
-        a, b = int(win_starts[w]), int(win_starts[w + 1])
-        rng.shuffle(order[a:b])  # uniform within the window
-        chunk_lo.append(np.sort(lo_all[bounds[w] : bounds[w + 1]]))
-        chunk_hi.append(np.sort(hi_all[bounds[w] : bounds[w + 1]]))
-    return WindowPlan(order, win_starts.astype(np.int64), chunk_lo, chunk_hi)
+    seq = WindowSequence(indices, samples_per_value, window_samples, chunk_samples, rng, first_window_samples)
+    return WindowPlan(seq.order(), seq.window_starts, seq.chunk_lo, seq.chunk_hi)
 
 
 class WindowBatchSampler(EpochBatchSampler):
@@ -190,43 +169,64 @@ class WindowBatchSampler(EpochBatchSampler):
         first_bytes = self.first_window_samples * sample_bytes
         self.chunk_samples = max(1, min(chunk_bytes, first_bytes // MIN_CHUNKS_PER_WINDOW) // sample_bytes)
         self.prefetch = prefetch
+        self._ahead: tuple[int, WindowSequence] | None = None  # the next epoch's order, made by the read-ahead
 
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "window_samples": self.window_samples, "chunk_samples": self.chunk_samples}
 
     def plan(self, epoch: int | None = None) -> WindowPlan:
         """The windowed order of ``epoch`` (default: the current one; identical on every rank)."""
-        rng = epoch_rng(self.seed, self.epoch if epoch is None else epoch, STREAM_WINDOW)
-        return window_order(
-            self.indices,
-            self.samples_per_value,
-            self.window_samples,
-            self.chunk_samples,
-            rng,
-            self.first_window_samples,
-        )
+        seq = self.sequence(self.epoch if epoch is None else epoch)
+        return WindowPlan(seq.order(), seq.window_starts, seq.chunk_lo, seq.chunk_hi)
+
+    def sequence(self, epoch: int) -> WindowSequence:
+        """``epoch``'s windowed order, made window by window (:class:`~lmdbstore.loader.plans.WindowSequence`):
+        the one the read-ahead made for the next epoch if it is still unused, else a new one."""
+        return self._sequence(epoch)[0]
+
+    def _sequence(self, epoch: int) -> tuple[WindowSequence, bool]:
+        """:meth:`sequence`, and whether the read-ahead made it (its first window is being read already)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == epoch and not ahead[1].begun:
+            return ahead[1], True
+        rng = epoch_rng(self.seed, epoch, STREAM_WINDOW)
+        args = (self.indices, self.samples_per_value, self.window_samples, self.chunk_samples, rng)
+        return WindowSequence(*args, self.first_window_samples), False
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         return self.plan(epoch).order
 
     def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
-        """This rank's batches of ``epoch`` from batch ``start`` on, reading ahead: the window of the first
-        one when the pass begins, then each next window as soon as a batch comes from the one before."""
-        plan = self.plan(epoch)
+        """This rank's batches of ``epoch`` from batch ``start`` on, each cut from its window when asked for, reading
+        ahead: the window of the first one when the pass begins, each next window as soon as a batch comes from
+        the one before, and in the last window the next epoch's first (no cold start at the epoch boundary)."""
+        seq, ahead = self._sequence(epoch)
         rank, world = self.rank, self.world_size
-        batches = deal_batches(self.whole_steps(plan.order), self.batch_size, world)
-        starts = np.r_[0, np.cumsum([len(b) for b in batches])][:-1]
-        n_win = len(plan.chunk_lo)
-        fetched = -1
-        for j in range(rank + start * world, len(batches), world):
-            w = int(np.searchsorted(plan.window_starts, starts[j], side="right")) - 1
+        step = self.batch_size * world
+        n = len(seq) // step * step if self.drop_last else len(seq)
+        bounds = batch_bounds(n, self.batch_size, world).tolist()
+        n_win = len(seq.chunk_lo)
+        fetched = 0 if ahead and start == 0 else -1  # the read-ahead is reading its first window already
+        for j in range(rank + start * world, len(bounds) - 1, world):
+            w = min(int(np.searchsorted(seq.window_starts, bounds[j], side="right")) - 1, n_win - 1)  # empty: last
             if self.prefetch is not None and fetched < w:  # the pass's first window
                 fetched = w
-                self.prefetch(plan.chunk_lo[w], plan.chunk_hi[w])
+                self.prefetch(seq.chunk_lo[w], seq.chunk_hi[w])
             if self.prefetch is not None and w + 1 < n_win and fetched < w + 1:
                 fetched = w + 1
-                self.prefetch(plan.chunk_lo[fetched], plan.chunk_hi[fetched])
-            yield batches[j]
+                self.prefetch(seq.chunk_lo[fetched], seq.chunk_hi[fetched])
+            batch = seq.take(bounds[j], bounds[j + 1])
+            if self.prefetch is not None and w + 1 >= n_win and fetched < n_win:
+                fetched = n_win
+                self._read_ahead(epoch + 1)
+            yield batch
+
+    def _read_ahead(self, epoch: int) -> None:
+        """Start reading ``epoch``'s first window, and keep its order for that epoch's pass."""
+        seq = self.sequence(epoch)
+        self._ahead = (epoch, seq)
+        if seq.chunk_lo and self.prefetch is not None:
+            self.prefetch(seq.chunk_lo[0], seq.chunk_hi[0])
 
     def batches(self, epoch: int | None = None) -> list[np.ndarray]:
         return list(self.batches_from(self.epoch if epoch is None else epoch, 0))

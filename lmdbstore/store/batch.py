@@ -36,6 +36,8 @@ __all__ = [
 
 #: A batch whose runs average fewer samples than this (random order) is read row by row when wholly cached.
 ROW_RUN_SAMPLES = 4
+#: A run of at least this many samples of one value (block order) that is not cached is read with the whole value.
+EXTEND_RUN_SAMPLES = 4
 
 
 @dataclass(frozen=True)
@@ -120,38 +122,65 @@ def read_samples(
 def read_rows(
     h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray | None, checksums: bool
 ) -> np.ndarray | None:
-    """The samples at ``idx`` by one numpy gather from the map in output order (as fast as a memmap's fancy
-    index), when the batch is random-like (short runs), every value's header was checked, no whole value is
-    to be checksummed, and every sample's bytes are in the page cache now.  ``None`` (nothing read): read the
-    batch run by run (:func:`read_by_offset`).
+    """The samples at ``idx`` copied row by row from the map in output order, straight into ``out`` (or a new
+    array), when every value's header was checked, no whole value is to be checksummed, and every sample's
+    bytes are in the page cache now: one call of the compiled copier for any order (as fast as a memmap's
+    ``mm[idx]``, or its slice copy of a block); without it, one numpy gather, for random-like batches only
+    (short runs; block batches copy a slice per run faster).  ``None`` (nothing read): read the batch run by run
+    (:func:`read_by_offset`).
 
     Raises:
         CorruptStoreError: the data file was truncated under the reader.
     """
-    n = len(idx)
-    steps = int(np.count_nonzero(idx[1:] - idx[:-1] == 1))  # a run of k samples has k - 1 such steps
-    if h.engine is None or (n - steps) * ROW_RUN_SAMPLES <= n:
+    engine = h.engine
+    if engine is None:
         return None
-    m, engine = h.meta, h.engine
+    n = len(idx)
+    if engine.fast is None:
+        steps = int(np.count_nonzero(idx[1:] - idx[:-1] == 1))  # a run of k samples has k - 1 such steps
+        if (n - steps) * ROW_RUN_SAMPLES <= n:
+            return None
+    m = h.meta
     spv, sb = m.samples_per_value, m.sample_bytes
+    whole = checksums and m.trailer_bytes and _may_hold_whole_values(idx, spv)
+    if whole and whole_value_runs(plan_runs(idx, spv), h).size:
+        return None
+    offs = _sample_offsets(engine, table, idx, spv, sb)
+    if offs is None:
+        return None  # a value not checked yet (read_by_offset checks it), or of the wrong length (it raises)
+    rows = None if out is None else out.reshape(n, -1).view(np.uint8)
+    got = engine.read_rows(offs, sb, rows)
+    return None if got is None else (out if out is not None else got.view(m.np_dtype).reshape(n, *m.shape))
+
+
+def _sample_offsets(engine: Any, table: PositionTable, idx: np.ndarray, spv: int, sb: int) -> np.ndarray | None:
+    """Each sample's file offset, if every value of ``idx`` has an offset and its header was checked; else ``None``.
+    One pass of the compiled copier where there is one, else numpy."""
+    if engine.fast is not None:
+        offs = np.empty(len(idx), np.int64)
+        idx = np.ascontiguousarray(idx)
+        return offs if engine.fast.locate(idx, table.offsets, table.checked, spv, sb, offs) < 0 else None
     values = idx // spv
     if not table.checked[values].all():
         return None
-    if checksums and m.trailer_bytes and steps >= spv - 1 and whole_value_runs(plan_runs(idx, spv), h).size:
-        return None
     offs = table.offsets[values]
     if (offs < 0).any():
-        return None  # read_by_offset raises the precise error
-    rows = None if out is None else out.reshape(n, -1).view(np.uint8)
-    got = engine.read_rows(offs + (idx - values * spv) * sb, sb, rows)
-    return None if got is None else (out if out is not None else got.view(m.np_dtype).reshape(n, *m.shape))
+        return None
+    offs += (idx - values * spv) * sb
+    return offs
+
+
+def _may_hold_whole_values(idx: np.ndarray, spv: int) -> bool:
+    """Whether ``idx`` has enough consecutive steps to hold a whole value (a cheap test before planning runs)."""
+    return int(np.count_nonzero(idx[1:] - idx[:-1] == 1)) >= spv - 1
 
 
 def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray, checksums: bool) -> None:
     """Fill ``out`` from the file at the table's offsets: one read per run.
 
     Every value's overflow-page header is checked the first time the value is read in this process (before
-    anything is returned; the run is then read from the header on, in one read); with ``checksums``, values
+    anything is returned; the run is then read from the header on, in one read); a run of several samples that
+    is not cached is read with the rest of its value (:data:`EXTEND_RUN_SAMPLES`); with ``checksums``, values
     read whole are checked against their stored checksum.
 
     Raises:
@@ -169,21 +198,22 @@ def read_by_offset(h: Handle, table: PositionTable, runs: Runs, out: np.ndarray,
     d0 = runs.dst * sb
     ends = d0 + runs.rows * sb
     view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    # A block-like run (several samples of a value) that is not cached is read with the rest of its value: the
+    # other pieces of the value come in the next batches (block order cuts values in block_buffer pieces), and
+    # one read of a whole value costs the disk less than two of its halves.
+    block_like = runs.rows >= EXTEND_RUN_SAMPLES
+    before = np.where(block_like, runs.skip * sb, 0)
+    after = np.where(block_like, (np.minimum(spv, m.count - runs.first) - runs.skip - runs.rows) * sb, 0)
     # A value read for the first time in this process has its overflow header checked before anything is
     # returned; its run is read from the header on, in the same read (one disk read, not two).
     new = ~table.checked[values]
     if new.any():
         heads = engine.read_headed(
-            view,
-            voffs[new] - PAGEHDRSZ,
-            runs.skip[new] * sb,
-            d0[new],
-            ends[new],
-            PAGEHDRSZ,
+            view, voffs[new] - PAGEHDRSZ, runs.skip[new] * sb, d0[new], ends[new], PAGEHDRSZ, after[new]
         )
         check_heads(table, values[new], heads, h.path)
     old = ~new
-    engine.read(view, voffs[old] + runs.skip[old] * sb, d0[old], ends[old])
+    engine.read(view, voffs[old] + runs.skip[old] * sb, d0[old], ends[old], around=(before[old], after[old]))
     if checksums and m.trailer_bytes:
         whole = whole_value_runs(runs, h)
         if whole.size:

@@ -230,9 +230,10 @@ class Handle:
             pass
 
     def _use(self, table: PositionTable | None) -> None:
-        self.built, self.table = True, table
+        self.table = table
         if table is not None:
             self.engine = PreadEngine(self.fd, table.file_size, self.io_threads, path=self.path, guard=self.guard)
+        self.built = True  # last: positions() reads the table without the lock once this is set
 
     def positions(self) -> PositionTable | None:
         """The position table of this snapshot, built on first call; ``None``: use liblmdb (a data file
@@ -241,6 +242,8 @@ class Handle:
         Raises:
             CorruptStoreError: the file contradicts itself, its metadata or liblmdb.
         """
+        if self.built:
+            return self.table
         with self._mutex:
             if not self.built:
                 self._build()

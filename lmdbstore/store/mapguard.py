@@ -34,7 +34,6 @@ import functools
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +76,7 @@ class MapGuard:
         self._lock = threading.Lock()
         self._holders = 0
         self._leased = False
+        self._size = 0  # the file's size checked under the lease now held (it cannot shrink meanwhile)
         self.leases = _leases_possible()  # False once the kernel refuses leases on this file for good
 
     def _take(self) -> bool:
@@ -96,24 +96,52 @@ class MapGuard:
         with contextlib.suppress(OSError):
             fcntl.fcntl(self.fd, F_SETLEASE, fcntl.F_UNLCK)
 
-    @contextlib.contextmanager
-    def hold(self, needed: int) -> Iterator[bool]:
+    def hold(self, needed: int) -> contextlib.AbstractContextManager[bool]:
+        """``with guard.hold(needed) as leased:`` see the class docstring (a plain object, not a generator: it is
+        taken twice per batch)."""
+        return _Hold(self, needed)
+
+    def _enter(self, needed: int) -> bool:
         with self._lock:
             if self._holders == 0:
-                self._leased = self._take()
+                self._leased, self._size = self._take(), 0
             self._holders += 1
-            leased = self._leased
+            leased, known = self._leased, self._size
+        if leased and known >= needed:  # checked under this very lease: the file cannot have shrunk since
+            return True
         try:
             size = os.fstat(self.fd).st_size
             if size < needed:
                 raise truncated(size, needed, self.path)
-            yield leased
-        finally:
+        except BaseException:
+            self._exit()
+            raise
+        if leased:
             with self._lock:
-                self._holders -= 1
-                if self._holders == 0 and self._leased:
-                    self._release()
-                    self._leased = False
+                self._size = max(self._size, size) if self._leased else 0
+        return leased
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0 and self._leased:
+                self._release()
+                self._leased = False
+
+
+class _Hold:
+    """One ``with guard.hold(needed)`` (see :meth:`MapGuard.hold`)."""
+
+    __slots__ = ("guard", "needed")
+
+    def __init__(self, guard: MapGuard, needed: int):
+        self.guard, self.needed = guard, needed
+
+    def __enter__(self) -> bool:
+        return self.guard._enter(self.needed)
+
+    def __exit__(self, *exc: object) -> None:
+        self.guard._exit()
 
 
 def _leases_possible() -> bool:

@@ -279,7 +279,8 @@ class StoreSet(MetaView):
         """Each store's part of a grouped batch straight into its rows.  The parts the page cache holds whole (the
         kernel says so: :meth:`StoreReader.read_if_cached`) are copied on this thread; the others then read
         together on threads (each store's reads in flight at once keep the disk busy), or one alone here."""
-        parts = [(i, idx[lo:hi] - self.offsets[i], out[lo:hi]) for i, lo, hi in _groups(store)]
+        starts = self.offsets.tolist()
+        parts = [(i, idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))]
         if len(parts) == 1:
             i, local, rows = parts[0]
             self.readers[i].read_batch(local, out=rows)
@@ -386,9 +387,9 @@ def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:
     return check_classes(classes)
 
 
-def _groups(store: np.ndarray) -> Iterator[tuple[int, int, int]]:
-    """``(store, lo, hi)`` of each run of equal values in the non-decreasing ``store``."""
-    starts = np.flatnonzero(np.r_[True, store[1:] != store[:-1]])
-    ends = np.r_[starts[1:], len(store)]
-    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-        yield int(store[lo]), lo, hi
+def _groups(store: np.ndarray, k: int) -> Iterator[tuple[int, int, int]]:
+    """``(store, lo, hi)`` of each run of equal values in the non-decreasing ``store`` (values in ``0..k-1``)."""
+    bounds = np.searchsorted(store, np.arange(k + 1)).tolist()
+    for i in range(k):
+        if bounds[i + 1] > bounds[i]:
+            yield i, bounds[i], bounds[i + 1]

@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -188,17 +188,13 @@ class PinnedReader:
         for _ in range(MAX_RESNAPSHOTS):
             h = self._take()
             try:
-                with translate_read_errors(self.path, action):
-                    if h.protected():
-                        try:
-                            with h.guard.hold(h.needed_bytes):
-                                result = fn(h)
-                        except Exception:
-                            if h.protected():
-                                raise
-                        else:
-                            if h.protected():
-                                return result
+                try:
+                    done, result = _attempt(h, fn)
+                except BaseException:
+                    with translate_read_errors(self.path, action):  # only on the way out: no cost per batch
+                        raise
+                if done:
+                    return cast(T, result)
             finally:
                 self._give(h)
             self._resnapshot(h)
@@ -248,3 +244,19 @@ class PinnedReader:
         if file is not None and file[0] != os.uname().nodename:
             file = None
         self._pinned = (known, count, file, txnid, fp)
+
+
+def _attempt(h: Handle, fn: Callable[[Handle], T]) -> tuple[bool, T | None]:
+    """``(True, fn(h))`` if ``h`` was protected before and after ``fn`` ran (under the file's guard), else
+    ``(False, None)``; an error of ``fn`` is raised only on a protected snapshot."""
+    if h.protected():
+        try:
+            with h.guard.hold(h.needed_bytes):
+                result = fn(h)
+        except Exception:
+            if h.protected():
+                raise
+        else:
+            if h.protected():
+                return True, result
+    return False, None

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from lmdbstore.errors import CorruptStoreError
+from lmdbstore.store import copies
 from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
 from lmdbstore.store.mapguard import MapGuard, truncated, vm_available, vm_copy
 from lmdbstore.store.residency import Residency, major_faults
@@ -77,6 +78,10 @@ class PreadEngine:
         self._bytes: np.ndarray | None = None
         self._base = 0  # the map's address
         self._res: Residency | None = None
+        self._views: dict[int, np.ndarray] = {}  # strided views of the map by row width (numpy gathers)
+        self._rows_at, self._rows_width = np.zeros(0, np.int64), 0  # k * width for k < n: a batch's rows
+        #: the compiled copier (:mod:`lmdbstore.store.copies`), or ``None``: numpy and process_vm_readv
+        self.fast = copies.FAST
         self._pid = os.getpid()
         self._lock = threading.Lock()
         #: Runs sent to the I/O threads / copied from the map in this process (what the benchmarks count).
@@ -85,7 +90,7 @@ class PreadEngine:
     def _own(self) -> None:
         if self._pid != os.getpid():  # inherited through fork: start afresh in this process
             self._pool, self._map, self._mv, self._bytes, self._res = None, None, None, None, None
-            self._pid, self._lock = os.getpid(), threading.Lock()
+            self._pid, self._lock, self._views = os.getpid(), threading.Lock(), {}
             self.stats = dict.fromkeys(self.stats, 0)
 
     def pool(self) -> ThreadPoolExecutor:
@@ -110,9 +115,12 @@ class PreadEngine:
             return self._bytes
 
     def residency(self) -> Residency:
-        self.mapped()
-        assert self._res is not None
-        return self._res
+        res = self._res
+        if res is None or self._pid != os.getpid():  # not mapped yet in this process
+            self.mapped()
+            res = self._res
+            assert res is not None
+        return res
 
     def pmap(self, fn: Callable[[Any], Any], items: Any) -> list[Any]:
         """``[fn(i) for i in items]`` on the pool (many reads in flight: the pages of one B-tree level)."""
@@ -149,9 +157,14 @@ class PreadEngine:
         ]
 
     def _copy(self, dst: np.ndarray, offs: np.ndarray, dsts: np.ndarray, lens: np.ndarray, leased: bool) -> None:
-        """Copy cached runs from the map into the uint8 array ``dst``: with the file's lease held, runs of one
-        short length by a gather and the others by one slice copy each; without, by the kernel (or ``preadv``)."""
+        """Copy cached runs from the map into the uint8 array ``dst``: by the compiled copier where there is one;
+        else, with the file's lease held, runs of one short length by a gather and the others by one slice copy
+        each; without, by the kernel (or ``preadv``)."""
         self.mapped()
+        if self.fast is not None:
+            if not self.fast.copy(dst, dsts, self._base, self.file_size, offs, lens):
+                raise self._copy_failed()
+            return
         if not leased:
             if vm_copy(dst, dsts, self._base + offs, lens):
                 return
@@ -173,44 +186,78 @@ class PreadEngine:
         for o, d, n in zip(offs.tolist(), dsts.tolist(), lens.tolist(), strict=True):
             out[d : d + n] = src[o : o + n]
 
+    def _strided(self, width: int) -> np.ndarray:
+        """The map as overlapping rows of ``width`` bytes, one starting at every byte (``view[o]``: the bytes
+        ``o..o+width-1``), for numpy gathers; made once per width (``as_strided`` costs microseconds)."""
+        view = self._views.get(width)
+        if view is None:
+            src = self.mapped()
+            view = as_strided(src, (self.file_size - width + 1, width), (1, 1), writeable=False)
+            self._views[width] = view
+        return view
+
+    def _row_offsets(self, n: int, width: int) -> np.ndarray:
+        """``k * width`` for ``k < n`` (where each row of a batch starts in its output), kept between batches."""
+        if len(self._rows_at) < n or self._rows_width != width:
+            self._rows_at, self._rows_width = np.arange(n, dtype=np.int64) * width, width
+        return self._rows_at[:n]
+
     def _gather(self, rows: np.ndarray, offs: np.ndarray, at: np.ndarray, width: int) -> None:
-        src = self.mapped()
-        view = as_strided(src, (self.file_size - width + 1, width), (1, 1), writeable=False)
+        view = self._strided(width)
         k = max(1, GATHER_CHUNK_BYTES // width)
         for a in range(0, len(offs), k):
             rows[at[a : a + k]] = view[offs[a : a + k]]
 
     def read_rows(self, offs: np.ndarray, width: int, rows: np.ndarray | None) -> np.ndarray | None:
-        """The ``width`` bytes at each of ``offs`` as the rows of ``rows`` (a ``(n, width)`` uint8 array) or of a
-        new array, by numpy gathers from the map, when all of them are in the page cache; else ``None``, and
-        nothing is read.
+        """The ``width`` bytes at each of ``offs`` as the rows of ``rows`` (a C-contiguous ``(n, width)`` uint8
+        array) or of a new array, when all of them are in the page cache; else ``None``, and nothing is read.
+        One call of the compiled copier straight into place; without it, numpy gathers (under the lease) or
+        kernel copies.
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built.
         """
-        if width > self.file_size or not self.residency().cached(offs, np.full(len(offs), width)).all():
+        n = len(offs)
+        if width > self.file_size or not self._all_cached(offs, width):
             return None
         with self.guard.hold(self.file_size) as leased:
-            if not leased:
-                if not vm_available():
-                    return None
-                rows = np.empty((len(offs), width), np.uint8) if rows is None else rows
-                at = np.arange(len(offs), dtype=np.int64) * width
-                if not vm_copy(rows.reshape(-1), at, self._base + offs, np.full(len(offs), width, np.int64)):
-                    raise self._copy_failed()
-            else:
-                view = as_strided(self.mapped(), (self.file_size - width + 1, width), (1, 1), writeable=False)
-                before = major_faults()
-                if rows is None:
-                    rows = view[offs]
-                else:
-                    k = max(1, GATHER_CHUNK_BYTES // width)
-                    for a in range(0, len(offs), k):
-                        rows[a : a + k] = view[offs[a : a + k]]
-                if before >= 0 and major_faults() > before:
-                    self.residency().distrust()
+            if self.fast is None and not leased and not vm_available():
+                return None
+            before = major_faults()
+            rows = self._copy_rows(offs, width, rows, leased)
+            if before >= 0 and major_faults() > before:
+                self.residency().distrust()
         self.stats["batches"] += 1
-        self.stats["copied_runs"] += len(offs)
+        self.stats["copied_runs"] += n
+        return rows
+
+    def _all_cached(self, offs: np.ndarray, width: int) -> bool:
+        """Whether every run of ``width`` bytes at ``offs`` is in the page cache (the page map's answer in one
+        compiled pass where it knows them all, else the residency's)."""
+        res = self.residency()
+        if self.fast is not None and res.available and self.fast.known(res.pages, offs, width, res.shift):
+            return True
+        return bool(res.cached(offs, width).all())
+
+    def _copy_rows(self, offs: np.ndarray, width: int, rows: np.ndarray | None, leased: bool) -> np.ndarray:
+        """The copy of :meth:`read_rows` (the map guarded, every byte cached)."""
+        n = len(offs)
+        if self.fast is None and leased:
+            view = self._strided(width)
+            if rows is None:
+                return view[offs]  # one gather into a new array
+            k = max(1, GATHER_CHUNK_BYTES // width)  # into a given one: through a temporary kept in the CPU cache
+            for a in range(0, n, k):
+                rows[a : a + k] = view[offs[a : a + k]]
+            return rows
+        rows = np.empty((n, width), np.uint8) if rows is None else rows
+        at = self._row_offsets(n, width)
+        if self.fast is not None:
+            done = self.fast.copy(rows, at, self._base, self.file_size, offs, width)
+        else:
+            done = vm_copy(rows.reshape(-1), at, self._base + offs, np.full(n, width, np.int64))
+        if not done:
+            raise self._copy_failed()
         return rows
 
     def _run(
@@ -237,9 +284,13 @@ class PreadEngine:
         if futs:  # the disk's rate at this count of reads in flight (only the count depends on it)
             self.inflight.observe(int(missing.sum()), time.perf_counter() - t0)
 
-    def read(self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False) -> bool:
+    def read(
+        self, view: memoryview, offs: Any, dsts: Any, ends: Any, *, only_cached: bool = False, around: Any = (0, 0)
+    ) -> bool:
         """Fill ``view[d:e]`` with the file's bytes at ``o`` for every ``(o, d, e)``; with ``only_cached``, only
-        if the page cache holds them all (else nothing is read).  Returns whether it read.
+        if the page cache holds them all (else nothing is read).  Returns whether it read.  A run that is not
+        cached is read together with the ``around[0][i]`` bytes before it and the ``around[1][i]`` after it
+        (thrown away, but in the page cache then: the rest of a value whose other samples a later batch reads).
 
         Raises:
             CorruptStoreError: the file is shorter than when the table was built (truncated under us).
@@ -248,6 +299,7 @@ class PreadEngine:
         n = _arr(ends) - d
         if len(o) == 0:
             return True
+        pre, post = (np.broadcast_to(_arr(a), len(o)) for a in around)
         dst = np.frombuffer(view, np.uint8)
         hit = self.residency().cached(o, n)
         miss = ~hit
@@ -256,12 +308,16 @@ class PreadEngine:
         self.stats["copied_runs"] += int(hit.sum())
 
         def start(missing: np.ndarray) -> list[Future]:
-            mo, md, mn = o[missing].tolist(), d[missing].tolist(), n[missing].tolist()
-            futs = self._submit(lambda j: [view[md[j] : md[j] + mn[j]]], mo, mn)
-            return futs
+            mb, md, mn, ma = pre[missing].tolist(), d[missing].tolist(), n[missing].tolist(), post[missing].tolist()
+            junk = memoryview(bytearray(max([*mb, *ma, 1])))  # read along and thrown away
+
+            def bufs(j: int) -> list[memoryview]:
+                return [junk[: mb[j]], view[md[j] : md[j] + mn[j]], junk[: ma[j]]]
+
+            return self._submit(bufs, (o[missing] - pre[missing]).tolist(), (pre + n + post)[missing].tolist())
 
         self._run(miss, start, lambda leased: self._copy(dst, o[hit], d[hit], n[hit], leased))
-        self.residency().mark(o[miss], n[miss])
+        self.residency().mark(o[miss] - pre[miss], (pre + n + post)[miss])
         return True
 
     def gather(self, offs: Any, width: int) -> np.ndarray:
@@ -277,16 +333,18 @@ class PreadEngine:
         self.read(memoryview(buf.reshape(-1)), o, d, d + width)  # type: ignore[arg-type]
         return buf
 
-    def read_headed(self, view: memoryview, offs: Any, skips: Any, dsts: Any, ends: Any, head: int) -> np.ndarray:
+    def read_headed(
+        self, view: memoryview, offs: Any, skips: Any, dsts: Any, ends: Any, head: int, tails: Any
+    ) -> np.ndarray:
         """For each run: the ``head`` bytes at ``o``, then ``s`` bytes skipped, then ``view[d:e]`` (a value's
-        overflow header and the samples read from it: one disk read, not two, when not cached).
-
-        Returns the ``(n, head)`` heads.
+        overflow header and the samples read from it: one disk read, not two, when not cached), and when not
+        cached the ``tails[i]`` bytes after it too (thrown away, but in the page cache then).  Returns the
+        ``(n, head)`` heads.
 
         Raises:
             CorruptStoreError: a short read (the file shorter than the table says).
         """
-        o, s, d = _arr(offs), _arr(skips), _arr(dsts)
+        o, s, d, t = _arr(offs), _arr(skips), _arr(dsts), _arr(tails)
         n = _arr(ends) - d
         heads = np.empty((len(o), head), np.uint8)
         if len(o) == 0:
@@ -299,14 +357,14 @@ class PreadEngine:
 
         def start(missing: np.ndarray) -> list[Future]:
             idx = np.flatnonzero(missing).tolist()
-            ms, md, mn = s[missing].tolist(), d[missing].tolist(), n[missing].tolist()
-            junk = memoryview(bytearray(max(ms, default=0) or 1))  # what lies between: read and thrown away
+            ms, md, mn, mt = s[missing].tolist(), d[missing].tolist(), n[missing].tolist(), t[missing].tolist()
+            junk = memoryview(bytearray(max([*ms, *mt, 1])))  # what lies between and after: read and thrown away
 
             def bufs(j: int) -> list[memoryview]:
                 i = idx[j]
-                return [hv[i * head : (i + 1) * head], junk[: ms[j]], view[md[j] : md[j] + mn[j]]]
+                return [hv[i * head : (i + 1) * head], junk[: ms[j]], view[md[j] : md[j] + mn[j]], junk[: mt[j]]]
 
-            return self._submit(bufs, o[missing].tolist(), [head + ms[j] + mn[j] for j in range(len(idx))])
+            return self._submit(bufs, o[missing].tolist(), (head + s + n + t)[missing].tolist())
 
         def copy(leased: bool) -> None:
             if hit.any():
@@ -315,7 +373,7 @@ class PreadEngine:
                 self._copy(dst, o[hit] + head + s[hit], d[hit], n[hit], leased)
 
         self._run(miss, start, copy)
-        self.residency().mark(o[miss], head + s[miss] + n[miss])
+        self.residency().mark(o[miss], (head + s + n + t)[miss])
         return heads
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
@@ -332,7 +390,7 @@ class PreadEngine:
         if self._pid == os.getpid():
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            self._bytes, self._res = None, None
+            self._bytes, self._res, self._views = None, None, {}
             # a view of the map still alive (a traceback's frame holding one) keeps it open until collected
             with contextlib.suppress(BufferError):
                 if self._mv is not None:

@@ -8,12 +8,13 @@ answers, never from timings:
   into a page map (one byte per 4 KiB page of the file: 0.024 % of its size, e.g. 7 MiB for a 28 GiB
   store, per reading process).  Runs whose pages are not known to be cached are checked exactly, one
   ``mincore`` call per cluster of nearby runs (:data:`CALL_PAGES`).
-- While the map is *trusted*, a run whose pages it says are cached is copied without another system
-  call.  Pages can leave the cache behind its back; the kernel then tells: the copy takes a *major*
-  page fault (``getrusage(RUSAGE_THREAD).ru_majflt``), and the map is no longer trusted: every run is
-  checked again until a batch found wholly cached after checks that cost as much as one ``mincore``
-  over the whole file (a ski-rental rule, so the checks cost at most twice the best choice); then the
-  whole map is refreshed by one ``mincore`` and trusted again.
+- A page the map says is cached (the kernel said so, or the I/O threads just read it) is copied without
+  another system call.  Pages can leave the cache behind its back; the kernel then tells: the copy takes a
+  *major* page fault (``getrusage(RUSAGE_THREAD).ru_majflt``), and the map forgets everything it knew (every
+  page is asked about again before it is trusted).  Once the checks made since cost as much as one ``mincore``
+  over the whole file (a ski-rental rule, so the checks cost at most twice the best choice), and a batch was
+  found wholly cached, the whole map is refreshed by one ``mincore`` (*trusted* again: every entry is the
+  kernel's answer since the last fault).
 - Pages the I/O threads just read are marked cached.
 
 Only speed depends on these answers: a page that leaves the cache between the check and the copy costs
@@ -88,7 +89,7 @@ class Residency:
         self.spent = 0  # pages' worth of exact checks since the map was last refreshed whole
         self.available = _mincore() is not None
 
-    def _span(self, starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _span(self, starts: np.ndarray, lens: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         return starts >> self.shift, (starts + np.maximum(lens, 1) - 1) >> self.shift
 
     def _known(self, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
@@ -134,14 +135,15 @@ class Residency:
         self.pages &= 1
         self.trusted, self.spent = True, 0
 
-    def cached(self, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-        """Whether each byte run ``[starts[i], starts[i] + lens[i])`` is wholly in the page cache now."""
+    def cached(self, starts: np.ndarray, lens: np.ndarray | int) -> np.ndarray:
+        """Whether each byte run ``[starts[i], starts[i] + lens[i])`` (``lens``: one length for all) is wholly in
+        the page cache now: the map's answer where it knows, the kernel's for the rest (written into the map)."""
         if not self.available or len(starts) == 0:
             return np.zeros(len(starts), bool)
         p0, p1 = self._span(starts, lens)
-        known = self._known(p0, p1) if self.trusted else np.zeros(len(p0), bool)
-        unsure = ~known
-        if unsure.any():
+        known = self._known(p0, p1)
+        if not known.all():
+            unsure = ~known
             self._check(p0[unsure], p1[unsure])
             known[unsure] = self._known(p0[unsure], p1[unsure])
             if known.all() and not self.trusted and self.spent >= self.npages:
@@ -154,5 +156,7 @@ class Residency:
             self.pages[_expand(*self._span(starts, lens))] = 1
 
     def distrust(self) -> None:
-        """A page the map said was cached was not (a major fault): check every run until refreshed."""
+        """A page the map said was cached was not (a major fault): forget every answer (each page is asked about
+        again before a copy trusts it), until refreshed."""
         self.trusted = False
+        self.pages[:] = 0

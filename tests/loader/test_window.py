@@ -100,7 +100,12 @@ def test_prefetch_is_called_one_window_ahead() -> None:
     for (lo, hi), w in zip(calls, range(2), strict=True):
         assert np.array_equal(lo, plan.chunk_lo[w]) and np.array_equal(hi, plan.chunk_hi[w])
     list(it)
-    assert len(calls) == n_windows  # each window prefetched once
+    assert len(calls) == n_windows + 1  # each window prefetched once, then the next epoch's first (issue 27)
+    nxt = sampler(np.arange(10_000)).plan(1)
+    assert np.array_equal(calls[-1][0], nxt.chunk_lo[0]) and np.array_equal(calls[-1][1], nxt.chunk_hi[0])
+    again = list(s)  # epoch 1: its first window is not asked for again; the one after it is, and so on
+    assert np.array_equal(np.concatenate(again), nxt.order)
+    assert len(calls) == (n_windows + 1) + n_windows and np.array_equal(calls[n_windows + 1][0], nxt.chunk_lo[1])
 
 
 def test_prefetch_reads_the_range_into_the_page_cache(tmp_path: Path) -> None:

@@ -1,0 +1,226 @@
+"""Epoch orders made on demand: the first batch of a block or window epoch without building the whole order.
+
+Building a block or windowed order of a 12M-sample store as one array costs 1.5-2 s of CPU (passes over
+tens of millions of indices, most of them in :func:`~lmdbstore.loader.orders.concat_runs`), and the first
+batch of the epoch waited for it.  The orders are made of *pieces* instead -- runs of consecutive indices (a
+piece of a packed value, a chunk of values) -- and a piece list is a few hundred thousand entries, not
+millions of indices: :class:`BlockPlan` keeps the block order as its pieces in epoch order and expands only
+the slice a batch asks for (:meth:`BlockPlan.take`).  The orders are exactly the eager ones, draw for draw
+(the tests compare them), so epochs, resumes and DDP ranks see the same batches as before.
+
+:func:`batch_bounds` gives the batch boundaries :func:`~lmdbstore.loader.orders.deal_batches` cuts, from the
+order's length alone.  numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lmdbstore.loader.orders import concat_runs
+
+__all__ = ["BlockPlan", "WindowSequence", "batch_bounds", "sorted_indices", "value_starts"]
+
+
+def sorted_indices(indices: np.ndarray) -> np.ndarray:
+    """``indices`` as sorted int64 (no sort when they already are: a training split, ``arange``)."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
+        idx = np.sort(idx)
+    return idx
+
+
+def value_starts(idx: np.ndarray, spv: int) -> np.ndarray:
+    """Positions in the sorted, non-empty ``idx`` where the samples of a new packed value begin (the first is 0):
+    by a search for each value's first sample where the values spanned are fewer than the indices (an
+    ``arange``: no pass of integer divisions and temporaries over all of them), else by comparing neighbours."""
+    v0, v1 = int(idx[0]) // spv, int(idx[-1]) // spv
+    if v1 - v0 < idx.size:
+        pos = np.searchsorted(idx, np.arange(v0, v1 + 1, dtype=np.int64) * spv)
+        return pos[np.r_[True, pos[1:] != pos[:-1]]]
+    vals = idx // spv
+    return np.flatnonzero(np.r_[True, vals[1:] != vals[:-1]])
+
+
+def batch_bounds(n: int, batch_size: int, world_size: int = 1) -> np.ndarray:
+    """Boundaries ``b`` of the batches :func:`~lmdbstore.loader.orders.deal_batches` cuts from an order of ``n``:
+    batch ``j`` is ``order[b[j]:b[j + 1]]``."""
+    if n == 0:
+        return np.zeros(1, np.int64)
+    if world_size == 1:
+        return np.r_[np.arange(0, n, batch_size), n].astype(np.int64)
+    k = -(-n // (batch_size * world_size)) * world_size
+    q, r = divmod(n, k)  # np.array_split: the first r parts one longer
+    sizes = np.full(k, q, np.int64)
+    sizes[:r] += 1
+    return np.r_[0, np.cumsum(sizes)].astype(np.int64)
+
+
+class BlockPlan:
+    """One epoch's block order (:func:`~lmdbstore.loader.samplers.block_order`) as pieces, expanded on demand.
+
+    The values' runs of samples are shuffled (one ``rng.permutation``), each cut into ``block_buffer`` pieces,
+    and the pieces shuffled within windows of ``block_buffer * batch_size`` samples (one ``rng.random`` per
+    piece, drawn up front): the same draws, in the same order, as the eager order.  A window keeps its place in
+    the order (its pieces only move among themselves), so each window's pieces are put in order only when a
+    batch asks for them.  O(values) time and memory after one search per value.
+    """
+
+    def __init__(
+        self, indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
+    ):
+        self.idx = idx = sorted_indices(indices)
+        n = idx.size
+        self._windows: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.keys: np.ndarray = np.zeros(0)  # each piece's draw of the second shuffle (none with block_buffer 1)
+        self.src: np.ndarray = np.zeros(0, np.int64)  # each piece's first sample's position in idx
+        self.lens: np.ndarray = np.zeros(0, np.int64)
+        self.pos: np.ndarray = np.zeros(0, np.int64)  # where each piece starts before the second shuffle
+        self.bounds: np.ndarray = np.zeros(1, np.int64)  # each window's first piece (and the end)
+        if n == 0:
+            return
+        starts = value_starts(idx, samples_per_value)
+        lengths = np.diff(np.r_[starts, n])
+        perm = rng.permutation(len(starts))
+        gs, gl = starts[perm], lengths[perm]
+        if block_buffer <= 1:  # one piece per value, no second shuffle: one window
+            self.src, self.lens = gs, gl
+            self.bounds = np.array([0, len(gs)], np.int64)
+            self.pos = np.r_[0, np.cumsum(gl)][:-1]
+            return
+        # piece k of a run of L samples: its samples j with j * block_buffer // L == k
+        cuts = -(-(np.arange(block_buffer + 1, dtype=np.int64)[None, :] * gl[:, None]) // block_buffer)
+        lo = cuts[:, :-1]
+        plen = np.diff(cuts, axis=1).ravel()
+        psrc = (gs[:, None] + lo).ravel()
+        ppos = ((np.cumsum(gl) - gl)[:, None] + lo).ravel()  # where the piece starts before the second shuffle
+        keep = plen > 0
+        self.src, self.lens, self.pos = psrc[keep], plen[keep], ppos[keep]
+        self.keys = rng.random(len(self.pos))
+        window = self.pos // max(1, block_buffer * batch_size)  # non-decreasing
+        self.bounds = np.r_[np.flatnonzero(np.r_[True, window[1:] != window[:-1]]), len(window)].astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.idx.size)
+
+    def _window(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Window ``w``'s pieces in their shuffled order: sources, lengths and the order position after each."""
+        got = self._windows.get(w)
+        if got is None:
+            a, b = int(self.bounds[w]), int(self.bounds[w + 1])
+            order = a + np.argsort(self.keys[a:b], kind="stable") if len(self.keys) else np.arange(a, b)
+            lens = self.lens[order]
+            got = (self.src[order], lens, int(self.pos[a]) + np.cumsum(lens))
+            if len(self._windows) >= 2:  # batches move forward: keep the window in use and the one before
+                self._windows.pop(min(self._windows))
+            self._windows[w] = got
+        return got
+
+    def take(self, lo: int, hi: int) -> np.ndarray:
+        """``order[lo:hi]`` of the epoch's order (``0 <= lo <= hi <= len``)."""
+        if hi <= lo:
+            return np.zeros(0, np.int64)
+        starts = self.pos[self.bounds[:-1]]  # where each window begins in the order
+        w0 = int(np.searchsorted(starts, lo, side="right")) - 1
+        w1 = int(np.searchsorted(starts, hi, side="left")) - 1  # the window holding position hi - 1
+        parts = []
+        for w in range(w0, w1 + 1):
+            src, lens, ends = self._window(w)
+            a = int(np.searchsorted(ends, lo, side="right"))  # the piece holding position max(lo, window start)
+            b = int(np.searchsorted(ends, hi, side="left"))
+            b = min(b, len(ends) - 1)
+            s, n = src[a : b + 1].copy(), lens[a : b + 1].copy()
+            cut = max(0, lo - int(ends[a] - lens[a]))
+            s[0] += cut
+            n[0] -= cut
+            n[-1] -= max(0, int(ends[b]) - hi)
+            parts.append(concat_runs(self.idx, s, n))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def order(self) -> np.ndarray:
+        """The whole order."""
+        return self.take(0, len(self))
+
+
+class WindowSequence:
+    """One epoch's windowed order (:func:`~lmdbstore.loader.window.window_order`), window by window.
+
+    The chunks (runs of ``chunk_samples`` rounded up to whole values) are shuffled up front (one
+    ``rng.permutation``, O(values)); each window's samples are put in order and shuffled (one ``rng.shuffle``)
+    only when a batch first asks for them, in window order, as the eager order draws them.  ``window_starts``,
+    ``chunk_lo`` and ``chunk_hi`` (what the read-ahead needs) are known from the start.
+    """
+
+    def __init__(
+        self,
+        indices: np.ndarray,
+        samples_per_value: int,
+        window_samples: int,
+        chunk_samples: int,
+        rng: np.random.Generator,
+        first_window_samples: int | None = None,
+    ):
+        self.idx = idx = sorted_indices(indices)
+        self.rng = rng
+        self._made: dict[int, np.ndarray] = {}
+        self._next = 0  # the next window to shuffle
+        if idx.size == 0:
+            self.window_starts = np.zeros(1, np.int64)
+            self.chunk_lo: list[np.ndarray] = []
+            self.chunk_hi: list[np.ndarray] = []
+            self._bounds = np.zeros(1, np.int64)
+            self._starts = self._lengths = np.zeros(0, np.int64)
+            return
+        per_chunk = max(1, -(-chunk_samples // samples_per_value))
+        cstarts = value_starts(idx, samples_per_value)[::per_chunk]  # a chunk: per_chunk values
+        clens = np.diff(np.r_[cstarts, idx.size])
+        perm = rng.permutation(len(cstarts))
+        starts, lengths = cstarts[perm], clens[perm]
+        chunk_len = max(1, per_chunk * samples_per_value)
+        per_window = max(1, window_samples // chunk_len)
+        first = (
+            per_window if first_window_samples is None else min(per_window, max(1, first_window_samples // chunk_len))
+        )
+        bounds = np.unique(np.r_[0, np.arange(first, len(starts), per_window), len(starts)])  # in chunks
+        self.window_starts = np.r_[0, np.cumsum(lengths)][bounds].astype(np.int64)
+        lo_all, hi_all = idx[starts], idx[starts + lengths - 1] + 1
+        self.chunk_lo = [np.sort(lo_all[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+        self.chunk_hi = [np.sort(hi_all[a:b]) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+        self._bounds, self._starts, self._lengths = bounds, starts, lengths
+
+    def __len__(self) -> int:
+        return int(self.idx.size)
+
+    @property
+    def begun(self) -> bool:
+        """Whether a window was shuffled already (the generator moved on)."""
+        return self._next > 0
+
+    def window(self, w: int) -> np.ndarray:
+        """Window ``w``'s samples in order (the windows before it are shuffled first; only the latest two are
+        kept, so windows are asked for in order)."""
+        while self._next <= w:
+            k = self._next
+            a, b = int(self._bounds[k]), int(self._bounds[k + 1])
+            part = concat_runs(self.idx, self._starts[a:b], self._lengths[a:b])
+            self.rng.shuffle(part)  # uniform within the window
+            self._made[k] = part
+            self._made.pop(k - 2, None)
+            self._next += 1
+        return self._made[w]
+
+    def take(self, lo: int, hi: int) -> np.ndarray:
+        """``order[lo:hi]`` of the epoch's order (asked for in increasing positions)."""
+        if hi <= lo:
+            return np.zeros(0, np.int64)
+        ws = self.window_starts
+        w0 = int(np.searchsorted(ws, lo, side="right")) - 1
+        w1 = int(np.searchsorted(ws, hi, side="left")) - 1
+        parts = [
+            self.window(w)[max(lo, int(ws[w])) - int(ws[w]) : min(hi, int(ws[w + 1])) - int(ws[w])]
+            for w in range(w0, w1 + 1)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def order(self) -> np.ndarray:
+        """The whole order (every window shuffled)."""
+        return self.take(0, len(self))

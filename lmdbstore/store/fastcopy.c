@@ -1,0 +1,274 @@
+/* lmdbstore.store.fastcopy: copies out of a read-only file map into a numpy array, one call per batch.
+ *
+ * copy(dst, at, src, size, offs, lens) copies lens[i] bytes (or lens bytes for every i, when lens is an int)
+ * from address src + offs[i] to dst[at[i]:].  It checks every range against the map's size and the
+ * destination's length first (ValueError otherwise: nothing is copied), releases the GIL while it copies, and
+ * survives SIGBUS: a page of the map that lies past the end of its file (another process shrank the file)
+ * ends the copy, and copy() returns False instead of killing the process.  True: every byte was copied.
+ *
+ * The SIGBUS handler is installed by the first copy() (and again by any later one that finds another handler
+ * installed, e.g. faulthandler's); a SIGBUS outside a copy goes to the handler that was there before (or
+ * kills the process as it would have).  It is the optional compiled part of lmdbstore: without it, the
+ * library copies with numpy under a read lease, or with process_vm_readv (lmdbstore.store.copies).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 4
+#endif
+
+static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *volatile current_jump;
+static struct sigaction previous;
+static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
+    sigjmp_buf *jump = current_jump;
+    if (jump != NULL) {
+        current_jump = NULL;
+        siglongjmp(*jump, 1);
+    }
+    /* not one of ours: what would have happened without us */
+    if (previous.sa_flags & SA_SIGINFO) {
+        previous.sa_sigaction(sig, info, ctx);
+    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+        previous.sa_handler(sig);
+    } else {
+        signal(sig, SIG_DFL); /* the faulting access runs again and the default action ends the process */
+    }
+}
+
+static int ensure_handler(void) {
+    struct sigaction now;
+    if (sigaction(SIGBUS, NULL, &now) != 0) return -1;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus) return 0;
+    pthread_mutex_lock(&install_lock);
+    int rc = 0;
+    if (sigaction(SIGBUS, NULL, &now) == 0 && !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus)) {
+        struct sigaction ours;
+        memset(&ours, 0, sizeof ours);
+        ours.sa_sigaction = on_sigbus;
+        ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK; /* NODEFER: siglongjmp leaves SIGBUS unblocked */
+        sigemptyset(&ours.sa_mask);
+        if (sigaction(SIGBUS, &ours, &previous) != 0) rc = -1;
+    }
+    pthread_mutex_unlock(&install_lock);
+    return rc;
+}
+
+/* A contiguous int64 array's data and length, from any object exporting a buffer of 8-byte items. */
+static int int64_buffer(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return -1;
+    if (view->itemsize != 8 || view->format == NULL || (strcmp(view->format, "q") != 0 && strcmp(view->format, "l") != 0 &&
+                                                        strcmp(view->format, "<q") != 0 && strcmp(view->format, "<l") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous int64 array", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Copy every run; 0 when done, 1 when a SIGBUS ended it.  The first and last cache lines of the run
+ * PREFETCH_AHEAD runs ahead are asked for early: a random gather waits on memory (and on the page walks of the
+ * two pages a sample may span) more than it copies. */
+static int copy_runs(char *dst, const int64_t *at, const char *src, const int64_t *offs, const int64_t *lens,
+                     int64_t width, Py_ssize_t n) {
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 0) != 0) return 1;
+    current_jump = &jump;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) {
+            Py_ssize_t j = i + PREFETCH_AHEAD;
+            int64_t len = lens ? lens[j] : width;
+            if (len > 0) {
+                __builtin_prefetch(src + offs[j]);
+                __builtin_prefetch(src + offs[j] + len - 1);
+            }
+        }
+        memcpy(dst + at[i], src + offs[i], (size_t)(lens ? lens[i] : width));
+    }
+    current_jump = NULL;
+    return 0;
+}
+
+static PyObject *fastcopy_copy(PyObject *self, PyObject *args) {
+    PyObject *dst_obj, *at_obj, *offs_obj, *lens_obj;
+    unsigned long long src_addr;
+    long long size;
+    if (!PyArg_ParseTuple(args, "OOKLOO:copy", &dst_obj, &at_obj, &src_addr, &size, &offs_obj, &lens_obj)) return NULL;
+    Py_buffer dst = {0}, at = {0}, offs = {0}, lens = {0};
+    int have_lens = 0;
+    int64_t width = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    if (int64_buffer(at_obj, &at, "at") != 0) goto done_dst;
+    if (int64_buffer(offs_obj, &offs, "offs") != 0) goto done_at;
+    if (PyLong_Check(lens_obj)) {
+        width = PyLong_AsLongLong(lens_obj);
+        if (width == -1 && PyErr_Occurred()) goto done_offs;
+        if (width < 0) {
+            PyErr_SetString(PyExc_ValueError, "lens must not be negative");
+            goto done_offs;
+        }
+    } else {
+        if (int64_buffer(lens_obj, &lens, "lens") != 0) goto done_offs;
+        have_lens = 1;
+    }
+    Py_ssize_t n = at.len / 8;
+    if (offs.len / 8 != n || (have_lens && lens.len / 8 != n)) {
+        PyErr_SetString(PyExc_ValueError, "at, offs and lens must have the same length");
+        goto done_lens;
+    }
+    const int64_t *a = at.buf, *o = offs.buf, *l = have_lens ? lens.buf : NULL;
+    for (Py_ssize_t i = 0; i < n; i++) { /* every range inside the map and the destination: never a wild copy */
+        int64_t len = l ? l[i] : width;
+        if (len < 0 || o[i] < 0 || a[i] < 0 || o[i] > size - len || a[i] > (int64_t)dst.len - len) {
+            PyErr_Format(PyExc_ValueError, "run %zd (%lld bytes from %lld to %lld) lies outside the map or dst", i,
+                         (long long)len, (long long)o[i], (long long)a[i]);
+            goto done_lens;
+        }
+    }
+    if (ensure_handler() != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done_lens;
+    }
+    int bus;
+    Py_BEGIN_ALLOW_THREADS
+    bus = copy_runs(dst.buf, a, (const char *)(uintptr_t)src_addr, o, l, width, n);
+    Py_END_ALLOW_THREADS
+    result = PyBool_FromLong(!bus);
+done_lens:
+    if (have_lens) PyBuffer_Release(&lens);
+done_offs:
+    PyBuffer_Release(&offs);
+done_at:
+    PyBuffer_Release(&at);
+done_dst:
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+/* A contiguous buffer of items of itemsize bytes (any format), read-only. */
+static int raw_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) != 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous array of %zd-byte items", name, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* locate(idx, offsets, checked, spv, sb, out) -> int: out[i] = offsets[v] + (idx[i] - v * spv) * sb for
+ * v = idx[i] // spv (every idx[i] in range of the table: the caller checked); -1 when done, else the first i
+ * whose value is not checked (checked[v] == 0) or has no offset (offsets[v] < 0): nothing is promised of out. */
+static PyObject *fastcopy_locate(PyObject *self, PyObject *args) {
+    PyObject *idx_obj, *offsets_obj, *checked_obj, *out_obj;
+    long long spv, sb;
+    if (!PyArg_ParseTuple(args, "OOOLLO:locate", &idx_obj, &offsets_obj, &checked_obj, &spv, &sb, &out_obj)) return NULL;
+    Py_buffer idx = {0}, offsets = {0}, checked = {0}, out = {0};
+    PyObject *result = NULL;
+    if (spv < 1 || sb < 0) {
+        PyErr_SetString(PyExc_ValueError, "spv must be positive and sb not negative");
+        return NULL;
+    }
+    if (int64_buffer(idx_obj, &idx, "idx") != 0) return NULL;
+    if (int64_buffer(offsets_obj, &offsets, "offsets") != 0) goto done_idx;
+    if (raw_buffer(checked_obj, &checked, 1, "checked") != 0) goto done_offsets;
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) goto done_checked;
+    Py_ssize_t n = idx.len / 8, nv = offsets.len / 8;
+    if (out.len < idx.len || checked.len != nv) {
+        PyErr_SetString(PyExc_ValueError, "out must hold idx, and checked have one entry per offset");
+        goto done_out;
+    }
+    const int64_t *ix = idx.buf, *off = offsets.buf;
+    const unsigned char *ok = checked.buf;
+    int64_t *o = out.buf;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t k = ix[i];
+        if (k < 0 || k / spv >= nv) {
+            PyErr_Format(PyExc_IndexError, "sample %lld outside the table", (long long)k);
+            goto done_out;
+        }
+        int64_t v = k / spv;
+        if (!ok[v] || off[v] < 0) {
+            bad = i;
+            break;
+        }
+        o[i] = off[v] + (k - v * spv) * sb;
+    }
+    result = PyLong_FromSsize_t(bad);
+done_out:
+    PyBuffer_Release(&out);
+done_checked:
+    PyBuffer_Release(&checked);
+done_offsets:
+    PyBuffer_Release(&offsets);
+done_idx:
+    PyBuffer_Release(&idx);
+    return result;
+}
+
+/* known(pages, offs, width, shift) -> bool: whether pages[p] is non-zero for every page p of every run
+ * [offs[i], offs[i] + width) (p = byte >> shift; the runs inside the page map). */
+static PyObject *fastcopy_known(PyObject *self, PyObject *args) {
+    PyObject *pages_obj, *offs_obj;
+    long long width, shift;
+    if (!PyArg_ParseTuple(args, "OOLL:known", &pages_obj, &offs_obj, &width, &shift)) return NULL;
+    if (width < 1 || shift < 0 || shift > 40) {
+        PyErr_SetString(PyExc_ValueError, "width must be positive and shift in 0..40");
+        return NULL;
+    }
+    Py_buffer pages = {0}, offs = {0};
+    PyObject *result = NULL;
+    if (raw_buffer(pages_obj, &pages, 1, "pages") != 0) return NULL;
+    if (int64_buffer(offs_obj, &offs, "offs") != 0) goto done_pages;
+    const unsigned char *pg = pages.buf;
+    const int64_t *o = offs.buf;
+    Py_ssize_t n = offs.len / 8;
+    int all = 1;
+    for (Py_ssize_t i = 0; i < n && all; i++) {
+        int64_t p0 = o[i] >> shift, p1 = (o[i] + width - 1) >> shift;
+        if (o[i] < 0 || p1 >= pages.len) {
+            PyErr_Format(PyExc_ValueError, "run %zd lies outside the page map", i);
+            goto done_offs;
+        }
+        for (int64_t p = p0; p <= p1; p++) {
+            if (!pg[p]) {
+                all = 0;
+                break;
+            }
+        }
+    }
+    result = PyBool_FromLong(all);
+done_offs:
+    PyBuffer_Release(&offs);
+done_pages:
+    PyBuffer_Release(&pages);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"copy", fastcopy_copy, METH_VARARGS,
+     "copy(dst, at, src, size, offs, lens) -> bool: copy lens[i] (or lens) bytes from address src + offs[i] of a "
+     "map of size bytes into dst[at[i]:], the GIL released; False if a page of the map was past the end of its "
+     "file (SIGBUS caught)."},
+    {"locate", fastcopy_locate, METH_VARARGS,
+     "locate(idx, offsets, checked, spv, sb, out) -> int: each sample's file offset into out; -1, or the first "
+     "sample whose value is unchecked or has no offset."},
+    {"known", fastcopy_known, METH_VARARGS,
+     "known(pages, offs, width, shift) -> bool: whether the page map marks every page of every run."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fastcopy", "Copies out of a file map (see copy).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit_fastcopy(void) { return PyModule_Create(&module); }
