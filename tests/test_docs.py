@@ -46,7 +46,11 @@ SUBSTITUTIONS = [
     ("README.md", "--checkpoint-every 500 --resume", "--checkpoint-every 500 --resume --epochs 2 --max-steps 2"),
     ("README.md", "epochs=3)  # validation accuracy", "epochs=1)  # validation accuracy"),
     ("README.md", "/nodes/n1/train.lmdb", "nodes/n1/train.lmdb"),
-    ("README.md", "lmdbstore train a.lmdb b.lmdb c.lmdb", "lmdbstore train a.lmdb b.lmdb c.lmdb --epochs 1 --max-steps 2"),
+    (
+        "README.md",
+        "lmdbstore train a.lmdb b.lmdb c.lmdb",
+        "lmdbstore train a.lmdb b.lmdb c.lmdb --epochs 1 --max-steps 2",
+    ),
     ("README.md", "-m lmdbstore train STORE", "-m lmdbstore train train.lmdb --epochs 1 --max-steps 2"),
     ("api.md", "TrainConfig(epochs=5)", "TrainConfig(epochs=1, max_steps_per_epoch=2)"),
     ("api.md", 'split="val"), epochs=3)', 'split="val"), epochs=1)'),
