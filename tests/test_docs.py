@@ -42,18 +42,23 @@ SUBSTITUTIONS = [
     ("README.md", "[5, 17, 123_456]", "[5, 17, 9_456]"),
     ("api.md", "[5, 17, 123_456]", "[5, 17, 9_456]"),
     ("README.md", 'split="train", batch_size=4096', 'split="train", batch_size=1024'),
-    ("README.md", "--epochs 5", "--epochs 1 --max-steps 2"),
-    ("README.md", "--checkpoint-every 500 --resume", "--checkpoint-every 500 --resume --epochs 2 --max-steps 2"),
+    ("README.md", "--epochs 5", "--epochs 1 --max-steps 2 --batch 512"),
+    (
+        "README.md",
+        "--checkpoint-every 500 --resume",
+        "--checkpoint-every 500 --resume --epochs 2 --max-steps 2 --batch 512",
+    ),
     ("README.md", "epochs=3)  # validation accuracy", "epochs=1)  # validation accuracy"),
     ("README.md", "/nodes/n1/train.lmdb", "nodes/n1/train.lmdb"),
     (
         "README.md",
         "lmdbstore train a.lmdb b.lmdb c.lmdb",
-        "lmdbstore train a.lmdb b.lmdb c.lmdb --epochs 1 --max-steps 2",
+        "lmdbstore train a.lmdb b.lmdb c.lmdb --epochs 1 --max-steps 2 --batch 512",
     ),
     ("README.md", "-m lmdbstore train STORE", "-m lmdbstore train train.lmdb --epochs 1 --max-steps 2"),
     ("api.md", "TrainConfig(epochs=5)", "TrainConfig(epochs=1, max_steps_per_epoch=2)"),
     ("api.md", 'split="val"), epochs=3)', 'split="val"), epochs=1)'),
+    ("api.md", "LoaderConfig(batch_size=4096, workers=8)", "LoaderConfig(batch_size=512, workers=8)"),
     ("api.md", "workers=8", "workers=2"),
     ("api.md", "for epoch in range(10)", "for epoch in range(2)"),
     ("README.md", "workers=8", "workers=2"),
@@ -77,10 +82,11 @@ PRELUDE = {
         "        yield rng.standard_normal((100, 25, 25), dtype=np.float32), rng.integers(0, 5, 100)\n"
     ),
     "augment": "def augment(x, y):\n    return x, y\n",
-    "model": (
-        "import keras\n"
-        "model = keras.Sequential([keras.Input((25, 25, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])\n"
-        "model.compile(optimizer='sgd', loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n"
+    "model": (  # in the main process only: spawned workers import the script again, and Keras costs seconds
+        "if __name__ == '__main__':\n"
+        "    import keras\n"
+        "    model = keras.Sequential([keras.Input((25, 25, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])\n"
+        "    model.compile(optimizer='sgd', loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n"
     ),
 }
 #: What makes a block slow: training, Keras/TensorFlow, a cluster, DDP.
