@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lmdbstore.ingestion.pool import TaskFailure, pickled_task
+from lmdbstore.util.allocator import keep_large_blocks
 
 __all__ = [
     "LOST_WORKER_ERRORS",
@@ -77,11 +78,14 @@ class TaskLost(Exception):
 
 @dataclass(frozen=True)
 class CallPickled:
-    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes."""
+    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes (in a
+    worker whose environment pins glibc's thresholds, as Dask's do, large blocks are kept for reuse first:
+    :func:`lmdbstore.util.allocator.keep_large_blocks`)."""
 
     fn: Callable[[Any], Any]
 
     def __call__(self, blob: bytes) -> Any:
+        keep_large_blocks()
         return self.fn(pickle.loads(blob))
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from lmdbstore.util.allocator import keep_large_blocks
+
 __all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied", "pickled_task"]
 
 #: How often (seconds) a waiting side checks that the other side is still alive.
@@ -112,6 +114,7 @@ def _worker_main(fn_blob: bytes, tasks: Any, results: Any, parent: int) -> None:
     nothing is left for multiprocessing's resource tracker to clean up (or to warn about) however the
     run ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_large_blocks()  # spawned from a process that made a Dask LocalCluster, it inherits Dask's setting
     try:
         fn = pickle.loads(fn_blob)
     except Exception as exc:  # e.g. the function lives in a module the worker cannot import

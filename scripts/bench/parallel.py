@@ -358,6 +358,8 @@ def measure(
 ) -> dict:
     """The sweep (each cost: calibration, then ``rounds`` rounds of every run), the writer and np.save, and the
     pipe; the data goes to a temporary directory under ``workdir`` (removed)."""
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_parallel_", dir=workdir))
     load0 = os.getloadavg()[0]
     sweep = []
