@@ -126,6 +126,8 @@ def cold_rate(reader: Reader, batches: list[np.ndarray], seconds: float) -> floa
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Build the stores, then every row; the stores are removed at the end."""
+    if args.workdir is not None:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_sets_", dir=args.workdir))
     try:
         log(f"building one store of {args.samples:,} samples and {args.stores} stores of the same total")
