@@ -10,6 +10,7 @@ anything is copied, and a page past the end of a shrunk file is ``False``, never
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import multiprocessing as mp
 import os
@@ -166,6 +167,19 @@ def cached(path: Path, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return got
 
 
+@contextlib.contextmanager
+def cold_reader(path: Path) -> Iterator[tuple[StoreReader, np.ndarray, Any, Any]]:
+    """A reader of a store built at ``path`` by another process, its table made, its pages dropped: the
+    reader, the samples written, its pread engine and its position table."""
+    x = built_elsewhere(path)
+    with StoreReader(path) as r:
+        r.read_batch(np.arange(2000))
+        drop(path, r)
+        e, table = r._handle().engine, r._table
+        assert e is not None and table is not None
+        yield r, x, e, table
+
+
 def gone_values(path: Path, offsets: np.ndarray, k: int = 3) -> np.ndarray:
     """``k`` whole values (of 18 samples of 2,500 bytes) none of whose pages is in the page cache (skip if
     fewer: fadvise DONTNEED keeps the pages a map of this process still holds)."""
@@ -183,12 +197,7 @@ def test_a_cold_piece_of_a_value_brings_the_rest_of_it(copier: str, headers: str
     whole value (from the overflow header on where the header is checked in the same read), so the next piece
     is a copy from the page cache, not a second disk read."""
     path = tmp_path / "s"
-    x = built_elsewhere(path)
-    with StoreReader(path) as r:
-        r.read_batch(np.arange(2000))
-        drop(path, r)
-        e, table = r._handle().engine, r._table
-        assert e is not None and table is not None
+    with cold_reader(path) as (r, x, e, table):
         values = gone_values(path, table.offsets)
         if headers == "first read":
             table.checked[values] = False  # as in a process that has not read these values yet
@@ -211,12 +220,7 @@ def test_a_short_cold_run_is_not_read_along(copier: str, tmp_path: Path) -> None
     """Random order (runs shorter than EXTEND_RUN_SAMPLES) reads only the samples asked for: the junk a read
     along is thrown into is at most one value, and none is read for short runs."""
     path = tmp_path / "s"
-    x = built_elsewhere(path)
-    with StoreReader(path) as r:
-        r.read_batch(np.arange(2000))
-        drop(path, r)
-        e, table = r._handle().engine, r._table
-        assert e is not None and table is not None
+    with cold_reader(path) as (r, x, e, table):
         v = gone_values(path, table.offsets, 4) * 18
         sizes: list[int] = []
         real = e._submit
