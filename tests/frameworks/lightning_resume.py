@@ -10,41 +10,17 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
+from lightning_recorder import Recorder
 from pytorch_lightning.callbacks import ModelCheckpoint
-
-from lmdbstore import EpochBatchSampler, LmdbBatchDataset, make_loader
-from lmdbstore.config import LoaderConfig
 
 EPOCHS, BATCH, EVERY = 2, 125, 5  # 2,000 samples: 16 batches an epoch; a checkpoint every 5 steps
 RESUME_AT = "epoch=1-step=25.ckpt"  # after 9 batches of the second epoch
 
 
-class Recorder(pl.LightningModule):
-    def __init__(self, store: str):
-        super().__init__()
-        self.store = store
-        self.layer = torch.nn.Linear(625, 5)
-        self.seen: dict[int, list[list[int]]] = {}
-
-    def train_dataloader(self):  # type: ignore[no-untyped-def]
-        ds = LmdbBatchDataset(self.store)
-        sampler = EpochBatchSampler(np.arange(len(ds)), BATCH, seed=3)
-        return make_loader(ds, sampler, LoaderConfig(batch_size=BATCH, workers=2, multiprocessing_context="fork"))
-
-    def training_step(self, batch, _):  # type: ignore[no-untyped-def]
-        x, y = batch
-        self.seen.setdefault(self.current_epoch, []).append(x[:, 0, 0, 0].round().long().tolist())
-        return torch.nn.functional.cross_entropy(self.layer(x.flatten(1)), y)
-
-    def configure_optimizers(self):  # type: ignore[no-untyped-def]
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
 def fit(store: str, ckpts: Path, resume: Path | None) -> tuple[dict[int, list[list[int]]], list[str]]:
-    model = Recorder(store)
+    model = Recorder(store, BATCH, workers=2, multiprocessing_context="fork")
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=EPOCHS, logger=False, enable_progress_bar=False,
         enable_model_summary=False,
