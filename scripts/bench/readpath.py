@@ -145,7 +145,7 @@ def warm(path: Path, n: int, args: argparse.Namespace, work: Path) -> dict[str, 
     out: dict[str, Any] = {}
     for name, bs in (("random", rand), ("block", blocks)):
         ours, theirs = [], []
-        for _ in range(max(args.rounds, 3)):  # alternate: per round one of each
+        for _ in range(args.rounds):  # in turn: per round one of each
             t0 = time.process_time()
             for b in bs:
                 r.read_batch(b)
@@ -211,10 +211,6 @@ def loader_rows(path: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
         out[mode] = {"loader": rate, "per core": rate / cores, "in process": inproc, "ratios": ratios}
         log(f"  DataLoader x2 {mode}: {rate:,.0f} samples/s ({rate / cores:,.0f} per core) vs {inproc:,.0f}")
     return out
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b > 0 else "n/a"
 
 
 def render(res: dict[str, Any]) -> str:
@@ -313,8 +309,8 @@ def _med(ratios: list[float]) -> str:
 
 def _spread(c: dict[str, Any], key: str) -> str:
     """Per round: the rate over the mean of that round's limits before and after it."""
-    ratios = [r["rate"] / ((r["before"][key] + r["after"][key]) / 2) for r in c["rounds"]]
-    return _med([x for x in ratios if x == x])
+    limits = [((r["before"][key] + r["after"][key]) / 2, r["rate"]) for r in c["rounds"]]
+    return _med([rate / lim for lim, rate in limits if lim > 0])
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
