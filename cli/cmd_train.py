@@ -33,7 +33,7 @@ def train(
     batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = LOADER.batch_size,
     epochs: Annotated[int, typer.Option(help="Epochs.")] = TRAIN.epochs,
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
-    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
+    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     val_fraction: Annotated[
         float, typer.Option(help="Share of every class held out for validation.")
     ] = TRAIN.val_fraction,
@@ -46,7 +46,7 @@ def train(
             help="auto: random if the store fits in memory, else window; random: new permutation per epoch; "
             "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs."
         ),
-    ] = LOADER.shuffle,
+    ] = LOADER.order,
     window_mb: Annotated[
         int | None, typer.Option(help="Window shuffle: window size in MiB (default: 1/8 of available memory).")
     ] = LOADER.window_mb,
@@ -144,7 +144,7 @@ def eval_cmd(
     stores: Annotated[list[Path], typer.Argument(help="Store directory to score (several: scored as one set).")],
     checkpoint: Annotated[Path, typer.Argument(help="checkpoint.pt or best.pt from `lmdbstore train`.")],
     batch: Annotated[int, typer.Option(help="Samples per batch.")] = LOADER.batch_size,
-    workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
+    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = TRAIN.device,
     predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
     as_json: JsonOption = False,

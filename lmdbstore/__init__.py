@@ -23,7 +23,7 @@ Public API (everything else is internal)::
     tf_dataset                     a tf.data.Dataset with known length                             (tensorflow)
     train / TrainResult            train the CNN on a store (one process or torchrun), resumable   (torch)
     evaluate                       score a store with a checkpoint of ``train``                    (torch)
-    LmdbBatchDataset, make_loader  batches of a store through DataLoader workers                   (torch)
+    LmdbBatchDataset, make_loader  batches of a store through reader processes, as a DataLoader   (torch)
 
 The framework names are resolved on first use (module ``__getattr__``), so ``import lmdbstore``, reading,
 writing and the tools import none of torch, keras or tensorflow; without torch installed, the torch names
@@ -71,8 +71,8 @@ from lmdbstore.version import __version__
 # public names that need a framework: name -> (module, the package it needs, the extra that installs it),
 # imported on first access
 _LAZY_NAMES = {
-    "LmdbBatchDataset": ("loader.dataset", "torch", "torch"),
-    "make_loader": ("loader.dataset", "torch", "torch"),
+    "LmdbBatchDataset": ("frameworks.torch_data", "torch", "torch"),
+    "make_loader": ("frameworks.torch_data", "torch", "torch"),
     "evaluate": ("training.evaluate", "torch", "torch"),
     "train": ("training.trainer", "torch", "torch"),
     "TrainResult": ("training.trainer", "torch", "torch"),

@@ -25,7 +25,8 @@ __all__ = [
     "DEFAULT_DEMO_DIR",
     "DEFAULT_DPI",
     "DEFAULT_EXPORT_CHUNK",
-    "DEFAULT_FEED_PREFETCH",
+    "DEFAULT_PREFETCH",
+    "DEFAULT_VAL_FRACTION",
     "DEFAULT_HIST_BINS",
     "DEFAULT_HIST_SAMPLES",
     "DEFAULT_INGEST_WORKERS",
@@ -135,71 +136,120 @@ def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
         )
 
 
+#: Batches each reader process works ahead.
+DEFAULT_PREFETCH = 2
+#: Share of every class a ``"val"`` split holds (and ``lmdbstore train`` validates on).
+DEFAULT_VAL_FRACTION = 0.1
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
-    """How batches are drawn and read for training.
+    """What a loader reads, in which order, and how: one config for every adapter (``make_loader`` for
+    PyTorch, ``keras_dataset``, ``tf_dataset``, the trainer).  ``FeedConfig`` is the same class.
 
     Attributes:
         batch_size: samples per batch (default 4096).
+        split: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded, stratified
+            split ``lmdbstore train`` uses (``val_fraction`` of every class, by ``seed``).
+        val_fraction: the validation share of every class for ``split`` (default 0.1).
         shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample), ``"block"``
             (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups),
-            ``"window"`` (random batches from a window of large consecutive runs: stores bigger than RAM)
-            or ``"auto"`` (default: ``random`` if the store fits in the page cache, else ``window``).
+            ``"window"`` (random batches from a window of large consecutive runs: stores bigger than RAM),
+            ``"auto"`` (``random`` if the store fits in the page cache, else ``window``) or ``"none"`` (index
+            order); ``None`` (default): ``"none"`` for ``split="val"``, ``"auto"`` otherwise.
+        balanced: draw classes equally, with replacement, instead of going over every sample once.
+        weights: per store of a set, its share of every epoch (default ``None``: every sample once per
+            epoch); e.g. ``(0.7, 0.3)``: 70 % of each epoch's samples from the first store, 30 % from the
+            second, exactly (:mod:`lmdbstore.loader.mixing`).  Random order only: with ``shuffle``
+            ``"block"``/``"window"`` or ``balanced`` it is a ``ValueError``; ``None`` and ``"auto"`` mean
+            ``"random"``.
         window_mb: window size of ``"window"`` in MiB (default ``None``: an eighth of available memory).
         block_buffer: in block mode, over how many batches each value's samples are spread (default 2):
             1 keeps a value's samples in one batch (one lookup and one copy per value: fastest, most
             correlated); larger mixes more at the cost of more lookups and shorter copies per batch.
-        workers: DataLoader worker processes (default 2).
-        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere, so runs and ranks agree.
-        balanced: draw classes equally (with replacement) instead of going over every sample once.
-        prefetch_factor: batches prefetched per worker (default 2).
-        persistent_workers: keep workers alive between epochs (default ``True`` when workers > 0).
-        multiprocessing_context: ``None`` (platform default), ``"fork"``, ``"spawn"`` or ``"forkserver"``.
-        pin_memory: pin batches for asynchronous host-to-GPU copies; ``None`` means "when CUDA is used".
-        reuse_buffers: workers read into reusable shared-memory buffers instead of a fresh segment per
-            batch (default ``True``; about 2x the batches per second on 2 cores).  A buffer is reused only
-            after nothing references its batch, so keeping batches stays correct.
-        weights: per store of a set, its share of every epoch (default ``None``: every sample once per
-            epoch); e.g. ``(0.7, 0.3)``: 70 % of each epoch's samples from the first store, 30 % from the
-            second, exactly (:mod:`lmdbstore.loader.mixing`).  Random order only: with ``shuffle``
-            ``"block"``/``"window"`` or ``balanced`` it is a ``ValueError``; ``"auto"`` means ``"random"``.
+        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere, so runs and ranks agree; a batch's
+            transform draws from generators seeded by it, the epoch and the batch.
+        workers: reader processes (default 2; 0 reads in the consuming thread).
+        prefetch: batches each reader works ahead (default 2).
+        persistent_workers: readers wait between passes (default ``True``; they stop after a while without
+            one); ``False``: they stop at the end of every pass.
+        multiprocessing_context: start method of the readers: ``None`` (default: ``fork``, or ``forkserver``
+            once TensorFlow's or JAX's runtime runs in this process), ``"fork"``, ``"spawn"`` or
+            ``"forkserver"``.
+        channels: where the batch's channel axis goes: ``"first"`` ((N, 1, H, W), PyTorch's), ``"last"`` ((N,
+            H, W, 1), Keras' and TensorFlow's) or ``"stored"`` ((N, H, W)); ``None`` (default): the
+            adapter's convention.
+        drop_last: leave out the last, short batch (default ``False``).
+        pin_memory: page-lock the batch slots for asynchronous host-to-GPU copies (PyTorch); ``None`` means
+            "when CUDA is used" (the trainer), ``False`` in ``make_loader``.
     """
 
     batch_size: int = 4096
-    shuffle: ShuffleMode = "auto"
+    split: Literal["train", "val"] | None = None
+    val_fraction: float = DEFAULT_VAL_FRACTION
+    shuffle: ShuffleMode | Literal["none"] | None = None
+    balanced: bool = False
+    weights: tuple[float, ...] | None = None
     window_mb: int | None = None
     block_buffer: int = 2
-    workers: int = 2
     seed: int = 0
-    balanced: bool = False
-    prefetch_factor: int = 2
+    workers: int = 2
+    prefetch: int = DEFAULT_PREFETCH
     persistent_workers: bool = True
     multiprocessing_context: str | None = None
+    channels: Literal["first", "last", "stored"] | None = None
+    drop_last: bool = False
     pin_memory: bool | None = None
-    reuse_buffers: bool = True
-    weights: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_weights(self.weights, self.shuffle, self.balanced)
         if self.weights is not None:
             object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-        if self.shuffle not in ("auto", "random", "block", "window"):
-            raise ValueError(f"shuffle must be 'auto', 'random', 'block' or 'window', got {self.shuffle!r}")
-        if self.window_mb is not None and self.window_mb < 1:
-            raise ValueError(f"window_mb must be positive, got {self.window_mb}")
-        if self.block_buffer < 1:
-            raise ValueError(f"block_buffer must be positive, got {self.block_buffer}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
-        if self.prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be positive, got {self.prefetch_factor}")
+        _check_int("batch_size", self.batch_size, 1)
+        _check_int("block_buffer", self.block_buffer, 1)
+        _check_int("workers", self.workers, 0)
+        _check_int("prefetch", self.prefetch, 1)
+        _check_int("seed", self.seed, None)
+        if self.window_mb is not None:
+            _check_int("window_mb", self.window_mb, 1)
+        if self.split not in (None, "train", "val"):
+            raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.shuffle not in (None, "none", "auto", "random", "block", "window"):
+            raise ValueError(f"shuffle must be 'auto', 'random', 'block', 'window' or 'none', got {self.shuffle!r}")
         if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
             raise ValueError(
                 "multiprocessing_context must be None, 'fork', 'spawn' or 'forkserver', "
                 f"got {self.multiprocessing_context!r}"
             )
+        if self.channels not in (None, "first", "last", "stored"):
+            raise ValueError(f"channels must be None, 'first', 'last' or 'stored', got {self.channels!r}")
+
+    @property
+    def order(self) -> str:
+        """The shuffle this config asks for (``None`` resolved by ``split`` and ``weights``)."""
+        if self.shuffle is not None:
+            return self.shuffle
+        if self.weights is not None:
+            return "random"
+        return "none" if self.split == "val" else "auto"
+
+
+#: The same class under the name the Keras and tf.data adapters documented.
+FeedConfig = LoaderConfig
+
+
+def _check_int(name: str, value: Any, least: int | None) -> None:
+    """Refuse a ``value`` that is not an int (``bool`` included) or is below ``least``.
+
+    Raises:
+        ValueError: naming ``name``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if least is not None and value < least:
+        raise ValueError(f"{name} must be {'positive' if least == 1 else f'>= {least}'}, got {value}")
 
 
 #: Largest CNN ``width`` (first-block channels): about 1.2 G parameters, far beyond what the CNN needs.
@@ -227,7 +277,7 @@ class TrainConfig:
     epochs: int = 3
     lr: float = 3e-3
     weight_decay: float = 1e-4
-    val_fraction: float = 0.1
+    val_fraction: float = DEFAULT_VAL_FRACTION
     width: int = 16
     device: str = "auto"
     amp: bool = True
@@ -252,86 +302,6 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
-
-
-#: Batches each reader process of a feed (Keras, tf.data) works ahead.
-DEFAULT_FEED_PREFETCH = 2
-
-
-@dataclass(frozen=True)
-class FeedConfig:
-    """What :func:`lmdbstore.keras_dataset` and :func:`lmdbstore.tf_dataset` read, in which order, and how.
-
-    Attributes:
-        batch_size: samples per batch (default 4096).
-        split: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded, stratified
-            split ``lmdbstore train`` uses (``val_fraction`` of every class, by ``seed``).
-        val_fraction: the validation share of every class for ``split`` (default 0.1).
-        shuffle: ``"auto"``, ``"random"``, ``"block"``, ``"window"`` (as :class:`LoaderConfig`) or ``"none"``
-            (index order); ``None`` (default): ``"none"`` for ``split="val"``, ``"auto"`` otherwise.
-        balanced: draw classes equally, with replacement (default ``False``).
-        window_mb, block_buffer, seed: as :class:`LoaderConfig` (defaults ``None``, 2, 0).
-        workers: reader processes (default 2; 0 reads in the consuming thread).
-        prefetch: batches each reader works ahead (default 2).
-        channels_last: batches ``(N, H, W, 1)`` for (H, W) samples and ``(N, H, W, C)`` for (C, H, W)
-            samples, as Keras expects (default ``True``); ``False``: ``(N, *shape)`` as stored.
-        drop_last: leave out the last, short batch (default ``False``).
-        multiprocessing_context: start method of the readers (default ``None``: ``forkserver`` once
-            TensorFlow's or JAX's runtime runs in this process, else the platform's).
-        weights: per store of a set, its share of every epoch, as :class:`LoaderConfig` (default ``None``);
-            the order is then ``"random"`` (also for ``split="val"``).
-    """
-
-    batch_size: int = LoaderConfig.batch_size
-    split: Literal["train", "val"] | None = None
-    val_fraction: float = TrainConfig.val_fraction
-    shuffle: ShuffleMode | Literal["none"] | None = None
-    balanced: bool = LoaderConfig.balanced
-    window_mb: int | None = LoaderConfig.window_mb
-    block_buffer: int = LoaderConfig.block_buffer
-    seed: int = LoaderConfig.seed
-    workers: int = LoaderConfig.workers
-    prefetch: int = DEFAULT_FEED_PREFETCH
-    channels_last: bool = True
-    drop_last: bool = False
-    multiprocessing_context: str | None = None
-    weights: tuple[float, ...] | None = None
-
-    def __post_init__(self) -> None:
-        check_weights(self.weights, self.shuffle, self.balanced)
-        if self.weights is not None:
-            object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
-        if self.split not in (None, "train", "val"):
-            raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.shuffle not in (None, "none", "auto", "random", "block", "window"):
-            raise ValueError(f"shuffle must be 'auto', 'random', 'block', 'window' or 'none', got {self.shuffle!r}")
-        self.loader_config()  # the fields LoaderConfig shares, checked there
-
-    @property
-    def order(self) -> str:
-        """The shuffle this config asks for (``None`` resolved by ``split``)."""
-        if self.shuffle is not None:
-            return self.shuffle
-        if self.weights is not None:
-            return "random"
-        return "none" if self.split == "val" else "auto"
-
-    def loader_config(self) -> LoaderConfig:
-        """The :class:`LoaderConfig` of the shared fields (a ``"none"`` shuffle maps to ``random``: unused)."""
-        return LoaderConfig(
-            batch_size=self.batch_size,
-            shuffle="random" if self.order == "none" else self.order,  # type: ignore[arg-type]
-            window_mb=self.window_mb,
-            block_buffer=self.block_buffer,
-            workers=self.workers,
-            seed=self.seed,
-            balanced=self.balanced,
-            prefetch_factor=self.prefetch,
-            multiprocessing_context=self.multiprocessing_context,
-            weights=self.weights,
-        )
 
 
 # ------------------------------------------------------------------------ defaults of commands and tools

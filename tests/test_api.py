@@ -20,7 +20,7 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_torch_names_resolve_to_the_torch_modules() -> None:
-    from lmdbstore.loader.dataset import make_loader
+    from lmdbstore.frameworks.torch_data import make_loader
     from lmdbstore.loader.window import WindowBatchSampler
 
     assert lmdbstore.make_loader is make_loader

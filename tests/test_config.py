@@ -15,7 +15,7 @@ from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
 def test_defaults_and_frozen() -> None:
     w, ld, t = WriterConfig(), LoaderConfig(), TrainConfig()
     assert (w.checksum, w.commit_bytes, w.sync) == ("crc32", 64 << 20, True)
-    assert (ld.batch_size, ld.shuffle, ld.block_buffer) == (4096, "auto", 2)
+    assert (ld.batch_size, ld.order, ld.block_buffer) == (4096, "auto", 2)
     assert (t.epochs, t.val_fraction, t.device) == (3, 0.1, "auto")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ld.batch_size = 1  # type: ignore[misc]

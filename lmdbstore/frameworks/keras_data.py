@@ -17,7 +17,7 @@ How it meets Keras:
 * Iterating it directly (``for x, y in ds``) is one epoch, in order.
 * The reader processes start with the first epoch and wait between epochs (no start-up per epoch); once
   no epoch began for a while after one ended (Keras' ``on_epoch_end``, the end of a ``for``) they stop
-  (:mod:`lmdbstore.frameworks.idle`: at least 5 s, half an epoch when longer), since Keras on the
+  (:mod:`lmdbstore.feed.idle`: at least 5 s, half an epoch when longer), since Keras on the
   TensorFlow backend keeps every dataset it fitted on for as long as the process lives; the next epoch
   starts them again.  ``close()`` and garbage collection stop them at once, and they die with the process
   whatever kills it (:mod:`lmdbstore.util.lifeline`).
@@ -35,9 +35,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from lmdbstore.config import FeedConfig
-from lmdbstore.frameworks.feed import EXTRA_SLOTS, BatchFeed, feed_config, open_feed
-from lmdbstore.frameworks.slots import slot_bytes
+from lmdbstore.config import LoaderConfig
+from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
+from lmdbstore.feed.opening import loader_config, open_feed
+from lmdbstore.feed.slots import slot_bytes
 from lmdbstore.loader.transform import Transform
 from lmdbstore.store.readers import as_reader
 
@@ -59,7 +60,7 @@ def keras_extra_slots(batch_size: int, item_bytes: int) -> int:
 
 
 class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
-    """A ``keras.utils.PyDataset`` over a :class:`~lmdbstore.frameworks.feed.BatchFeed` (see the module
+    """A ``keras.utils.PyDataset`` over a :class:`~lmdbstore.feed.feed.BatchFeed` (see the module
     docstring).  Made by :func:`keras_dataset`; ``close()`` stops its readers (so does garbage collection)."""
 
     def __init__(self, feed: BatchFeed):
@@ -143,7 +144,7 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
 
 def keras_dataset(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    config: FeedConfig | None = None,
+    config: LoaderConfig | None = None,
     *,
     indices: Any = None,
     transform: Transform | None = None,
@@ -156,7 +157,7 @@ def keras_dataset(
     Args:
         store: the store directory, or a list of them read as one set (one index space, classes mapped by
             name, as :func:`lmdbstore.open_reader`).
-        config: what to read and how (:class:`~lmdbstore.config.FeedConfig`); ``options`` override its
+        config: what to read and how (:class:`~lmdbstore.config.LoaderConfig`); ``options`` override its
             fields, e.g. ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
         indices: read only these samples (instead of ``split``).
         transform: ``transform(x, y) -> (x, y)`` on numpy batches in the reader processes (augmentation;
@@ -172,12 +173,12 @@ def keras_dataset(
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
     """
-    cfg = feed_config(config, options)
+    cfg = loader_config(config, options)
     reader = as_reader(store)
     with reader:
         item_bytes = int(np.prod(reader.meta.shape, dtype=np.int64)) * np.dtype(reader.meta.dtype).itemsize
     feed = open_feed(
-        reader, cfg, indices=indices, transform=transform, extra_slots=keras_extra_slots(cfg.batch_size, item_bytes),
-        rank=rank, world_size=world_size,
+        reader, cfg, channels="last", indices=indices, transform=transform,
+        held=keras_extra_slots(cfg.batch_size, item_bytes), rank=rank, world_size=world_size,
     )  # fmt: skip
     return StorePyDataset(feed)

@@ -4,7 +4,7 @@ torch.
 
 The pipeline hands TensorFlow whole batches with as little per batch as TensorFlow allows (measured,
 docs/benchmarks.md: ``from_generator`` costs about 0.3 ms of CPU per batch, 2x this): a one-element
-dataset whose ``numpy_function`` begins a pass of the feed (:class:`~lmdbstore.frameworks.feed.BatchFeed`)
+dataset whose ``numpy_function`` begins a pass of the feed (:class:`~lmdbstore.feed.feed.BatchFeed`)
 each time the dataset is iterated -- so every epoch of ``model.fit`` or every ``for`` over it has the
 sampler's next order -- and returns the pass's number, then ``flat_map`` to ``len(ds)`` calls of a second
 ``numpy_function`` that returns the pass's next batch: a synchronous map (never parallelized, so batches
@@ -15,7 +15,7 @@ yourself where the consumer should run apart from the data (``model.fit`` on a G
 
 No copy on the way: a batch lies in a 4 KiB-aligned shared-memory slot, and TensorFlow makes a tensor of
 aligned numpy memory without copying it, holding the array while the tensor lives; the slot is reused
-only after that (:mod:`lmdbstore.frameworks.slots`).
+only after that (:mod:`lmdbstore.feed.slots`).
 
 Iterating the dataset again while an earlier iterator is unfinished abandons the earlier one: its next
 batch is an error.
@@ -23,8 +23,8 @@ batch is an error.
 Lifetime: TensorFlow keeps the functions of a dataset for as long as the process lives (its graph
 functions are cached), so they hold the feed only weakly; the dataset object (and every dataset made from
 it, and every iterator of them) holds it strongly.  Once the dataset and its iterators are gone, the feed
-is collected and its reader processes stop; between iterations they wait, and stop when none began for a
-while (:mod:`lmdbstore.frameworks.idle`).
+is collected and its reader processes stop; between iterations, or when a loop broke out of one and keeps
+the dataset, they wait, and stop once no batch was asked for a while (:mod:`lmdbstore.feed.idle`).
 
 Errors: an error in the readers reaches the consumer as a TensorFlow ``UnknownError`` carrying a
 traceback; iterated in Python (``for x, y in ds``), the dataset raises the original one-line
@@ -44,9 +44,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 
-from lmdbstore.config import FeedConfig
+from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.frameworks.feed import EXTRA_SLOTS, BatchFeed, feed_config, open_feed
+from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
+from lmdbstore.feed.opening import loader_config, open_feed
 from lmdbstore.loader.transform import Transform
 
 __all__ = ["TF_EXTRA_SLOTS", "tf_dataset"]
@@ -241,7 +242,7 @@ class StoreDataset(dataset_ops.UnaryUnchangedStructureDataset):  # type: ignore[
 
 def tf_dataset(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    config: FeedConfig | None = None,
+    config: LoaderConfig | None = None,
     *,
     indices: Any = None,
     transform: Transform | None = None,
@@ -252,7 +253,7 @@ def tf_dataset(
     """A ``tf.data.Dataset`` of ``(x, y)`` batches of ``store``: ``x`` channels-last in the store's dtype,
     ``y`` int64; ``len(ds)`` batches; a new order each time it is iterated.
 
-    Args: as :func:`lmdbstore.keras_dataset` (``config``/``options``: :class:`~lmdbstore.config.FeedConfig`,
+    Args: as :func:`lmdbstore.keras_dataset` (``config``/``options``: :class:`~lmdbstore.config.LoaderConfig`,
     e.g. ``tf_dataset("train.lmdb", split="train", workers=2)``).  The readers start when it is first
     iterated (by ``forkserver``, TensorFlow's runtime running: a script needs the ``if __name__ ==
     "__main__":`` guard) and stop when the dataset (and every dataset and iterator made from it) is
@@ -264,16 +265,17 @@ def tf_dataset(
     """
     feed = open_feed(
         store,
-        feed_config(config, options),
+        loader_config(config, options),
+        channels="last",
         indices=indices,
         transform=transform,
-        extra_slots=EXTRA_SLOTS + TF_EXTRA_SLOTS,
+        held=EXTRA_SLOTS + TF_EXTRA_SLOTS,
         rank=rank,
         world_size=world_size,
     )
     passes = _Passes(feed)
     spec = (
-        tf.TensorSpec((None, *feed.layout.item_shape), tf.as_dtype(np.dtype(feed.layout.dtype))),
+        tf.TensorSpec((None, *feed.source.layout.item_shape), tf.as_dtype(np.dtype(feed.source.layout.dtype))),
         tf.TensorSpec((None,), tf.int64),
     )
     ds = _pipeline(weakref.ref(passes), len(feed), spec)

@@ -1,5 +1,5 @@
-"""Feeding a store to PyTorch: the batch-level dataset (``dataset``), the epoch orders (``samplers``: random,
-block, balanced, DDP shares; ``window``: stores bigger than RAM; ``orders``: the pieces both build on) and the
-reusable shared-memory batch buffers between DataLoader workers and the trainer (``buffers``), copied when a
-batch leaves the process (``sharing``).
+"""The orders a feed reads in, numpy only: the epoch samplers (``samplers``: random, block, balanced, DDP shares;
+``window``: stores bigger than RAM; ``orders`` and ``plans``: the pieces they build on), epochs and passes
+(``passes``), per-store shares (``mixing``), sets of stores (``sets``), the choice among them (``choose``) and
+the batch transform hook (``transform``).
 """

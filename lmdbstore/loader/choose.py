@@ -1,5 +1,5 @@
-"""The sampler for a store and a set of its samples, chosen the same way for every consumer: the trainer,
-the Keras ``PyDataset`` and the ``tf.data`` factory (numpy only, no torch).
+"""The sampler for a store and a set of its samples, chosen the same way for every consumer: every feed
+(PyTorch's ``make_loader``, the trainer, the Keras ``PyDataset``, the ``tf.data`` factory); numpy only, no torch.
 
 * ``weights``: :class:`~lmdbstore.loader.mixing.MixedBatchSampler`, each store's share of every epoch;
 * ``balanced``: :class:`~lmdbstore.loader.samplers.BalancedBatchSampler` over the classes of the samples;
@@ -50,8 +50,8 @@ def _data_bytes(store: Path | Reader) -> int:
 def pick_shuffle(lcfg: LoaderConfig, store: Path | Reader, say: Callable[[str], None]) -> str:
     """The shuffle to use: ``auto`` picks ``random`` or ``window`` by the size of the store's data file(s)
     (a path, a reader or a set of stores) against memory, and says so."""
-    if lcfg.shuffle != "auto":
-        return lcfg.shuffle
+    if lcfg.order != "auto":
+        return lcfg.order
     choice = choose_shuffle(_data_bytes(store))
     say(f"shuffle: {choice.shuffle} ({choice.reason})")
     return choice.shuffle

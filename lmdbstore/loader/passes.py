@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EpochPasses", "PassIterator", "process_group"]
+__all__ = ["CountedPasses", "EpochPasses", "PassIterator", "process_group"]
 
 #: The keys of a sampler's state that must match the sampler it is loaded into.
 FINGERPRINT_KEYS = ("kind", "seed", "batch_size", "samples", "world_size")
@@ -227,3 +227,79 @@ class PassIterator(Iterator[np.ndarray]):
         after)."""
         self.sampler.pin(*self.sampler.check_state(state))  # replaces any pin: this pass is the restored one
         self._begin()
+
+
+class CountedPasses:
+    """Pass bookkeeping for a batch sampler that keeps none (a ``torch.utils.data.BatchSampler``, a list of
+    index arrays): what a feed asks of every sampler, answered by counting.  Passes are numbered from 0 (the
+    "epoch" of a pass); a state is ``{"position": k, "batches": n}``, and loading it makes the next pass skip
+    its first ``k`` batches unread -- exact when that pass repeats the interrupted one's batches (resuming by
+    count)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self._passes = 0  # passes begun
+        self._skip: int | None = None  # batches the next pass skips (a loaded state), until it begins
+
+    @property
+    def batch_size(self) -> int | None:
+        size = getattr(self.inner, "batch_size", None)
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def _length(self) -> int | None:
+        try:
+            return len(self.inner)
+        except TypeError:
+            return None
+
+    def upcoming_epoch(self) -> int:
+        return self._passes
+
+    def upcoming_pass(self) -> tuple[int, int]:
+        """``(pass number, first batch)`` of the next pass."""
+        return self._passes, self._skip or 0
+
+    def pinned_pass(self) -> tuple[int, int] | None:
+        """The pass a loaded state pinned, until it begins (``None``: none)."""
+        return None if self._skip is None else self.upcoming_pass()
+
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        """The inner sampler's batches from batch ``start`` on (the earlier ones drawn, not read)."""
+        it = iter(self.inner)
+        for _ in range(start):
+            next(it, None)
+        return it
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        skip, self._skip = self._skip or 0, None
+        self._passes += 1
+        yield from self.batches_from(self._passes - 1, skip)
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state of a pass that has yielded ``position`` batches."""
+        return {"position": int(position), "batches": self._length()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state_at(*self.upcoming_pass())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass skip the batches ``state`` counts (none after a finished pass).
+
+        Raises:
+            ValueError: not a ``{"position": int >= 0, "batches": int or None}`` state of a sampler of this
+                length.
+        """
+        batches = self._length()
+        if not isinstance(state, dict):
+            raise ValueError(f"loader state must be a dict, got {type(state).__name__}")
+        position, total = state.get("position"), state.get("batches")
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise ValueError(f"loader state: position must be a non-negative integer, got {position!r}")
+        if total != batches:
+            raise ValueError(f"loader state is for a sampler of {total} batches, this one has {batches}")
+        if batches is not None and position > batches:
+            raise ValueError(f"loader state: position {position} is past the {batches} batches of a pass")
+        self._skip = 0 if position == batches else position

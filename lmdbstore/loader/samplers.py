@@ -177,6 +177,9 @@ class BalancedBatchSampler(EpochPasses):
         ValueError: a class with positive weight has no samples, or the weights are invalid.
     """
 
+    #: Draws with replacement: a batch may be larger than the samples it draws from.
+    with_replacement = True
+
     def __init__(
         self,
         class_indices: Sequence[np.ndarray],

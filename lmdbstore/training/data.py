@@ -1,5 +1,5 @@
 """What the trainer reads and how: the store's metadata and labels, the checks made before any step, the
-epoch order of the training split (random, block, window or class-balanced) and the two DataLoaders.
+epoch order of the training split (random, block, window or class-balanced) and the two loaders.
 
 Everything here raises before a model is built or a file is written, so a run that cannot work fails at
 once with one :class:`~lmdbstore.errors.ValidationError` line.
@@ -19,8 +19,8 @@ import torch
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
 from lmdbstore.format.meta import StoreMeta
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.choose import Sampler, make_sampler_for
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.training.checkpoint import model_channels
@@ -107,12 +107,14 @@ def make_loaders(
     device: torch.device,
     val_batches: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any | None]:
-    """The training DataLoader over ``sampler`` and the validation one over ``val_idx`` in index order
-    (``None`` without a validation split; ``val_batches`` wraps its sampler, e.g. to equal steps on every
-    rank); pinned memory by default when training on CUDA."""
+    """The training loader over ``sampler`` and the validation one over ``val_idx`` in index order (``None``
+    without a validation split; ``val_batches`` wraps its sampler, e.g. to equal steps on every rank).  On
+    CUDA by default the slots are page-locked and each next batch is staged on the device while the step
+    computes (:mod:`lmdbstore.frameworks.cuda`)."""
     pin = lcfg.pin_memory if lcfg.pin_memory is not None else device.type == "cuda"
+    staged = device if pin and device.type == "cuda" else None
     dataset = LmdbBatchDataset(data.reader)
-    train_loader = make_loader(dataset, sampler, lcfg, pin_memory=pin)
+    train_loader = make_loader(dataset, sampler, lcfg, pin_memory=pin, device=staged)
     if not len(val_idx):
         return train_loader, None
     val_sampler: Any = EpochBatchSampler(
@@ -120,4 +122,4 @@ def make_loaders(
     )
     if val_batches is not None:
         val_sampler = val_batches(val_sampler)
-    return train_loader, make_loader(dataset, val_sampler, lcfg, pin_memory=pin)
+    return train_loader, make_loader(dataset, val_sampler, lcfg, pin_memory=pin, device=staged)

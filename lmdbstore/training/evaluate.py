@@ -20,7 +20,7 @@ from torch import nn
 
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import as_reader

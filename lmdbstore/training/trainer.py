@@ -1,7 +1,7 @@
 """Training the CNN on a store, on one process or under ``torchrun`` (DDP): :func:`train`, what
 ``lmdbstore train`` runs.
 
-It reads batches through :class:`~lmdbstore.loader.dataset.LmdbBatchDataset` and DataLoader workers,
+It reads batches through :func:`~lmdbstore.frameworks.torch_data.make_loader` (the feed's reader processes),
 measures how long the loop waits for data, validates on a stratified split, writes metrics as JSON lines
 and checkpoints that load with ``torch.load(weights_only=True)``, and resumes from them.  The pieces live
 beside it: what is read and in which order (:mod:`~lmdbstore.training.data`), the epoch loop
@@ -212,8 +212,8 @@ def _shuffle_used(run: TrainRun) -> str:
     sampler = run.sampler
     while not hasattr(sampler, "shuffle") and hasattr(sampler, "inner"):
         sampler = sampler.inner
-    used = str(getattr(sampler, "shuffle", run.lcfg.shuffle))
-    return f"{used} (auto)" if run.lcfg.shuffle == "auto" and used != "auto" else used
+    used = str(getattr(sampler, "shuffle", run.lcfg.order))
+    return f"{used} (auto)" if run.lcfg.order == "auto" and used != "auto" else used
 
 
 def _resume(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from lmdbstore.util.atomic import pid_alive
 
-__all__ = ["POLL_SECONDS", "Lifeline", "WorkerInit", "process_alive", "process_start_time"]
+__all__ = ["POLL_SECONDS", "Lifeline", "process_alive", "process_start_time"]
 
 #: How often the watchdog looks at the owner where no pidfd can wait for it.
 POLL_SECONDS = 1.0
@@ -119,13 +119,3 @@ class Lifeline:
         threading.Thread(
             target=_watch, args=(self.owner, self.owner_start), name="lmdbstore-lifeline", daemon=True
         ).start()
-
-
-@dataclass(frozen=True)
-class WorkerInit:
-    """A DataLoader ``worker_init_fn`` that attaches ``lifeline`` in each worker (picklable for ``spawn``)."""
-
-    lifeline: Lifeline
-
-    def __call__(self, worker_id: int) -> None:
-        self.lifeline.attach()

@@ -102,13 +102,16 @@ def fork_unsafe() -> str | None:
     return None
 
 
-def start_method(requested: str | None) -> str | None:
-    """The start method for worker and reader processes: ``requested`` when given; else ``"forkserver"``
-    when forking is unsafe here (:func:`fork_unsafe`), else ``None`` (the platform default: ``fork`` on
-    Linux)."""
+def start_method(requested: str | None) -> str:
+    """The start method for worker and reader processes, always named (never the platform's default, which
+    Python 3.14 changes to ``forkserver`` on Linux): ``requested`` when given; else on Linux ``"forkserver"``
+    when forking is unsafe here (:func:`fork_unsafe`) and ``"fork"`` otherwise; elsewhere ``"spawn"`` (macOS'
+    and Windows' default: forking there is unsafe with the system's own libraries)."""
     if requested is not None:
         return requested
-    return "forkserver" if fork_unsafe() else None
+    if not sys.platform.startswith("linux"):
+        return "spawn"
+    return "forkserver" if fork_unsafe() else "fork"
 
 
 def _effective(method: str | None) -> str:

@@ -214,7 +214,7 @@ class LmdbstoreFormat(Format):
     def loader(self, batches: list[np.ndarray], mode: str, order: str, workers: int) -> Iterable[Any]:
         """lmdbstore's own pieces: LmdbBatchDataset + EpochBatchSampler + make_loader."""
         from lmdbstore.config import LoaderConfig
-        from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+        from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
         from lmdbstore.loader.samplers import EpochBatchSampler
 
         self.close()

@@ -1,14 +1,18 @@
 #!/usr/bin/env python
-"""Keras and tf.data benchmark: samples/s of ``lmdbstore.tf_dataset`` and ``lmdbstore.keras_dataset``
-against ``make_loader`` with the same number of workers, data only, warm, in the same run, swept over
-batch sizes and store sizes (issue 28: >= 0.8x ``make_loader`` at batch 256, 1024 and 4096 on stores of
-30k, 100k and 1M samples).
+"""The feed under every framework: samples/s of ``make_loader``, ``lmdbstore.tf_dataset`` and
+``lmdbstore.keras_dataset`` with the same number of reader processes, against one process reading with
+``StoreReader.read_batch(out=)``, data only, warm, in the same run, swept over batch sizes and store sizes
+(issue 33: ``make_loader(workers=2)`` >= 1.5x one in-process reader at batch 4096 and >= 1.0x at 256, and
+>= 0.95x ``keras_dataset``/``tf_dataset`` iterated directly, on a 1M-sample store; issue 28: the Keras and
+tf.data paths >= 0.8x ``make_loader`` at batch 256, 1024 and 4096 on stores of 30k, 100k and 1M samples).
 
 For every store size (a synthetic store built in a temporary directory and deleted after its rows; the 1M
 store is 2.5 GB) and every batch size, the contenders read the training split in random order with
-``--workers`` reader processes (or DataLoader workers):
+``--workers`` reader processes:
 
-* ``make_loader``       the PyTorch path (``LmdbBatchDataset`` + ``make_loader``): the baseline;
+* ``read_batch(out=), one process``  the sampler's batches read by ``StoreReader.read_batch`` into one
+                        reused array in this process: what the readers must beat;
+* ``make_loader``       the PyTorch path (``LmdbBatchDataset`` + ``make_loader``): the baseline of the ratios;
 * ``tf_dataset``        iterated as tensors (``for x, y in ds``);
 * ``keras_dataset``     the ``PyDataset`` iterated directly, and through Keras' own data adapter on the
                         TensorFlow backend (``PyDatasetAdapter.get_tf_dataset``: what ``model.fit`` reads);
@@ -21,7 +25,7 @@ store is 2.5 GB) and every batch size, the contenders read the training split in
   ``StoreReader.read_batch`` (one thread) and a 20-line ``PyDataset`` with Keras' own ``workers`` threads.
 
 The readers of ``keras_dataset`` and ``tf_dataset`` stay between epochs and stop after a few idle seconds
-(``lmdbstore.frameworks.idle``); the interleaved rounds leave each contender idle while the others run, as
+(``lmdbstore.feed.idle``); the interleaved rounds leave each contender idle while the others run, as
 epochs back to back do not, so this benchmark lets readers wait a minute.  After one untimed warm-up epoch
 of each, ``--rounds`` interleaved rounds (one measurement of each contender
 per round; the machine may be shared) time whole epochs, as many as fill ``--seconds`` (a 30k-sample epoch
@@ -67,6 +71,12 @@ log = make_log("frameworks")
 
 #: Ratio to make_loader the tf.data and the Keras paths are to reach (issues 19 and 28).
 GOAL = 0.8
+#: The in-process reader, the baseline of issue 33's goals.
+INPROC = "read_batch(out=), one process"
+#: make_loader / the in-process reader, by batch size, on the 1M store (issue 33).
+INPROC_GOALS = {4096: 1.5, 256: 1.0}
+#: make_loader / keras_dataset and tf_dataset iterated directly (issue 33: one mechanism, one speed).
+SAME_SPEED = 0.95
 #: The rows the goal is for.
 GOAL_PATHS = (
     "tf_dataset",
@@ -89,7 +99,7 @@ def parse_size(text: str) -> int:
 
 def tree_cpu_seconds() -> float:
     """CPU seconds (user + system) used so far by this process and every process under it that still runs
-    (DataLoader workers, reader processes, through the forkserver): ``/proc``, Linux; 0 elsewhere."""
+    (reader processes, also through the forkserver): ``/proc``, Linux; 0 elsewhere."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     children: dict[int, list[tuple[int, float]]] = {}
     try:
@@ -140,6 +150,7 @@ def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict
     out: dict[str, Maker] = {}
     labels = lmdbstore.open_reader(store).labels()
     train, _ = lmdbstore.stratified_split(labels, 0.1, 0)
+    out[INPROC] = in_process(store, train, batch)
     sampler = lmdbstore.EpochBatchSampler(train, batch, shuffle="random")
     cfg = LoaderConfig(batch_size=batch, workers=workers, shuffle="random")
     loader = lmdbstore.make_loader(lmdbstore.LmdbBatchDataset(store), sampler, cfg)
@@ -168,6 +179,26 @@ def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict
     if naive:
         out.update(naive_contenders(store, train, batch, workers))
     return out, [kds, kds2]
+
+
+def in_process(store: Path, train: Any, batch: int) -> Maker:
+    """One process reading the same random batches with ``read_batch(out=)`` into one reused array."""
+    import numpy as np
+
+    import lmdbstore
+
+    reader = lmdbstore.open_reader(store)
+    labels = reader.labels()
+    sampler = lmdbstore.EpochBatchSampler(train, batch, shuffle="random")
+    buf = np.empty((batch, *reader.shape), reader.dtype)
+
+    def epoch() -> Iterable[Any]:
+        for idx in sampler:
+            x = buf[: len(idx)]
+            reader.read_batch(idx, out=x)
+            yield x, labels[idx].astype(np.int64)
+
+    return epoch
 
 
 def adapter_ceiling(like: Any, adapter_cls: Any) -> Maker:
@@ -259,6 +290,7 @@ def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[
     starts: dict[str, list[float]] = {name: [] for name in makers}
     ratios: dict[str, list[float]] = {name: [] for name in makers}
     cpus: dict[str, list[float]] = {name: [] for name in makers}
+    vs_inproc: list[float] = []
     for make in makers.values():
         epochs_for(make, 0.0)
     for r in range(a.rounds):
@@ -269,6 +301,7 @@ def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[
             cpus[name].append(cpu)
         for name in makers:
             ratios[name].append(rates[name][-1] / rates["make_loader"][-1])
+        vs_inproc.append(rates["make_loader"][-1] / rates[INPROC][-1])
         log(f"{human(size)} samples, batch {batch}: round {r + 1}/{a.rounds}")
     for ds in to_close:
         ds.close()
@@ -288,6 +321,10 @@ def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[
                 "cpu_ratio": statistics.median(cpus["make_loader"]) / max(statistics.median(cpus[name]), 1e-9),
             }
         )  # fmt: skip
+    q, q_lo, q_hi = spread(vs_inproc)
+    for r in rows:
+        if r["path"] == "make_loader":
+            r.update(inproc_ratio=q, inproc_ratio_min=q_lo, inproc_ratio_max=q_hi)
     return rows
 
 
@@ -305,15 +342,27 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any], loads: tuple[str, s
         for r in rows
         if r["path"] in GOAL_PATHS
     ]
+    big = max(r["size"] for r in rows)
+    inproc = {(r["size"], r["batch"]): r["rate"] for r in rows if r["path"] == INPROC}
+    for r in rows:
+        if r["size"] != big:
+            continue
+        if r["path"] == "make_loader" and r["batch"] in INPROC_GOALS:
+            goals.append(Goal(f"make_loader / one in-process reader ({human(big)}, batch {r['batch']})",
+                              r["inproc_ratio"], INPROC_GOALS[r["batch"]]))  # fmt: skip
+        if r["path"] in ("tf_dataset", "keras_dataset (direct)"):
+            goals.append(Goal(f"make_loader / {r['path']} ({human(big)}, batch {r['batch']})", 1 / r["ratio"],
+                              SAME_SPEED))  # fmt: skip
     table = markdown_table(
-        ["store", "batch", "path", "samples/s", "spread", "x make_loader", "spread", "epoch start",
-         "CPU s / M samples", "x make_loader (CPU)"],
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ["store", "batch", "path", "samples/s", "spread", "x make_loader", "spread", "x one process",
+         "epoch start", "CPU s / M samples", "x make_loader (CPU)"],
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         (
             [
                 human(r["size"]), str(r["batch"]), r["path"], human(r["rate"]),
                 f"{human(r['rate_min'])}-{human(r['rate_max'])}", fmt_ratio(r["ratio"]),
-                f"{fmt_ratio(r['ratio_min'])}-{fmt_ratio(r['ratio_max'])}", f"{r['start_ms']:.1f} ms",
+                f"{fmt_ratio(r['ratio_min'])}-{fmt_ratio(r['ratio_max'])}", fmt_ratio(r["rate"] / inproc[r["size"], r["batch"]]),
+                f"{r['start_ms']:.1f} ms",
                 f"{r['cpu_s_per_M']:.2f}", fmt_ratio(r["cpu_ratio"]),
             ]
             for r in rows
@@ -339,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=SIZES, help=f"store sizes to build (default {SIZES})")
     p.add_argument("--store", type=Path, help="an existing store instead (--sizes ignored)")
     p.add_argument("--batches", default=BATCHES, help=f"batch sizes (default {BATCHES})")
-    p.add_argument("--workers", type=int, default=2, help="reader processes / DataLoader workers (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="reader processes (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")
     p.add_argument("--seconds", type=float, default=1.0, help="seconds of whole epochs per measurement (default 1)")
     p.add_argument("--naive", action="store_true", help="also time what a user writes without the feed")
@@ -349,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("bench_frameworks_out"))
     a = p.parse_args(argv)
-    from lmdbstore.frameworks import idle
+    from lmdbstore.feed import idle
 
     idle.IDLE_MIN_SECONDS = 60.0  # readers wait through the other contenders' turns (module docstring)
     if a.quick:

@@ -178,19 +178,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the data in --workdir")
     p.add_argument("--out", type=Path, default=Path("bench_loader_out"), help="results directory")
     p.add_argument("--batch", type=int, default=4096, help="samples per batch (default 4096)")
-    p.add_argument("--workers", default="0,1,2,3", help="DataLoader worker counts (default 0,1,2,3)")
+    p.add_argument("--workers", default="0,1,2,3", help="reader process counts (default 0,1,2,3)")
     p.add_argument("--modes", default=",".join(MODES), help=f"shuffle modes (default {','.join(MODES)})")
     p.add_argument("--rounds", type=int, default=3, help="repeats of each single-process measurement")
     p.add_argument("--sp-batches", type=int, default=24, help="batches per single-process round")
     p.add_argument("--warmup-batches", type=int, default=-1, help="loader warm-up batches (-1: a whole epoch)")
     p.add_argument("--timed-batches", type=int, default=48, help="timed loader batches per configuration")
     p.add_argument("--window", type=int, default=8, help="loader batches per timing window")
-    p.add_argument("--prefetch", type=int, default=2, help="DataLoader prefetch_factor (default 2)")
+    p.add_argument("--prefetch", type=int, default=2, help="batches each reader works ahead (default 2)")
     p.add_argument(
-        "--compare-reuse",
+        "--compare-dataloader",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also time each worker count with reuse_buffers=False (default: on)",
+        help="also time torch's own DataLoader workers over the same dataset and sampler (default: on)",
     )
     p.add_argument("--train-workers", default="1,2", help="worker counts for the trainer run ('' to skip)")
     p.add_argument("--train-steps", type=int, default=8, help="training steps per epoch")
@@ -254,13 +254,13 @@ def measure(args: argparse.Namespace, store: Path, npy: Path, spv: int) -> tuple
     plan = LoaderPlan(args.batch, args.warmup_batches, args.timed_batches, args.window, args.prefetch, args.seed)
     for mode in args.mode_list:
         for w in args.worker_list:
-            log(f"DataLoader, {mode}, {w} worker(s)")
+            log(f"make_loader, {mode}, {w} reader(s)")
             res = bench_loader(store, mode, w, plan)
-            rows.append(Row("loader", "DataLoader (LmdbBatchDataset)", mode, w, 1, **res))
-            if w > 0 and args.compare_reuse:
-                log(f"DataLoader, {mode}, {w} worker(s), a fresh shared-memory segment per batch")
-                res = bench_loader(store, mode, w, plan, reuse=False)
-                rows.append(Row("loader", "DataLoader, reuse_buffers=False", mode, w, 1, **res))
+            rows.append(Row("loader", "make_loader (LmdbBatchDataset)", mode, w, 1, **res))
+            if w > 0 and args.compare_dataloader:
+                log(f"torch DataLoader workers, {mode}, {w} worker(s)")
+                res = bench_loader(store, mode, w, plan, plain=True)
+                rows.append(Row("loader", "torch DataLoader workers (LmdbBatchDataset)", mode, w, 1, **res))
     train_rows: list[dict[str, Any]] = []
     for w in args.train_list:
         log(f"trainer, {w} worker(s), {args.train_epochs} epoch(s) of {args.train_steps} steps")

@@ -96,16 +96,17 @@ class LoaderPlan:
     seed: int
 
 
-def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, reuse: bool = True) -> dict[str, Any]:
-    """Samples/s of the real loader for one shuffle mode and worker count (``reuse``: the workers' reusable
-    shared-memory batch buffers, ``LoaderConfig.reuse_buffers``).
+def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, plain: bool = False) -> dict[str, Any]:
+    """Samples/s of the real loader (``make_loader``: the feed's reader processes and slots) for one shuffle
+    mode and worker count; ``plain``: torch's own ``DataLoader`` workers over the same dataset and sampler
+    instead (a fresh shared-memory segment per batch, pickled to the main process).
 
     Epoch 0 is the warm-up (workers start, open the store, fault its pages in); epoch 1 is timed after
     its first ``workers * prefetch + 2`` batches (the prefetch pipeline filling), in windows of
     ``plan.window`` batches.
     """
     from lmdbstore.config import LoaderConfig
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
     from lmdbstore.loader.samplers import EpochBatchSampler
 
     shuffle, bb = MODES[mode]
@@ -125,13 +126,20 @@ def bench_loader(store: Path, mode: str, workers: int, plan: LoaderPlan, reuse: 
         shuffle=shuffle,
         block_buffer=bb,
         workers=workers,
-        prefetch_factor=plan.prefetch,
+        prefetch=plan.prefetch,
         persistent_workers=workers > 0,
-        reuse_buffers=reuse,
     )
     # More workers than cores is measured on purpose; PyTorch's warning about it would only add noise.
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-    loader = make_loader(dataset, sampler, config)
+    if plain:
+        from torch.utils.data import DataLoader
+
+        loader: Any = DataLoader(
+            dataset, sampler=sampler, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+            prefetch_factor=plan.prefetch if workers else None,
+        )  # fmt: skip
+    else:
+        loader = make_loader(dataset, sampler, config)
     per_epoch = len(sampler)
     skip = min(workers * plan.prefetch + 2 if workers else 1, per_epoch - 1)
     timed = max(1, min(plan.timed_batches, per_epoch - skip))

@@ -129,7 +129,7 @@ def one_process(path: Path, n: int, args: argparse.Namespace) -> dict[str, float
 def loader(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]:
     """Cold samples/s through the DataLoader with ``args.workers`` workers per order, timed after the first
     batch (workers started), the page cache dropped before each."""
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 
     out: dict[str, float] = {}
     for mode in ("random", "block", "window"):
@@ -235,7 +235,7 @@ def train_wait(path: Path, n: int, args: argparse.Namespace) -> dict[str, float]
     on a dropped page cache: samples/s and the share of time spent waiting for data."""
     import torch
 
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
     from lmdbstore.training.model import build_model
 
     choice = choose_shuffle(os.path.getsize(path / "data.mdb"))
@@ -280,8 +280,8 @@ def accuracy(args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     another, the way a generator writes them): same model, data, steps and seed; only the order differs."""
     import torch
 
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset
     from lmdbstore.ingestion.synth import SYNTH_CLASSES, synth_batches
-    from lmdbstore.loader.dataset import LmdbBatchDataset
     from lmdbstore.loader.samplers import stratified_split
     from lmdbstore.training.model import build_model
 

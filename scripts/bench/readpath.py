@@ -188,7 +188,7 @@ def loaded(r: StoreReader, rand: list[np.ndarray], blocks: list[np.ndarray], buf
 def loader_rows(path: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Warm: DataLoader with 2 workers against ``read_batch`` in this process, random and block."""
     from lmdbstore.config import LoaderConfig
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 
     out: dict[str, Any] = {}
     cores = min(2, os.cpu_count() or 1)

@@ -46,7 +46,7 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--lr": T.lr,
         "--workers": L.workers,
         "--val-fraction": T.val_fraction,
-        "--shuffle": L.shuffle,
+        "--shuffle": L.order,
         "--block-buffer": L.block_buffer,
         "--seed": L.seed,
         "--device": T.device,

@@ -37,7 +37,7 @@ def check_tf(store: str) -> None:
     along, an abandoned iteration an error; make_loader in this process starts forkserver workers too."""
     import tensorflow as tf
 
-    from lmdbstore.frameworks import idle
+    from lmdbstore.feed import idle
 
     idle.IDLE_MIN_SECONDS = 60.0  # however slow the machine, the readers wait between iterations here
     reader = lmdbstore.open_reader(store)
@@ -161,7 +161,7 @@ def check_keras(store: str) -> None:
     overwritten."""
     import keras
 
-    from lmdbstore.frameworks import idle
+    from lmdbstore.feed import idle
 
     idle.IDLE_MIN_SECONDS = 60.0  # however slow the machine, the readers wait between epochs here
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import StoreInfo
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 
 BATCH = 64

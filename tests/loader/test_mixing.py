@@ -110,7 +110,7 @@ def test_the_sampler_for_a_set_takes_its_weights(mixed_set: SetInfo) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_make_loader_over_a_set_with_weights(mixed_set: SetInfo, workers: int) -> None:
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 
     ds = LmdbBatchDataset(mixed_set.paths)
     sampler = MixedBatchSampler(store_parts(ds.reader), [0.6, 0.3, 0.1], 128, epoch_samples=1500)
@@ -127,9 +127,9 @@ def test_make_loader_over_a_set_with_weights(mixed_set: SetInfo, workers: int) -
 
 
 def test_the_feeds_take_weights_over_a_set(mixed_set: SetInfo) -> None:
-    from lmdbstore.frameworks.feed import feed_config, open_feed
+    from lmdbstore.feed.opening import loader_config, open_feed
 
-    feed = open_feed(mixed_set.paths, feed_config(None, {"batch_size": 100, "workers": 2, "weights": [0.5, 0.25, 0.25],
+    feed = open_feed(mixed_set.paths, loader_config(None, {"batch_size": 100, "workers": 2, "weights": [0.5, 0.25, 0.25],
                                                          "multiprocessing_context": "fork"}))  # fmt: skip
     for _ in range(2):
         feed.begin()

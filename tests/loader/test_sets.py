@@ -12,7 +12,7 @@ from conftest import SET_CLASSES, SetInfo, build_set
 from torch.utils.data import ConcatDataset, TensorDataset
 
 from lmdbstore import LoaderConfig, open_reader
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.loader.sets import SetBatches, SetSpace
 from lmdbstore.loader.window import WindowBatchSampler

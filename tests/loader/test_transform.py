@@ -12,7 +12,7 @@ import torch
 from conftest import StoreInfo
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.loader.transform import apply_transform
 
@@ -60,8 +60,7 @@ def test_in_place_transform_lands_in_the_reused_buffers(small_store: StoreInfo, 
         for (x, y), idx in zip(got, batches, strict=True):
             np.testing.assert_array_equal(x.numpy()[:, 0], -small_store.x[idx])
             np.testing.assert_array_equal(y.numpy(), small_store.y[idx])
-    reused, fresh = loader.reuse_counts()
-    assert fresh == 0 and reused == 2 * len(batches)  # persistent workers: both passes, one set of buffers
+    assert loader.feed.came == {"slot": 2 * len(batches), "sent": 0, "here": 0}  # both passes through the slots
 
 
 def test_a_new_array_of_the_same_shape_is_copied_into_the_buffer(small_store: StoreInfo) -> None:
@@ -69,7 +68,7 @@ def test_a_new_array_of_the_same_shape_is_copied_into_the_buffer(small_store: St
     for (x, y), idx in zip(passes[1], batches, strict=True):
         np.testing.assert_allclose(x.numpy()[:, 0], small_store.x[idx] + 2.0, rtol=1e-6)
         np.testing.assert_array_equal(y.numpy(), (small_store.y[idx] + 1) % 5)
-    assert loader.reuse_counts()[1] == 0
+    assert loader.feed.came["sent"] == loader.feed.came["here"] == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -79,8 +78,7 @@ def test_another_shape_or_dtype_comes_in_a_fresh_tensor(small_store: StoreInfo, 
         assert x.dtype == torch.float64 and x.shape == (len(idx), 1, 5, 5)
         np.testing.assert_array_equal(x.numpy()[:, 0], small_store.x[idx][:, ::5, ::5])
     if workers:  # each batch's slot was given back at once, none is left taken
-        state = loader.dataset.buffers.state.numpy()[:-1]
-        assert (state == 0).all()
+        assert loader.feed.came["sent"] == 2 * len(batches) and set(loader.feed.state) == {0}
 
 
 def test_the_documented_augmentation_runs_in_the_workers(small_store: StoreInfo) -> None:
@@ -121,4 +119,4 @@ def test_labels_cross_from_the_workers_intact(small_store: StoreInfo) -> None:
                 np.testing.assert_array_equal(y.numpy(), want(small_store.y[idx]))
                 sign = -1 if transform is not None else 1
                 np.testing.assert_array_equal(x.numpy()[:, 0], sign * small_store.x[idx])
-        assert loader.reuse_counts()[1] == 0
+        assert loader.feed.came["sent"] == loader.feed.came["here"] == 0

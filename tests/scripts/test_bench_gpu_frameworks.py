@@ -22,29 +22,18 @@ def _bench(name: str, *args: str, out: Path) -> subprocess.CompletedProcess[str]
 
 def test_gpu_benchmark_dry_run_on_the_cpu(tmp_path: Path) -> None:
     proc = _bench(
-        "gpu",
-        "--device",
-        "cpu",
-        "--quick",
-        "-n",
-        "2000",
-        "--batch",
-        "256",
-        "--steps",
-        "2",
-        "--widths",
-        "8,16",
-        "--workers",
-        "0,1",
-        out=tmp_path,
-    )
+        "gpu", "--device", "cpu", "--quick", "-n", "2000", "--batch", "256", "--steps", "2", "--widths", "8,16",
+        "--train-workers", "0,1", out=tmp_path,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads((tmp_path / "bench_gpu.json").read_text())["rows"]
-    assert [(r["width"], r["workers"], r["pinned_reused"]) for r in rows] == [
-        (w, k, p) for w in (8, 16) for k in (0, 1) for p in (True, False)
-    ]
+    result = json.loads((tmp_path / "bench_gpu.json").read_text())
+    assert [w["mode"] for w in result["ways"]] == ["pageable", "registered"]  # the CUDA-only ways need a GPU
+    for w in result["ways"]:
+        assert w["data_rate"] > 0 and w["step_rate"] > 0 and 0 <= w["data_wait"] < 1 and 0 <= w["step_wait"] < 1
+    rows = result["rows"]
+    assert [(r["width"], r["workers"]) for r in rows] == [(w, k) for w in (8, 16) for k in (0, 1)]
     assert all(r["samples_per_s"] > 0 and r["compute_only"] > 0 and 0 <= r["data_wait"] < 1 for r in rows)
-    assert "| 16 | 1 | off |" in proc.stdout and "x model alone" in proc.stdout
+    assert "| registered |" in proc.stdout and "x model alone" in proc.stdout
 
 
 def test_gpu_benchmark_refuses_a_missing_gpu_in_one_line(tmp_path: Path) -> None:
@@ -62,6 +51,6 @@ def test_frameworks_benchmark_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "bench_frameworks.json").read_text())["rows"]
     paths = [r["path"] for r in rows]
-    assert paths[:3] == ["make_loader", "tf_dataset", "keras_dataset (direct)"]
+    assert paths[:4] == ["read_batch(out=), one process", "make_loader", "tf_dataset", "keras_dataset (direct)"]
     assert all(r["rate"] > 0 and r["ratio"] > 0 for r in rows)
     assert "goals (same run, data only, warm):" in proc.stdout

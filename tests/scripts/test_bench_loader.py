@@ -57,7 +57,7 @@ def test_quick_run_writes_every_measurement(tmp_path: Path, capsys: pytest.Captu
     with open(out / "bench_loader.csv") as fh:
         assert len(list(csv.DictReader(fh))) == len(rows)
     report = (out / "bench_loader.md").read_text()
-    assert report.startswith("Machine: ") and "| DataLoader (LmdbBatchDataset) | block4 | 1 |" in report
+    assert report.startswith("Machine: ") and "| make_loader (LmdbBatchDataset) | block4 | 1 |" in report
     assert "Goals:" in report and "data wait" in report
     assert report in capsys.readouterr().out  # the table is printed too
     assert not (work / "store").exists() and not (work / "samples.npy").exists()  # data removed without --keep

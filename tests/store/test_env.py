@@ -17,7 +17,7 @@ from lmdbstore.tools.verify import verify_store
 
 
 def test_many_readers_of_one_store_in_one_process(small_store: StoreInfo) -> None:
-    from lmdbstore.loader.dataset import LmdbBatchDataset
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset
 
     x = small_store.x
     a = StoreReader(small_store.path).open()

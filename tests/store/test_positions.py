@@ -271,7 +271,7 @@ def test_workers_inherit_or_build_the_table(small_store: StoreInfo, method: str,
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_dataloader_workers_read_by_offset(small_store: StoreInfo, context: str) -> None:
     from lmdbstore import LoaderConfig
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
     from lmdbstore.loader.samplers import EpochBatchSampler
 
     ds = LmdbBatchDataset(small_store.path)

@@ -127,9 +127,9 @@ def _set(a: Path, o: Originals) -> Iterator[Any]:
 
 
 def _feed(a: Path) -> Iterator[Any]:
-    from lmdbstore.frameworks.feed import feed_config, open_feed
+    from lmdbstore.feed.opening import loader_config, open_feed
 
-    feed = open_feed(a, feed_config(None, {"batch_size": BATCH, "workers": 1, "multiprocessing_context": "fork"}))
+    feed = open_feed(a, loader_config(None, {"batch_size": BATCH, "workers": 1, "multiprocessing_context": "fork"}))
     yield None
     try:
         feed.begin()
@@ -146,11 +146,11 @@ def _feed(a: Path) -> Iterator[Any]:
 def _loader(a: Path) -> Iterator[Any]:
     pytest.importorskip("torch")
     from lmdbstore.config import LoaderConfig
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
     from lmdbstore.loader.samplers import EpochBatchSampler
 
     ds = LmdbBatchDataset(a)
-    cfg = LoaderConfig(batch_size=BATCH, workers=1, prefetch_factor=1, multiprocessing_context="fork")
+    cfg = LoaderConfig(batch_size=BATCH, workers=1, prefetch=1, multiprocessing_context="fork")
     loader = make_loader(ds, EpochBatchSampler(np.arange(N), BATCH, shuffle="random", seed=0), cfg)
     yield None
     for x, y in loader:

@@ -18,7 +18,7 @@ from conftest import REPO, build_store, edit_meta_text, make_data
 
 from lmdbstore import LmdbStoreError, LoaderConfig, WriterConfig, open_writer
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.tools.copy import copy_store

@@ -24,7 +24,7 @@ import numpy as np
 from conftest import CLASSES, REPO
 
 from lmdbstore import LoaderConfig, WriterConfig, open_writer
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.reader import StoreReader
 

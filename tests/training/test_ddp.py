@@ -24,7 +24,7 @@ import json, sys
 import numpy as np
 import torch.distributed as dist
 from lmdbstore.config import LoaderConfig
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 
 store, out, mode, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -177,7 +177,7 @@ def test_equal_steps_passes_and_resume_inside_an_epoch_through_the_loader(tmp_pa
     from conftest import build_store, make_data
 
     from lmdbstore.config import LoaderConfig
-    from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+    from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 
     x, y = make_data(1000, 2)
     store = build_store(tmp_path / "s", x, y)

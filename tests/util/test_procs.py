@@ -131,7 +131,7 @@ def plus_one(x, y):
 
 if __name__ == "__main__":
     from lmdbstore.config import FeedConfig
-    from lmdbstore.frameworks.feed import open_feed
+    from lmdbstore.feed.opening import open_feed
 
     method, own = sys.argv[1], sys.argv[2] == "own"
     config = FeedConfig(batch_size=64, workers=2, shuffle="none", multiprocessing_context=method)

@@ -1,8 +1,8 @@
-"""The loader's own state (lmdbstore/loader/delivered.py): ``make_loader(...).state_dict()`` counts the batches
-delivered to the loop, not those its workers drew ahead, and a resumed loader delivers exactly the batches
+"""The loader's own state (the feed's delivered count, lmdbstore/feed/feed.py): ``make_loader(...).state_dict()``
+counts the batches delivered to the loop, not those its readers drew ahead, and a resumed loader delivers exactly the batches
 not yet delivered -- every sample of the epoch once across the interruption -- with 0, 2 and 8 workers,
 stopped at the start, inside and at the end of an epoch, with and without ``set_epoch``.  Real stores, real
-DataLoader workers."""
+reader processes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import StoreInfo
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
 
 N, BATCH = 2000, 125  # 16 batches an epoch
@@ -43,7 +43,7 @@ def test_the_state_counts_batches_delivered_while_the_sampler_has_drawn_ahead(sm
     for _ in range(5):
         next(batches)
     assert loader.state_dict()["position"] == 5
-    assert loader.sampler.inner.state_dict()["position"] > 5  # the workers' batches: drawn, not trained
+    assert loader.sampler.state_dict()["position"] > 5  # the readers' batches: drawn, not trained
     batches.close()
 
 

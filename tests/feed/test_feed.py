@@ -1,5 +1,5 @@
-"""The torch-free feed under the Keras and tf.data adapters (lmdbstore.frameworks.feed, readers, slots):
-real reader processes over real stores.  Every pass reads every sample of its split once, in the sampler's
+"""The torch-free feed under every adapter (lmdbstore.feed: feed, readers, slots, idle, opening): real reader
+processes over real stores.  Every pass reads every sample of its split once, in the sampler's
 next order; batches are channels-last; a consumer keeping batches never sees them overwritten; a transform
 runs in the readers; errors of the store, of a transform or of a dead reader are one line; closing stops
 the readers and frees the shared memory; the readers stay between passes and stop when none comes."""
@@ -20,9 +20,10 @@ from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
-from lmdbstore.frameworks import idle
-from lmdbstore.frameworks.feed import BatchFeed, feed_config, open_feed
-from lmdbstore.frameworks.slots import PREFIX, SHM_DIR, reclaim
+from lmdbstore.feed import idle
+from lmdbstore.feed.feed import BatchFeed
+from lmdbstore.feed.opening import loader_config, open_feed
+from lmdbstore.feed.slots import PREFIX, SHM_DIR, reclaim
 from lmdbstore.loader.choose import split_indices
 from lmdbstore.util.lifeline import process_start_time
 
@@ -32,7 +33,7 @@ BATCH = 64
 def _feed(info: StoreInfo, **options: object) -> BatchFeed:
     options.setdefault("batch_size", BATCH)
     options.setdefault("multiprocessing_context", "fork")
-    return open_feed(info.path, feed_config(None, options))
+    return open_feed(info.path, loader_config(None, options), channels="last")
 
 
 def _pass(feed: BatchFeed, keep: bool = False) -> list[np.ndarray]:
@@ -69,7 +70,7 @@ def test_batches_are_channels_last_with_their_labels(store_factory: Callable[...
     assert x.shape == (BATCH, 8, 6, 3) and x.dtype == np.uint16 and y.dtype == np.int64
     np.testing.assert_array_equal(x, info.x[:BATCH].transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(y, info.y[:BATCH])
-    flat = _feed(info, workers=0, shuffle="none", channels_last=False)
+    flat = _feed(info, workers=0, shuffle="none", channels="stored")
     flat.begin()
     np.testing.assert_array_equal(flat.next()[0], info.x[:BATCH])
 
@@ -169,29 +170,34 @@ def broken(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_a_transform_runs_in_the_readers(small_store: StoreInfo, context: str) -> None:
     feed = open_feed(
-        small_store.path, FeedConfig(batch_size=BATCH, workers=2, multiprocessing_context=context), transform=add_one
+        small_store.path,
+        FeedConfig(batch_size=BATCH, workers=2, multiprocessing_context=context),
+        channels="last",
+        transform=add_one,
     )
     feed.begin()
     x, _ = feed.next()
     np.testing.assert_allclose(x[..., 0], small_store.x[feed.plan[0]] + 1, rtol=1e-6)
-    cropped = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), transform=crop)
+    cropped = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), channels="last", transform=crop)
     cropped.begin()
     assert cropped.next()[0].shape == (BATCH, 5, 5, 1)
 
 
 def test_errors_are_one_line(small_store: StoreInfo, tmp_path: Path) -> None:
-    feed = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), transform=broken)
+    feed = open_feed(small_store.path, FeedConfig(batch_size=BATCH, workers=2), channels="last", transform=broken)
     feed.begin()
-    with pytest.raises(ValueError, match=r"^augmentation failed$"):
+    with pytest.raises(ValueError, match=r"^augmentation failed") as err:  # the transform's own exception
         feed.next()
+    cause = str(err.value.__cause__)  # with the reader's traceback
+    assert "Traceback" in cause and "in broken" in cause and 'raise ValueError("augmentation failed' in cause
     with pytest.raises(ValueError, match="unknown option 'batch'"):
-        feed_config(None, {"batch": 3})
+        loader_config(None, {"batch": 3})
     with pytest.raises(ValueError, match="split"):
-        feed_config(None, {"split": "test"})
+        loader_config(None, {"split": "test"})
     with pytest.raises(ValueError, match="indices or a split"):
-        open_feed(small_store.path, FeedConfig(split="val"), indices=[1, 2])
+        open_feed(small_store.path, FeedConfig(split="val"), channels="last", indices=[1, 2])
     with pytest.raises(ValueError, match="indices must be"):
-        open_feed(small_store.path, FeedConfig(), indices=[2000])
+        open_feed(small_store.path, FeedConfig(), channels="last", indices=[2000])
 
 
 def test_a_damaged_store_is_a_corrupt_store_error_from_the_readers(store_factory: Callable[..., StoreInfo]) -> None:
@@ -250,8 +256,8 @@ def test_a_feed_reads_a_set_of_stores_in_every_order(tmp_path: Path, shuffle: st
     opts: dict[str, object] = {"balanced": True} if shuffle == "balanced" else {"shuffle": shuffle}
     if shuffle == "window":
         opts["window_mb"] = 1
-    feed = open_feed(info.paths, feed_config(None, {"batch_size": BATCH, "workers": 2, "split": "train",
-                                                    "multiprocessing_context": "fork", **opts}))  # fmt: skip
+    feed = open_feed(info.paths, loader_config(None, {"batch_size": BATCH, "workers": 2, "split": "train",
+                                                    "multiprocessing_context": "fork", **opts}), channels="last")  # fmt: skip
     labels = np.array([SET_CLASSES.index(n) for n in info.names])
     train = split_indices(labels, "train", 0.1, 0)
     for _epoch in range(2):

@@ -16,7 +16,7 @@ import torch
 from conftest import StoreInfo
 
 from lmdbstore import LoaderConfig, StoreReader, open_reader
-from lmdbstore.loader.dataset import BufferedLoader, LmdbBatchDataset, make_loader
+from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
 
 
@@ -27,7 +27,7 @@ def epoch_sampler(ds: LmdbBatchDataset, cfg: LoaderConfig, indices: np.ndarray |
     return EpochBatchSampler(
         idx,
         cfg.batch_size,
-        shuffle="random" if cfg.shuffle == "auto" else cfg.shuffle,  # type: ignore[arg-type]  # no window here
+        shuffle="random" if cfg.order == "auto" else cfg.order,  # type: ignore[arg-type]  # no window here
         samples_per_value=spv,
         block_buffer=cfg.block_buffer,
         seed=cfg.seed,
@@ -150,7 +150,7 @@ def test_loader_over_a_split(loader_store: StoreInfo) -> None:
 
 
 def test_persistent_workers_over_two_epochs(loader_store: StoreInfo) -> None:
-    cfg = LoaderConfig(batch_size=100, workers=2, persistent_workers=True, prefetch_factor=1)
+    cfg = LoaderConfig(batch_size=100, workers=2, persistent_workers=True, prefetch=1)
     ds = LmdbBatchDataset(loader_store.path)
     sampler = epoch_sampler(ds, cfg)
     loader = make_loader(ds, sampler, cfg)
@@ -199,15 +199,15 @@ def test_label_table_stays_compact(small_store: StoreInfo) -> None:
 
 
 def test_channel_first_samples_through_reused_buffers(store_factory: Callable[..., StoreInfo]) -> None:
-    """(3, 16, 16) samples come as (N, 3, 16, 16) batches, with no extra channel axis, through the workers'
-    reusable shared-memory buffers (shaped by ``batch_shape``)."""
+    """(3, 16, 16) samples come as (N, 3, 16, 16) batches, with no extra channel axis, through the feed's
+    reusable shared-memory slots (shaped by the dataset's layout)."""
     info = store_factory(640, seed=5, shape=(3, 16, 16))
     ds = LmdbBatchDataset(info.path)
     assert ds.batch_shape(64) == (64, 3, 16, 16)
     cfg = LoaderConfig(batch_size=64, workers=2, persistent_workers=False)
     loader = make_loader(ds, epoch_sampler(ds, cfg), cfg)
-    assert isinstance(loader, BufferedLoader)
-    assert loader.buffer_spec.batch_shape == (64, 3, 16, 16)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert loader.feed.source.layout.item_shape == (3, 16, 16)
     seen = []
     for x, y in loader:
         assert x.shape == (len(y), 3, 16, 16) and x.dtype == torch.float32
@@ -217,7 +217,7 @@ def test_channel_first_samples_through_reused_buffers(store_factory: Callable[..
         seen.append(idx)
         del x, y  # as a training loop does: the slot can be reused
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(640))
-    assert loader.reuse_counts() == (len(seen), 0)  # every batch through a reused buffer
+    assert loader.feed.came == {"slot": len(seen), "sent": 0, "here": 0}  # every batch through a reused slot
 
 
 class Doubled(LmdbBatchDataset):
@@ -259,5 +259,7 @@ def test_a_subclass_overriding_getitem_works_with_workers_and_reused_buffers(sma
                 np.testing.assert_array_equal(item[2].numpy(), idx % 7)
             seen.append(idx)
         assert sorted(np.concatenate(seen).tolist()) == list(range(len(small_store.y)))
-    if kind == "doubled":  # changed in place: still delivered through the reused buffers
-        assert loader.reuse_counts()[0] > 0
+    if kind == "doubled":  # changed in place: still delivered through the reused slots
+        assert loader.feed.came["slot"] > 0 and loader.feed.came["sent"] == 0
+    else:  # other shapes and items: sent as they are
+        assert loader.feed.came["sent"] == 2 * len(kept)

@@ -1,5 +1,5 @@
 """Batch slots in shared memory for the reader processes of a feed, handed to the consumer without a copy
-and reused only when nothing references them any more.  numpy only, no torch.
+and reused only when nothing references them any more; how many fit.  numpy only, no torch.
 
 One memory-mapped segment holds ``n`` slots; a slot holds one batch: the samples (``x``), then the labels
 (``y``, int64).  Slots start on 4 KiB boundaries (TensorFlow makes tensors of 64-byte-aligned numpy memory
@@ -19,6 +19,12 @@ zero-copy TensorFlow tensors hold the array they were made from, so the base arr
 whether anything still uses the slot (:meth:`SharedSlots.unreferenced`), whichever framework consumes it.
 (A memoryview's own reference count would not: ``np.frombuffer`` references the buffer behind it, not the
 memoryview object.)  A consumer that copies lets the slot go at once.
+
+How many: a slot holds the largest batch the sampler can yield (never more rows than the store or set has,
+unless the sampler draws with replacement), and the pool is checked against what the machine can give before
+anything is touched (:func:`pool_slots`: the memory available, :func:`available_bytes`): fewer slots than
+asked for, said once, or a one-line ``ValueError`` naming ``batch_size``, ``workers`` and ``prefetch`` when not
+even one batch per reader fits.
 """
 
 from __future__ import annotations
@@ -28,13 +34,27 @@ import mmap
 import os
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lmdbstore.util.lifeline import process_alive, process_start_time
 
-__all__ = ["ALIGN", "PREFIX", "SHM_DIR", "SegmentFd", "SharedSlots", "reclaim", "slot_bytes"]
+__all__ = [
+    "ALIGN",
+    "PREFIX",
+    "SHM_DIR",
+    "SLOT_MEMORY_SHARE",
+    "SegmentFd",
+    "SharedSlots",
+    "available_bytes",
+    "pool_slots",
+    "reclaim",
+    "slot_bytes",
+]
 
 #: Slots start on multiples of this many bytes.
 ALIGN = 4096
@@ -50,6 +70,63 @@ def slot_bytes(rows: int, item_bytes: int) -> tuple[int, int]:
     """``(offset of the labels, bytes of a slot)`` for batches of up to ``rows`` samples of ``item_bytes``."""
     x = _round_up(max(1, rows * item_bytes))
     return x, x + _round_up(8 * max(1, rows))
+
+
+#: Share of the memory the machine has available that one feed's slots may take.
+SLOT_MEMORY_SHARE = 0.5
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """What this process's cgroup (v2) still allows, where it sets a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+    except OSError:
+        return None
+    return None if limit == "max" else max(0, int(limit) - int(used))
+
+
+def available_bytes() -> int | None:
+    """Memory this process can still get: the kernel's ``MemAvailable``, less where its cgroup allows less
+    (``None`` where neither is known)."""
+    known = [v for v in (_meminfo_available(), _cgroup_room()) if v is not None]
+    return min(known) if known else None
+
+
+def pool_slots(wanted: int, least: int, stride: int, *, workers: int, rows: int) -> int:
+    """How many slots of ``stride`` bytes to make: ``wanted``, or fewer down to ``least`` where
+    :data:`SLOT_MEMORY_SHARE` of the available memory cannot hold them (said in a warning).
+
+    Raises:
+        ValueError: not even ``least`` fit, naming ``batch_size``, ``workers`` and ``prefetch``.
+    """
+    room = available_bytes()
+    if room is None or wanted * stride <= SLOT_MEMORY_SHARE * room:
+        return wanted
+    fit = int(SLOT_MEMORY_SHARE * room // stride)
+    if fit < least:
+        raise ValueError(
+            f"the batch slots need {least * stride / 2**30:.1f} GiB at least ({least} slots of {rows} samples: "
+            f"workers={workers} readers with one batch each and the consumer's), more than half of the "
+            f"{room / 2**30:.1f} GiB this machine has available: lower batch_size or workers"
+        )
+    warnings.warn(
+        f"lmdbstore: {fit} batch slots of {stride / 2**20:.1f} MiB instead of {wanted} fit in memory "
+        f"({room / 2**30:.1f} GiB available): fewer batches read ahead (lower batch_size or prefetch to silence)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return fit
 
 
 #: Name prefix of the named segments (platforms without ``memfd_create``).
@@ -184,7 +261,7 @@ class SharedSlots:
         buf = memoryview(self._map)
         # one base array per slot: every array handed out is a view of it (its reference count tells)
         self.bases = [np.frombuffer(buf[k * self.stride : (k + 1) * self.stride], np.uint8) for k in range(n)]
-        self._refs = [sys.getrefcount(b) for b in self.bases]
+        self._refs = [sys.getrefcount(self.bases[k]) for k in range(len(self.bases))]  # the list and the call only
         self._closed = False
 
     def x(self, slot: int, rows: int, item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -220,8 +297,23 @@ class SharedSlots:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def close(self) -> None:
-        """Remove the name and let go of the memory (it stays mapped while a consumer holds arrays of it)."""
+    @property
+    def address(self) -> int:
+        """Where the slots' memory starts in this process."""
+        return int(self.bases[0].ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all the slots."""
+        return self.stride * self.n
+
+    def close(self, before_unmap: Callable[[], None] | None = None) -> None:
+        """Remove the name and let go of the memory (it stays mapped while a consumer holds arrays of it);
+        ``before_unmap`` is called first (what page-locked it undoes it)."""
+        if self._closed:
+            return
+        if before_unmap is not None:
+            before_unmap()
         self._closed = True
         self.unlink()
         if self.fd is not None:
