@@ -45,7 +45,10 @@ __all__ = [
     "DEFAULT_VERIFY_STRUCTURE",
     "DEFAULT_X_KEY",
     "DEFAULT_Y_KEY",
+    "BUILTIN_MODEL",
+    "OPTIMIZERS",
     "SAMPLE_READ_CHUNK",
+    "SGD_MOMENTUM",
     "ChecksumKind",
     "FeedConfig",
     "LoaderConfig",
@@ -205,6 +208,16 @@ class LoaderConfig:
 #: Largest CNN ``width`` (first-block channels): about 1.2 G parameters, far beyond what the CNN needs.
 MAX_WIDTH = 4096
 
+#: The model ``lmdbstore train`` builds unless told otherwise: the built-in CNN's factory (``module:function``).
+BUILTIN_MODEL = "lmdbstore.training.model:build_cnn"
+#: Optimizers :class:`TrainConfig` can name.
+OPTIMIZERS = ("adamw", "sgd")
+#: Momentum of ``optimizer="sgd"`` (the one-cycle schedule cycles it between 0.85 and this value).
+SGD_MOMENTUM = 0.9
+#: Most ``model_args`` a factory gets, and the longest string value one may be (they go into checkpoints).
+MAX_MODEL_ARGS = 64
+MAX_MODEL_ARG_CHARS = 1000
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -222,6 +235,21 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
+        model: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``, called as
+            ``factory(in_shape, classes, **model_args)`` (``in_shape``: one sample as the loader feeds it,
+            ``(C, H, W)``, 2-D samples with ``C = 1``) and returning an ``nn.Module`` that maps a batch to
+            ``(N, classes)`` logits (default :data:`BUILTIN_MODEL`, the built-in CNN, whose one argument is
+            ``width``).  Checkpoints record it and its arguments (as JSON, never code).
+        model_args: keyword arguments of the factory: a mapping of names to JSON scalars (str, int, float,
+            bool, None), kept as sorted ``(name, value)`` pairs (default none).
+        optimizer: ``"adamw"`` (default) or ``"sgd"`` (momentum :data:`SGD_MOMENTUM`), both under the
+            one-cycle schedule.
+        label_smoothing: cross-entropy label smoothing of the training loss, in ``[0, 1)`` (default 0;
+            validation losses are plain cross-entropy).
+        compile: run the training steps through ``torch.compile`` (default ``False``).
+        allow_disjoint_classes: train on a set of stores one of which shares no class name with the others
+            (default ``False``: refused, since such a set is most often class ids of one store next to names
+            of another).
     """
 
     epochs: int = 3
@@ -234,8 +262,15 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     log_every: int = 10
     checkpoint_every: int | None = None
+    model: str = BUILTIN_MODEL
+    model_args: Any = ()
+    optimizer: str = "adamw"
+    label_smoothing: float = 0.0
+    compile: bool = False
+    allow_disjoint_classes: bool = False
 
     def __post_init__(self) -> None:
+        self._check_model()
         if self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if not self.lr > 0:
@@ -252,6 +287,54 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
+
+    def _check_model(self) -> None:
+        """Check the model fields (``model_args`` normalised to sorted pairs)."""
+        if not isinstance(self.model, str) or ":" not in self.model or not self.model.rpartition(":")[2]:
+            raise ValueError(f"model must be 'module:function' or 'path/to/file.py:function', got {self.model!r}")
+        object.__setattr__(self, "model_args", check_model_args(self.model_args))
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {self.optimizer!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.model != BUILTIN_MODEL and self.width != TrainConfig.width:
+            raise ValueError("width is the built-in CNN's argument; give a model's own arguments in model_args")
+        if "width" in dict(self.model_args) and self.width != TrainConfig.width:
+            raise ValueError("width is given twice: as width and in model_args")
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """The factory's keyword arguments: ``model_args``, and for the built-in CNN its ``width``."""
+        kwargs = dict(self.model_args)
+        if self.model == BUILTIN_MODEL:
+            kwargs.setdefault("width", self.width)
+        return kwargs
+
+
+def check_model_args(args: Any) -> tuple[tuple[str, Any], ...]:
+    """``model_args`` (a mapping or ``(name, value)`` pairs) as sorted pairs of identifiers and JSON scalars.
+
+    Raises:
+        ValueError: naming ``model_args``: not a mapping, a name that is no identifier, a value that is not a
+            finite JSON scalar, too many or too long.
+    """
+    pairs = list(args.items()) if isinstance(args, dict) else list(args or ())
+    if len(pairs) > MAX_MODEL_ARGS:
+        raise ValueError(f"model_args holds {len(pairs)} arguments; at most {MAX_MODEL_ARGS}")
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"model_args must be a mapping of names to values, got {args!r}")
+        name, value = pair
+        if not isinstance(name, str) or not name.isidentifier() or len(name) > 100:
+            raise ValueError(f"model_args names must be Python identifiers, got {name!r}")
+        ok = value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value))
+        if not ok:
+            raise ValueError(f"model_args[{name!r}] must be a string, number, bool or None, got {value!r}")
+        if isinstance(value, str) and len(value) > MAX_MODEL_ARG_CHARS:
+            raise ValueError(f"model_args[{name!r}] is longer than {MAX_MODEL_ARG_CHARS} characters")
+        out[name] = value
+    return tuple(sorted(out.items()))
 
 
 #: Batches each reader process of a feed (Keras, tf.data) works ahead.

@@ -17,17 +17,19 @@ import numpy as np
 import torch
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.errors import ValidationError
+from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.choose import Sampler, make_sampler_for
 from lmdbstore.loader.dataset import LmdbBatchDataset, make_loader
 from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
+from lmdbstore.training.factory import feed_shape
 from lmdbstore.training.metrics import Log
 
-__all__ = ["Sampler", "TrainData", "check_inputs", "make_loaders", "make_sampler", "read_store"]
+__all__ = ["Sampler", "TrainData", "check_class_overlap", "check_inputs", "make_loaders", "make_sampler", "read_store"]
 
 
 @dataclass(frozen=True)
@@ -43,22 +45,52 @@ class TrainData:
     channels: int
 
 
-def read_store(store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader) -> TrainData:
+def read_store(
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
+    *,
+    cnn: bool = True,
+    allow_disjoint_classes: bool = False,
+) -> TrainData:
     """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
-    closed again at once: workers open their own) and check that the CNN can take its samples.
+    closed again at once: workers open their own) and, for the built-in CNN (``cnn``), check that it can take
+    its samples.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
-            of a set that do not make one set.
+            of a set that do not make one set; a store of a set sharing no class name with the others (unless
+            ``allow_disjoint_classes``).
     """
     reader = as_reader(store)
     with reader:
         meta = reader.meta
         labels = reader.labels()
+        if isinstance(reader, StoreSet) and not allow_disjoint_classes:
+            check_class_overlap(reader)
     path = reader.path
-    channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
+    # before anything starts: a shape the CNN cannot take
+    channels = model_channels(meta.shape, path) if cnn else feed_shape(meta.shape)[0]
     return TrainData(path, reader, meta, labels, list(meta.classes), channels)
+
+
+def check_class_overlap(stores: StoreSet) -> None:
+    """Refuse a set in which a store shares no class name with the other stores: its classes would be new
+    classes of their own (``0..4`` next to ``circle, ...``: a 10-class problem where 5 were meant).
+
+    Raises:
+        ValidationError: naming the store and both class lists.
+    """
+    lists = [list(r.meta.classes) for r in stores.readers]
+    for i, mine in enumerate(lists):
+        others = {c for j, lst in enumerate(lists) if j != i for c in lst}
+        if others and not others.intersection(mine):
+            raise ValidationError(
+                f"this store's classes [{preview(mine)}] share no name with the other stores' "
+                f"[{preview(sorted(others))}]: the set would train {len(set(mine) | others)} separate classes",
+                path=stores.paths[i],
+                hint="name the classes alike in every store (e.g. ingest with classes=), "
+                "or train on them as they are with allow_disjoint_classes=True",
+            )
 
 
 def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo) -> None:
