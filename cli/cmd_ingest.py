@@ -120,6 +120,7 @@ def ingest(
                 h5_x=x_key,
                 h5_y=y_key,
                 sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
+                dtype=dtype,
             )
             names = parse_names(classes)
             report = run_ingest(

@@ -119,7 +119,8 @@ def train(
     allow_disjoint_classes: Annotated[
         bool,
         typer.Option(
-            "--allow-disjoint-classes", help="Train on stores of which one shares no class name with the others."
+            "--allow-disjoint-classes",
+            help="Train on a set in which a store of bare class ids (0, 1, ...) shares no class name with the others.",
         ),
     ] = TRAIN.allow_disjoint_classes,
 ) -> None:

@@ -247,9 +247,9 @@ class TrainConfig:
         label_smoothing: cross-entropy label smoothing of the training loss, in ``[0, 1)`` (default 0;
             validation losses are plain cross-entropy).
         compile: run the training steps through ``torch.compile`` (default ``False``).
-        allow_disjoint_classes: train on a set of stores one of which shares no class name with the others
-            (default ``False``: refused, since such a set is most often class ids of one store next to names
-            of another).
+        allow_disjoint_classes: train on a set of stores one of which has bare class ids (``0..k-1``, its source
+            named no class) sharing no name with the others' named classes (default ``False``: refused, since
+            the ids were almost always meant to be some of those names).
     """
 
     epochs: int = 3

@@ -50,6 +50,7 @@ def read_store(
     *,
     cnn: bool = True,
     allow_disjoint_classes: bool = False,
+    say: Log | None = None,
 ) -> TrainData:
     """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
     closed again at once: workers open their own) and, for the built-in CNN (``cnn``), check that it can take
@@ -58,24 +59,28 @@ def read_store(
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
-            of a set that do not make one set; a store of a set sharing no class name with the others (unless
-            ``allow_disjoint_classes``).
+            of a set that do not make one set; a store of bare class ids sharing no class name with the others
+            (unless ``allow_disjoint_classes``; :func:`check_class_overlap`, which says other disjoint stores to
+            ``say``).
     """
     reader = as_reader(store)
     with reader:
         meta = reader.meta
         labels = reader.labels()
-        if isinstance(reader, StoreSet) and not allow_disjoint_classes:
-            check_class_overlap(reader)
+        if isinstance(reader, StoreSet):
+            check_class_overlap(reader, allow_disjoint_classes, say)
     path = reader.path
     # before anything starts: a shape the CNN cannot take
     channels = model_channels(meta.shape, path) if cnn else feed_shape(meta.shape)[0]
     return TrainData(path, reader, meta, labels, list(meta.classes), channels)
 
 
-def check_class_overlap(stores: StoreSet) -> None:
-    """Refuse a set in which a store shares no class name with the other stores: its classes would be new
-    classes of their own (``0..4`` next to ``circle, ...``: a 10-class problem where 5 were meant).
+def check_class_overlap(stores: StoreSet, allow: bool = False, say: Log | None = None) -> None:
+    """Refuse (unless ``allow``) a set in which a store's classes are bare class ids ``0..k-1`` -- what a store
+    gets whose source named no class -- sharing no name with the other stores' named classes: its ids would be
+    new classes of their own (``0..4`` next to ``circle, ...``: a 10-class problem where 5 were meant).  Any
+    other store of several classes sharing no name with the others is said in one line (``say``), not refused:
+    stores split by class are a set of that kind.
 
     Raises:
         ValidationError: naming the store and both class lists.
@@ -83,14 +88,27 @@ def check_class_overlap(stores: StoreSet) -> None:
     lists = [list(r.meta.classes) for r in stores.readers]
     for i, mine in enumerate(lists):
         others = {c for j, lst in enumerate(lists) if j != i for c in lst}
-        if others and not others.intersection(mine):
+        if not others or others.intersection(mine):
+            continue
+        total = len(set(mine) | others)
+        if _bare_ids(mine) and not _bare_ids(sorted(others, key=str)) and not allow:
             raise ValidationError(
-                f"this store's classes [{preview(mine)}] share no name with the other stores' "
-                f"[{preview(sorted(others))}]: the set would train {len(set(mine) | others)} separate classes",
+                f"this store's classes are the bare ids [{preview(mine)}] and share no name with the other stores' "
+                f"[{preview(sorted(others))}]: the set would train {total} separate classes",
                 path=stores.paths[i],
-                hint="name the classes alike in every store (e.g. ingest with classes=), "
-                "or train on them as they are with allow_disjoint_classes=True",
+                hint="ingest it again naming its classes (classes=), or train on the set as it is with "
+                "allow_disjoint_classes=True",
             )
+        if len(mine) > 1 and say is not None:
+            say(
+                f"note: {stores.paths[i]} shares no class name with the other stores of the set "
+                f"([{preview(mine)}] vs [{preview(sorted(others))}]): {total} classes in all"
+            )
+
+
+def _bare_ids(names: list[str]) -> bool:
+    """Whether ``names`` are some of the bare class ids ``"0"``, ``"1"``, ... (names nobody gave)."""
+    return all(n.isdigit() for n in names)
 
 
 def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo) -> None:

@@ -124,7 +124,9 @@ def train(
     """
     cfg, lcfg = config or TrainConfig(), loader or LoaderConfig()
     ref = model_ref(cfg.model)
-    data = read_store(store, cnn=ref.builtin, allow_disjoint_classes=cfg.allow_disjoint_classes)
+    data = read_store(
+        store, cnn=ref.builtin, allow_disjoint_classes=cfg.allow_disjoint_classes, say=log if launch().is_main else None
+    )
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
     if out_dir is not None and launch().is_main:
