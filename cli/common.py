@@ -44,6 +44,7 @@ __all__ = [
     "parse_names",
     "parse_shape",
     "parse_weights",
+    "refuse_given",
     "report_dict",
     "require_torch",
     "show_version",
@@ -121,14 +122,13 @@ PARAM_FLAGS: dict[str, str] = {
 
 def flag_names(text: str, flags: Mapping[str, str] | None = None) -> str:
     """``text`` with the library's parameter names turned into the CLI's flags: ``allow_nonfinite=True`` ->
-    ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``, ``classes=`` -> ``--classes``.
+    ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``, ``sample_shape=25,25`` -> ``--sample-shape 25,25``,
+    ``classes=`` -> ``--classes``.
 
     ``flags``: a command's own flags for some parameters (default :data:`PARAM_FLAGS`)."""
     table = {**PARAM_FLAGS, **(flags or {})}
     pattern = (
-        r"(?<![\w./-])("
-        + "|".join(map(re.escape, sorted(table, key=len, reverse=True)))
-        + r")=(True\b|[A-Z][A-Z0-9_,]*\b)?"
+        r"(?<![\w./-])(" + "|".join(map(re.escape, sorted(table, key=len, reverse=True))) + r")=(True\b|[^\s;:)=]+)?"
     )
 
     def swap(m: re.Match[str]) -> str:
@@ -328,6 +328,21 @@ def parse_model_args(items: list[str] | None) -> tuple[tuple[str, Any], ...]:
 def parse_names(text: str | None) -> list[str] | None:
     """A comma-separated list of names (``--classes a,b``), stripped; ``None`` for no option or an empty one."""
     return [c.strip() for c in text.split(",")] if text else None
+
+
+def refuse_given(ctx: typer.Context, names: tuple[str, ...] | list[str], why: str) -> None:
+    """Refuse, in one line, any of the options ``names`` (parameter names) given on the command line: an option
+    that does not apply is an error, never silently ignored.
+
+    Raises:
+        ValueError: naming the first such option as its flag.
+    """
+    for name in names:
+        source = ctx.get_parameter_source(name)  # an enum of the click Typer runs on (it may vendor its own)
+        if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):
+            param = next((p for p in ctx.command.params if p.name == name), None)
+            flag = max(getattr(param, "opts", []) or [f"--{name.replace('_', '-')}"], key=len)
+            raise ValueError(f"{flag} does not apply {why}")
 
 
 def or_list(items: tuple[str, ...] | list[str]) -> str:

@@ -122,19 +122,19 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
     if data.meta.count == 0:
         raise ValidationError("the store holds no samples", path=path)
     if len(train_idx) == 0:
-        raise ValidationError("the training split is empty", path=path, hint="lower --val-fraction")
+        raise ValidationError("the training split is empty", path=path, hint="lower val_fraction=")
     if lcfg.batch_size * info.world_size > len(train_idx):
         raise ValidationError(
             f"batch {lcfg.batch_size} x {info.world_size} rank(s) is larger than the training split of {len(train_idx)} samples",
             path=path,
-            hint="lower --batch",
+            hint="lower batch_size=",
         )
     if lcfg.balanced:
         counts = np.bincount(data.labels[train_idx], minlength=len(classes))
         empty = [classes[c] for c in range(len(classes)) if counts[c] == 0]
         if empty:
             raise ValidationError(
-                f"--balanced needs samples of every class; class {empty[0]!r} has none in the training split",
+                f"balanced sampling needs samples of every class; class {empty[0]!r} has none in the training split",
                 path=path,
             )
 

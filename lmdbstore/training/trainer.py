@@ -188,7 +188,7 @@ def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None)
         raise LmdbStoreError(
             f"checkpoint was written inside an epoch by another sampler: {exc}",
             path=path,
-            hint="resume with the same --batch, --seed, --shuffle and number of processes",
+            hint="resume with the same batch_size=, seed=, shuffle= and number of processes",
         ) from None
 
 
@@ -264,7 +264,7 @@ def _resume(
     else:
         say(f"resuming after epoch {state.start_epoch} from {path}")
     if state.start_epoch >= cfg.epochs:
-        say(f"checkpoint already has {state.start_epoch} epochs; nothing to do (raise --epochs to train more)")
+        say(f"checkpoint already has {state.start_epoch} epochs; nothing to do (raise epochs= to train more)")
     return state
 
 
