@@ -109,15 +109,13 @@ def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
     if not is_int(channels) or not 1 <= channels <= MAX_DIM:
         raise bad(f"in_channels {channels!r} is not in 1..{MAX_DIM}")
     try:
-        name, args = checkpoint_model(ckpt)
+        name, _ = checkpoint_model(ckpt)
     except ValueError as exc:
         raise bad(str(exc)) from None
     if name != BUILTIN_MODEL:  # the user's model: its weights are checked against the model its factory builds
         if not isinstance(ckpt["model"], dict) or not all(isinstance(t, torch.Tensor) for t in ckpt["model"].values()):
             raise bad("model must be a state dict of tensors")
         return
-    if args.get("width", width) != width:
-        raise bad(f"model_args width {args.get('width')!r} is not the checkpoint's width {width}")
     try:
         want = state_shapes(tuple(shape), len(classes), width)
     except ValueError as exc:  # a sample shape the CNN cannot take
@@ -165,6 +163,8 @@ def checkpoint_model(ckpt: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         args = None
     if not isinstance(args, dict):
         raise ValueError("model_args must be a JSON object")
+    if name == BUILTIN_MODEL:  # its one argument is the checkpoint's width (checked against its weights)
+        return name, {"width": ckpt["width"]}
     return name, dict(check_model_args(args))
 
 
