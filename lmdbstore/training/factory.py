@@ -35,7 +35,7 @@ from torch import nn
 from lmdbstore.config import BUILTIN_MODEL
 from lmdbstore.errors import LmdbStoreError, ModelError, clip
 
-__all__ = ["ModelRef", "build_from", "call_model", "feed_shape", "model_ref"]
+__all__ = ["ModelRef", "build_from", "call_model", "feed_shape", "load_factory", "model_ref"]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -124,7 +124,7 @@ def _import_module(ref: ModelRef) -> Any:
     return module
 
 
-def _factory(ref: ModelRef) -> Callable[..., Any]:
+def load_factory(ref: ModelRef) -> Callable[..., Any]:
     """The factory function ``ref`` names.
 
     Raises:
@@ -150,7 +150,7 @@ def build_from(ref: ModelRef, in_shape: tuple[int, ...], classes: int, kwargs: d
         ModelError: the factory cannot be loaded, raises, or returns something else than an ``nn.Module``.
         ValueError: the built-in CNN refuses the shape or its arguments (its own one-line messages).
     """
-    fn = _factory(ref)
+    fn = load_factory(ref)
     # the built-in CNN's own ValueErrors are one-line messages already
     ours: tuple[type[Exception], ...] = (LmdbStoreError, ValueError) if ref.builtin else (LmdbStoreError,)
     try:

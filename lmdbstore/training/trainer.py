@@ -38,7 +38,7 @@ from lmdbstore.training.checkpoint import model_name
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
-from lmdbstore.training.factory import build_from, feed_shape, model_ref
+from lmdbstore.training.factory import build_from, feed_shape, load_factory, model_ref
 from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
@@ -124,6 +124,7 @@ def train(
     """
     cfg, lcfg = config or TrainConfig(), loader or LoaderConfig()
     ref = model_ref(cfg.model)
+    load_factory(ref)  # a model that cannot be loaded fails before the store is read
     data = read_store(
         store, cnn=ref.builtin, allow_disjoint_classes=cfg.allow_disjoint_classes, say=log if launch().is_main else None
     )
