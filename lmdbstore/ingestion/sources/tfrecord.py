@@ -118,7 +118,7 @@ class TFRecordSource(FileSource):
 
     def _first_record(self, crc: Any) -> dict[str, Any]:
         with self._open() as f:
-            return next(self._records(f, crc, 0, 1))[1]
+            return next(self._records(f, crc, 0, 1, every=True))[1]  # every feature: messages list them
 
     def _sample_layout(self, first: dict[str, Any]) -> tuple[str, tuple[int, ...], np.dtype[Any]]:
         """The sample feature's kind, and the samples' shape and dtype, from the first record."""
@@ -179,9 +179,12 @@ class TFRecordSource(FileSource):
         return str(kind)
 
     # ------------------------------------------------------------------------------------------ reading
-    def _records(self, f: Any, crc: Any, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(index, features)`` of records ``start..stop-1`` (``f`` at the file's start), every crc checked."""
-        wanted = (self.x_key,) if self.label is not None else (self.x_key, self.y_key)
+    def _records(
+        self, f: Any, crc: Any, start: int, stop: int, every: bool = False
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(index, features)`` of records ``start..stop-1`` (``f`` at the file's start), every crc checked;
+        only the sample and label features unless ``every``."""
+        wanted = None if every else (self.x_key,) if self.label is not None else (self.x_key, self.y_key)
         at = 0
         for i in range(stop):
             length = self._header(f, crc, at, i)
