@@ -128,7 +128,9 @@ def flag_names(text: str, flags: Mapping[str, str] | None = None) -> str:
     ``flags``: a command's own flags for some parameters (default :data:`PARAM_FLAGS`)."""
     table = {**PARAM_FLAGS, **(flags or {})}
     pattern = (
-        r"(?<![\w./-])(" + "|".join(map(re.escape, sorted(table, key=len, reverse=True))) + r")=(True\b|[A-Za-z0-9](?:[^\s;:)=]*[A-Za-z0-9])?)?"
+        r"(?<![\w./-])("
+        + "|".join(map(re.escape, sorted(table, key=len, reverse=True)))
+        + r")=(True\b|[A-Za-z0-9](?:[^\s;:)=]*[A-Za-z0-9])?)?"
     )
 
     def swap(m: re.Match[str]) -> str:
