@@ -214,8 +214,9 @@ BUILTIN_MODEL = "lmdbstore.training.model:build_cnn"
 OPTIMIZERS = ("adamw", "sgd")
 #: Momentum of ``optimizer="sgd"`` (the one-cycle schedule cycles it between 0.85 and this value).
 SGD_MOMENTUM = 0.9
-#: Most ``model_args`` a factory gets, and the longest string value one may be (they go into checkpoints).
+#: Most ``model_args`` a factory gets (they go into checkpoints, as JSON).
 MAX_MODEL_ARGS = 64
+#: Longest string value of one of the ``model_args``.
 MAX_MODEL_ARG_CHARS = 1000
 
 

@@ -15,27 +15,28 @@ from pathlib import Path
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
-__all__ = ["RUN_FILES", "prepare_run_dir"]
+__all__ = ["RUN_FILES", "prepare_run_dir", "remove_run_files"]
 
 #: The files that say a directory holds a training run.
 RUN_FILES = (CHECKPOINT_NAME, BEST_NAME, METRICS_NAME, SUMMARY_NAME)
 
 
-def prepare_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
-    """Check (and with ``overwrite`` clear) the run files of ``out`` for a run about to start.
+def prepare_run_dir(out: Path, *, resume: bool, overwrite: bool) -> list[Path]:
+    """Check the run files of ``out`` for a run about to start; return those ``overwrite`` will remove (by
+    :func:`remove_run_files`, once every other check has passed: a run refused for another reason leaves the
+    earlier run whole).
 
     Raises:
         ValueError: ``resume`` and ``overwrite`` together.
-        LmdbStoreError: ``out`` holds an earlier run and neither ``resume`` nor ``overwrite`` is given, or its
-            files cannot be removed.
+        LmdbStoreError: ``out`` holds an earlier run and neither ``resume`` nor ``overwrite`` is given.
     """
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
     if resume:
-        return
+        return []
     found = [name for name in RUN_FILES if (out / name).exists()]
     if not found:
-        return
+        return []
     if not overwrite:
         raise LmdbStoreError(
             f"holds an earlier training run ({', '.join(found)}); a new run would replace its {BEST_NAME} "
@@ -43,8 +44,17 @@ def prepare_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
             path=out,
             hint="continue it with resume=True, replace it with overwrite=True, or give another out_dir=",
         )
-    for name in found:
+    return [out / name for name in found]
+
+
+def remove_run_files(paths: list[Path]) -> None:
+    """Remove an earlier run's files (:func:`prepare_run_dir`'s list).
+
+    Raises:
+        LmdbStoreError: one cannot be removed.
+    """
+    for p in paths:
         try:
-            (out / name).unlink()
+            p.unlink(missing_ok=True)
         except OSError as exc:
-            raise LmdbStoreError(f"cannot remove the earlier run's {name} ({exc.strerror or exc})", path=out) from exc
+            raise LmdbStoreError(f"cannot remove the earlier run's {p.name} ({exc.strerror or exc})", path=p) from exc

@@ -46,7 +46,7 @@ from lmdbstore.training.optim import compiled, make_optimizer
 from lmdbstore.training.placement import rank_data
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.training.run import TrainRun
-from lmdbstore.training.rundir import prepare_run_dir
+from lmdbstore.training.rundir import prepare_run_dir, remove_run_files
 from lmdbstore.training.tboard import ScalarLog, open_scalar_log
 from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import make_output_dir
@@ -130,10 +130,11 @@ def train(
     )
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
+    stale: list[Path] = []  # an earlier run's files, removed (overwrite) once every check has passed
     if out_dir is not None and launch().is_main:
         stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
         make_output_dir(out_dir, sources=stores)  # before any work: a file, a file's child, a store fails now
-        prepare_run_dir(Path(out_dir), resume=resume, overwrite=overwrite)
+        stale = prepare_run_dir(Path(out_dir), resume=resume, overwrite=overwrite)
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
@@ -149,6 +150,7 @@ def train(
     )
     _continue_inside(state, train_loader, steps, out)
     scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
+    remove_run_files(stale)
     tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
