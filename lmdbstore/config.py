@@ -11,10 +11,10 @@ take the same parameter default to the same constant, so the two cannot drift ap
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lmdbstore.configcheck import BUILTIN_MODEL, OPTIMIZERS, check_model_fields, check_weights
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
 
 __all__ = [
@@ -115,29 +115,6 @@ class WriterConfig:
             )
 
 
-def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
-    """Refuse per-store ``weights`` that are not non-negative numbers with a positive sum, or that come with
-    an order that cannot keep their shares exact.
-
-    Raises:
-        ValueError: naming the field.
-    """
-    if weights is None:
-        return
-    try:
-        w = [float(v) for v in weights]
-    except (TypeError, ValueError):
-        raise ValueError(f"weights must be a list of numbers, got {weights!r}") from None
-    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not sum(w) > 0:
-        raise ValueError(f"weights must be non-negative numbers with a positive sum, got {weights!r}")
-    if balanced:
-        raise ValueError("weights and balanced exclude each other (balanced draws by class, weights by store)")
-    if shuffle not in (None, "auto", "random"):
-        raise ValueError(
-            f"weights draw each store's share at random: shuffle must be 'random' or 'auto', got {shuffle!r}"
-        )
-
-
 @dataclass(frozen=True)
 class LoaderConfig:
     """How batches are drawn and read for training.
@@ -208,16 +185,8 @@ class LoaderConfig:
 #: Largest CNN ``width`` (first-block channels): about 1.2 G parameters, far beyond what the CNN needs.
 MAX_WIDTH = 4096
 
-#: The model ``lmdbstore train`` builds unless told otherwise: the built-in CNN's factory (``module:function``).
-BUILTIN_MODEL = "lmdbstore.training.model:build_cnn"
-#: Optimizers :class:`TrainConfig` can name.
-OPTIMIZERS = ("adamw", "sgd")
 #: Momentum of ``optimizer="sgd"`` (the one-cycle schedule cycles it between 0.85 and this value).
 SGD_MOMENTUM = 0.9
-#: Most ``model_args`` a factory gets (they go into checkpoints, as JSON).
-MAX_MODEL_ARGS = 64
-#: Longest string value of one of the ``model_args``.
-MAX_MODEL_ARG_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -236,21 +205,13 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
-        model: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``, called as
-            ``factory(in_shape, classes, **model_args)`` (``in_shape``: one sample as the loader feeds it,
-            ``(C, H, W)``, 2-D samples with ``C = 1``) and returning an ``nn.Module`` that maps a batch to
-            ``(N, classes)`` logits (default :data:`BUILTIN_MODEL`, the built-in CNN, whose one argument is
-            ``width``).  Checkpoints record it and its arguments (as JSON, never code).
-        model_args: keyword arguments of the factory: a mapping of names to JSON scalars (str, int, float,
-            bool, None), kept as sorted ``(name, value)`` pairs (default none).
-        optimizer: ``"adamw"`` (default) or ``"sgd"`` (momentum :data:`SGD_MOMENTUM`), both under the
-            one-cycle schedule.
-        label_smoothing: cross-entropy label smoothing of the training loss, in ``[0, 1)`` (default 0;
-            validation losses are plain cross-entropy).
-        compile: run the training steps through ``torch.compile`` (default ``False``).
-        allow_disjoint_classes: train on a set of stores one of which has bare class ids (``0..k-1``, its source
-            named no class) sharing no name with the others' named classes (default ``False``: refused, since
-            the ids were almost always meant to be some of those names).
+        model, model_args: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``, called as
+            ``factory(in_shape, classes, **model_args)`` (:mod:`lmdbstore.training.factory`; default
+            :data:`BUILTIN_MODEL`, the CNN, whose one argument is ``width``), and its arguments (names to JSON scalars).
+        optimizer: ``"adamw"`` (default) or ``"sgd"`` (momentum :data:`SGD_MOMENTUM`); label_smoothing: of the
+            training loss (default 0); compile: steps through ``torch.compile`` (default ``False``).
+        allow_disjoint_classes: train on a set where a store of bare class ids (``0..k-1``) shares no name with
+            the others' named classes (default ``False``: refused).
     """
 
     epochs: int = 3
@@ -271,7 +232,7 @@ class TrainConfig:
     allow_disjoint_classes: bool = False
 
     def __post_init__(self) -> None:
-        self._check_model()
+        object.__setattr__(self, "model_args", check_model_fields(self, TrainConfig.width))  # sorted pairs
         if self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if not self.lr > 0:
@@ -289,53 +250,10 @@ class TrainConfig:
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
 
-    def _check_model(self) -> None:
-        """Check the model fields (``model_args`` normalised to sorted pairs)."""
-        if not isinstance(self.model, str) or ":" not in self.model or not self.model.rpartition(":")[2]:
-            raise ValueError(f"model must be 'module:function' or 'path/to/file.py:function', got {self.model!r}")
-        object.__setattr__(self, "model_args", check_model_args(self.model_args))
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {self.optimizer!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.model != BUILTIN_MODEL and self.width != TrainConfig.width:
-            raise ValueError("width is the built-in CNN's argument; give a model's own arguments in model_args")
-        if "width" in dict(self.model_args) and self.width != TrainConfig.width:
-            raise ValueError("width is given twice: as width and in model_args")
-
     @property
     def model_kwargs(self) -> dict[str, Any]:
         """The factory's keyword arguments: ``model_args``, and for the built-in CNN its ``width``."""
-        kwargs = dict(self.model_args)
-        if self.model == BUILTIN_MODEL:
-            kwargs.setdefault("width", self.width)
-        return kwargs
-
-
-def check_model_args(args: Any) -> tuple[tuple[str, Any], ...]:
-    """``model_args`` (a mapping or ``(name, value)`` pairs) as sorted pairs of identifiers and JSON scalars.
-
-    Raises:
-        ValueError: naming ``model_args``: not a mapping, a name that is no identifier, a value that is not a
-            finite JSON scalar, too many or too long.
-    """
-    pairs = list(args.items()) if isinstance(args, dict) else list(args or ())
-    if len(pairs) > MAX_MODEL_ARGS:
-        raise ValueError(f"model_args holds {len(pairs)} arguments; at most {MAX_MODEL_ARGS}")
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"model_args must be a mapping of names to values, got {args!r}")
-        name, value = pair
-        if not isinstance(name, str) or not name.isidentifier() or len(name) > 100:
-            raise ValueError(f"model_args names must be Python identifiers, got {name!r}")
-        ok = value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value))
-        if not ok:
-            raise ValueError(f"model_args[{name!r}] must be a string, number, bool or None, got {value!r}")
-        if isinstance(value, str) and len(value) > MAX_MODEL_ARG_CHARS:
-            raise ValueError(f"model_args[{name!r}] is longer than {MAX_MODEL_ARG_CHARS} characters")
-        out[name] = value
-    return tuple(sorted(out.items()))
+        return {"width": self.width, **dict(self.model_args)} if self.model == BUILTIN_MODEL else dict(self.model_args)
 
 
 #: Batches each reader process of a feed (Keras, tf.data) works ahead.

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmdbstore.config import BUILTIN_MODEL, MAX_WIDTH, check_model_args
+from lmdbstore.config import BUILTIN_MODEL, MAX_WIDTH
+from lmdbstore.configcheck import check_model_args
 from lmdbstore.errors import LmdbStoreError, ModelError, ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
 from lmdbstore.training.factory import ModelRef, build_from, feed_shape, model_ref
