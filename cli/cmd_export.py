@@ -42,7 +42,7 @@ def export(
     """Write samples and labels of STORE to OUT, streamed (memory stays flat), ready to ingest again.
 
     Several stores are exported as one set: one index space, classes mapped by name."""
-    with cli_errors(as_json=as_json):
+    with cli_errors(as_json=as_json, flags={"overwrite": "--force"}):
         from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None

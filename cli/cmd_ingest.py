@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -29,6 +29,7 @@ from .common import (
     or_list,
     parse_names,
     parse_shape,
+    refuse_given,
     report_dict,
 )
 
@@ -36,9 +37,14 @@ __all__ = ["ingest", "synth"]
 
 
 def ingest(
+    ctx: typer.Context,
     store: Annotated[Path, typer.Argument(help="Store directory (created if it does not exist).")],
     sources: Annotated[
-        list[Path] | None, typer.Argument(help=".npy, .npz, .h5/.hdf5 files or ROOT/<class>/*.npy directories.")
+        list[Path] | None,
+        typer.Argument(
+            help=".npy, .npz, .h5/.hdf5, .tfrecord files, ROOT/<class>/*.npy directories, directories of TFRecord "
+            "shards, other stores."
+        ),
     ] = None,
     label: Annotated[
         str | None, typer.Option(help="Class of every sample of the sources (needed for plain .npy files).")
@@ -46,16 +52,26 @@ def ingest(
     classes: Annotated[
         str | None, typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
     ] = None,
-    x_key: Annotated[str, typer.Option(help="Sample array name in .npz / dataset name in HDF5.")] = DEFAULT_X_KEY,
-    y_key: Annotated[str, typer.Option(help="Label array name in .npz / dataset name in HDF5.")] = DEFAULT_Y_KEY,
+    x_key: Annotated[
+        str, typer.Option(help="Sample array name in .npz / dataset name in HDF5 / feature name in TFRecord.")
+    ] = DEFAULT_X_KEY,
+    y_key: Annotated[
+        str, typer.Option(help="Label array name in .npz / dataset name in HDF5 / feature name in TFRecord.")
+    ] = DEFAULT_Y_KEY,
     sample_shape: Annotated[
         str | None,
         typer.Option(
             help="Per-sample shape of directory sources, e.g. 25,25: whether their files are samples or stacks "
-            "(default: the store's, else the shape most files share)."
+            "(default: the store's, else the shape most files share); of TFRecord samples (default: 1-D)."
         ),
     ] = None,
-    dtype: Annotated[str | None, typer.Option(help="Sample dtype of a new store (default: the sources').")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Sample dtype of a new store (default: the sources'); of TFRecord samples stored as bytes; of "
+            "--synthetic samples (a float dtype)."
+        ),
+    ] = None,
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
     ] = DEFAULT_CAST,
@@ -101,12 +117,14 @@ def ingest(
         if synthetic is not None:
             if sources:
                 raise ValueError("give either SOURCES or --synthetic, not both")
+            refuse_given(ctx, SYNTHETIC_IGNORES, "with --synthetic (it makes the built-in 5-class dataset)")
             from lmdbstore.ingestion.pipeline import ingest_synthetic
 
-            report = ingest_synthetic(store, synthetic, seed=seed, config=config, progress=bars)
+            report = ingest_synthetic(store, synthetic, seed=seed, config=config, progress=bars, dtype=dtype)
         else:
             if not sources:
                 raise ValueError("no SOURCES given (or use --synthetic N)")
+            refuse_given(ctx, ("seed",), "without --synthetic")
             from lmdbstore.ingestion.pipeline import ingest as run_ingest
             from lmdbstore.ingestion.plan import store_layout
             from lmdbstore.ingestion.sources.opening import open_sources
@@ -120,7 +138,9 @@ def ingest(
                 h5_x=x_key,
                 h5_y=y_key,
                 sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
+                dtype=dtype,
             )
+            _refuse_unused_keys(ctx, srcs)
             names = parse_names(classes)
             report = run_ingest(
                 store, srcs, classes=names, dtype=dtype, config=config, cast=cast, progress=bars, workers=workers
@@ -134,6 +154,19 @@ def ingest(
             f"({report.samples_per_s:,.0f} samples/s), {report.total:,} in total"
         )
         out.result(report_dict(report))
+
+
+#: Options ``ingest --synthetic`` has no use for (its dataset has its own shape, classes and labels).
+SYNTHETIC_IGNORES = ("label", "classes", "x_key", "y_key", "sample_shape", "cast", "workers")
+
+
+def _refuse_unused_keys(ctx: typer.Context, srcs: list[Any]) -> None:
+    """Refuse --x-key/--y-key and --sample-shape given for sources none of which reads them."""
+    kinds = {src.kind for src in srcs}
+    if not kinds & {"npz", "h5", "tfrecord"}:
+        refuse_given(ctx, ("x_key", "y_key"), "to these sources (only .npz, HDF5 and TFRecord sources have keys)")
+    if not kinds & {"dir", "tfrecord"}:
+        refuse_given(ctx, ("sample_shape",), "to these sources (only directory and TFRecord sources read it)")
 
 
 def synth(

@@ -10,11 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from lmdbstore.config import (
+    BUILTIN_MODEL,
     DEFAULT_DEMO_DIR,
     DEFAULT_PROGRESS,
     DEFAULT_RUN_PNG,
     DEFAULT_RUNS_DIR,
     DEFAULT_SYNTH_SAMPLES,
+    OPTIMIZERS,
+    SGD_MOMENTUM,
     LoaderConfig,
     TrainConfig,
 )
@@ -23,7 +26,21 @@ from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
 
-from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, parse_weights, require_torch
+from .common import (
+    LOADER,
+    TRAIN,
+    JsonOption,
+    ModelArgOption,
+    ModelOption,
+    Output,
+    ProgressOption,
+    cli_errors,
+    or_list,
+    parse_model_args,
+    parse_weights,
+    require_torch,
+    stop_on_ctrl_c,
+)
 
 __all__ = ["demo", "eval_cmd", "train"]
 
@@ -84,6 +101,28 @@ def train(
     plot: Annotated[
         bool, typer.Option("--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.")
     ] = False,
+    model: ModelOption = None,
+    model_arg: ModelArgOption = None,
+    optimizer: Annotated[
+        str, typer.Option(help=f"Optimizer: {or_list(OPTIMIZERS)} (sgd: momentum {SGD_MOMENTUM}).")
+    ] = TRAIN.optimizer,
+    weight_decay: Annotated[float, typer.Option(help="Weight decay of the optimizer.")] = TRAIN.weight_decay,
+    label_smoothing: Annotated[
+        float, typer.Option(help="Label smoothing of the training loss, in [0, 1).")
+    ] = TRAIN.label_smoothing,
+    compile_model: Annotated[
+        bool, typer.Option("--compile", help="Run the steps through torch.compile (needs a C++ compiler on CPU).")
+    ] = TRAIN.compile,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Start afresh in an --out holding an earlier run (its files removed).")
+    ] = False,
+    allow_disjoint_classes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-disjoint-classes",
+            help="Train on a set in which a store of bare class ids (0, 1, ...) shares no class name with the others.",
+        ),
+    ] = TRAIN.allow_disjoint_classes,
 ) -> None:
     """Train the CNN on STORE.
 
@@ -92,9 +131,12 @@ def train(
     waiting for data; metrics.jsonl, checkpoint.pt (every epoch, and every --checkpoint-every steps),
     best.pt and TensorBoard scalars (with the tensorboard package) go to --out.
     Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
-    set: one index space, classes mapped by name.
+    set: one index space, classes mapped by name.  --model trains your own model instead: a factory
+    FILE.py:FUNCTION or MODULE:FUNCTION called as FUNCTION(in_shape, classes, **model_args).  An --out holding
+    an earlier run needs --resume or --overwrite.  Ctrl-C writes a checkpoint at the step reached; --resume
+    continues from it.
     """
-    with cli_errors(as_json=as_json):
+    with cli_errors(as_json=as_json, interrupted=TRAIN_INTERRUPTED):
         require_torch("train")
         if plot:
             from lmdbstore.tools.viz import require_pyplot
@@ -106,7 +148,12 @@ def train(
         tcfg = TrainConfig(
             epochs=epochs, lr=lr, val_fraction=val_fraction, width=width,
             device=device, amp=amp, max_steps_per_epoch=max_steps, checkpoint_every=checkpoint_every,
+            model=model or BUILTIN_MODEL, model_args=parse_model_args(model_arg), optimizer=optimizer,
+            weight_decay=weight_decay, label_smoothing=label_smoothing, compile=compile_model,
+            allow_disjoint_classes=allow_disjoint_classes,
         )  # fmt: skip
+        if model_arg and model is None:
+            raise ValueError("--model-arg needs --model (the built-in CNN's one argument is --width)")
         lcfg = LoaderConfig(
             batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
             block_buffer=block_buffer, window_mb=window_mb,
@@ -116,7 +163,11 @@ def train(
         out_dir = out if out is not None else Path(DEFAULT_RUNS_DIR) / name
         store = stores[0] if len(stores) == 1 else stores
         said = Output(as_json)
-        result = run_train(store, out_dir, tcfg, lcfg, resume=resume, log=said.say, progress=progress)
+        with stop_on_ctrl_c(said.say) as stop:
+            result = run_train(
+                store, out_dir, tcfg, lcfg, resume=resume, log=said.say, progress=progress, overwrite=overwrite,
+                stop=stop,
+            )  # fmt: skip
         if not launch().is_main:
             return  # under torchrun only rank 0 reports
         if result.out_dir is not None and result.epochs:
@@ -126,6 +177,13 @@ def train(
 
             said.say(f"wrote {plot_runs([result.out_dir], result.out_dir / DEFAULT_RUN_PNG).path}")
         said.result(_train_json(result))
+
+
+#: What Ctrl-C says where ``train`` could not stop at a step (under torchrun, or a second Ctrl-C).
+TRAIN_INTERRUPTED = (
+    "interrupted; the last checkpoint written is --out's checkpoint.pt (each epoch's end, and every "
+    "--checkpoint-every steps): continue with the same command and --resume"
+)
 
 
 def _train_json(result: Any) -> dict[str, Any]:
@@ -148,21 +206,40 @@ def eval_cmd(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = TRAIN.device,
     predictions: Annotated[Path | None, typer.Option(help="Save predicted class ids (.npy, index order).")] = None,
     as_json: JsonOption = False,
+    model: ModelOption = None,
+    model_arg: ModelArgOption = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            help="Score only the train or val part of the split the checkpoint's run used (its --val-fraction "
+            "and --seed)."
+        ),
+    ] = None,
 ) -> None:
     """Score every sample of STORE with CHECKPOINT: accuracy, per-class accuracy, confusion matrix.
 
     Several stores are scored as one set.  Classes are matched by name: the stores' classes may be any of
-    the checkpoint's.
+    the checkpoint's.  A checkpoint of your own model needs its --model (the factory is never imported on a
+    checkpoint's word); its arguments come from the checkpoint.
     """
     with cli_errors(as_json=as_json):
         require_torch("eval")
         from lmdbstore.training.evaluate import evaluate, format_confusion
 
         store = stores[0] if len(stores) == 1 else stores
-        r = evaluate(store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions)
+        if split is not None and split not in ("train", "val"):
+            raise ValueError(f"--split must be train or val, got {split!r}")
+        args = parse_model_args(model_arg) if model_arg else None
+        if model_arg and model is None:
+            raise ValueError("--model-arg needs --model")
+        r = evaluate(
+            store, checkpoint, batch_size=batch, workers=workers, device=device, predictions_out=predictions,
+            model=model, model_args=dict(args) if args is not None else None, split=split,
+        )  # fmt: skip
         said = Output(as_json)
         if not as_json:
-            said.say(f"{r['samples']:,} samples: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
+            part = f" of the {split} split" if split else ""
+            said.say(f"{r['samples']:,} samples{part}: loss {r['loss']:.4f}, accuracy {r['accuracy']:.4f}")
             for name, acc in r["per_class_accuracy"].items():
                 said.say(f"  {name:<16} {'-' if acc is None else f'{acc:.4f}'}")
             said.say(format_confusion(r["confusion"], r["classes"]))
@@ -205,7 +282,7 @@ def demo(
         run_dir = workdir / "run"
         res = run_train(
             store, run_dir, TrainConfig(epochs=epochs), LoaderConfig(batch_size=batch, workers=workers),
-            log=said.say, progress=progress,
+            log=said.say, progress=progress, overwrite=True,
         )  # fmt: skip
         best = run_dir / BEST_NAME
         said.say(f"[4/4] scoring the whole store with {best}")

@@ -9,7 +9,11 @@ The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from typing import Annotated, Any
@@ -17,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
-from lmdbstore.errors import LmdbStoreError, clip, unwrap_worker_message
+from lmdbstore.errors import LmdbStoreError, TrainingInterrupted, clip, unwrap_worker_message
 from lmdbstore.version import __version__
 
 __all__ = [
@@ -25,19 +29,26 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "TRAIN",
     "WRITER",
+    "PARAM_FLAGS",
     "JsonOption",
+    "ModelArgOption",
+    "ModelOption",
     "Output",
     "ProgressOption",
     "cli_errors",
     "error_json",
     "fail",
+    "flag_names",
     "or_list",
+    "parse_model_args",
     "parse_names",
     "parse_shape",
     "parse_weights",
+    "refuse_given",
     "report_dict",
     "require_torch",
     "show_version",
+    "stop_on_ctrl_c",
     "to_json",
 ]
 
@@ -57,6 +68,77 @@ ProgressOption = Annotated[
     bool | None,
     typer.Option("--progress/--no-progress", help="Show progress bars (default: when stderr is a terminal)."),
 ]
+
+
+#: ``--model``: the user's model factory (``train``, ``eval``).
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Your own model: FILE.py:FUNCTION or MODULE:FUNCTION, called as FUNCTION(in_shape, classes, "
+        "**model_args) and returning a torch.nn.Module (default: the built-in CNN)."
+    ),
+]
+#: ``--model-arg k=v`` (repeated): the factory's keyword arguments.
+ModelArgOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Keyword argument of the --model factory, NAME=VALUE (repeat it); VALUE is read as JSON when it is "
+        "a number, true/false/null or a quoted string, else as a string."
+    ),
+]
+
+#: The library's parameter names (as its messages and hints write them: ``name=`` or ``name=True``/``name=VALUE``)
+#: and the flag of each: :func:`flag_names` puts the flags in every line the CLI prints.  A command whose flag
+#: for a parameter differs passes its own to :func:`cli_errors` (``export``: ``overwrite`` is ``--force``).
+PARAM_FLAGS: dict[str, str] = {
+    "allow_disjoint_classes": "--allow-disjoint-classes",
+    "allow_nonfinite": "--allow-nonfinite",
+    "balanced": "--balanced",
+    "batch_size": "--batch",
+    "cast": "--cast",
+    "checkpoint_every": "--checkpoint-every",
+    "classes": "--classes",
+    "compile": "--compile",
+    "dtype": "--dtype",
+    "epochs": "--epochs",
+    "h5_x": "--x-key",
+    "h5_y": "--y-key",
+    "label": "--label",
+    "model": "--model",
+    "model_args": "--model-arg",
+    "out_dir": "--out",
+    "overwrite": "--overwrite",
+    "resume": "--resume",
+    "sample_shape": "--sample-shape",
+    "seed": "--seed",
+    "shuffle": "--shuffle",
+    "val_fraction": "--val-fraction",
+    "width": "--width",
+    "workers": "--workers",
+    "x_key": "--x-key",
+    "y_key": "--y-key",
+}
+
+
+def flag_names(text: str, flags: Mapping[str, str] | None = None) -> str:
+    """``text`` with the library's parameter names turned into the CLI's flags: ``allow_nonfinite=True`` ->
+    ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``, ``sample_shape=25,25`` -> ``--sample-shape 25,25``,
+    ``classes=`` -> ``--classes``.
+
+    ``flags``: a command's own flags for some parameters (default :data:`PARAM_FLAGS`)."""
+    table = {**PARAM_FLAGS, **(flags or {})}
+    pattern = (
+        r"(?<![\w./-])("
+        + "|".join(map(re.escape, sorted(table, key=len, reverse=True)))
+        + r")=(True\b|[A-Za-z0-9](?:[^\s;:)=]*[A-Za-z0-9])?)?"
+    )
+
+    def swap(m: re.Match[str]) -> str:
+        value = m.group(2)
+        flag = table[m.group(1)]
+        return flag if not value or value == "True" else f"{flag} {value}"
+
+    return re.sub(pattern, swap, text)
 
 
 class Output:
@@ -114,30 +196,79 @@ def error_json(line: str, exc: BaseException | None, code: int) -> dict[str, Any
     return {"error": line, "path": None, "hint": None, "kind": kind, "exit_code": code}
 
 
-def fail(msg: str, code: int = 1, exc: BaseException | None = None, *, as_json: bool = False) -> None:
+def fail(
+    msg: str,
+    code: int = 1,
+    exc: BaseException | None = None,
+    *,
+    as_json: bool = False,
+    flags: Mapping[str, str] | None = None,
+) -> None:
     """Print ``error: MSG`` as one clipped line on stderr -- and with ``as_json`` (``--json``) the error as one
-    JSON object on stdout (:func:`error_json`) -- and exit with status ``code``."""
-    line = clip(unwrap_worker_message(str(msg)), MAX_ERROR_CHARS)
+    JSON object on stdout (:func:`error_json`) -- and exit with status ``code``.  Parameter names become the
+    CLI's flags (:func:`flag_names`, with the command's own ``flags``)."""
+    line = clip(flag_names(unwrap_worker_message(str(msg)), flags), MAX_ERROR_CHARS)
     typer.echo(f"error: {line}", err=True)  # one line
     if as_json:
-        typer.echo(to_json(error_json(line, exc, code)))
+        obj = error_json(line, exc, code)
+        for key in ("error", "hint"):
+            if isinstance(obj.get(key), str):
+                obj[key] = flag_names(obj[key], flags)
+        typer.echo(to_json(obj))
     raise typer.Exit(code)
 
 
+#: What Ctrl-C says by default: the ingest's resume rule.
+INGEST_INTERRUPTED = "interrupted; committed batches are kept (rerun the same command to resume)"
+
+
 @contextmanager
-def cli_errors(code: int = 1, *, as_json: bool = False) -> Iterator[None]:
+def cli_errors(
+    code: int = 1,
+    *,
+    as_json: bool = False,
+    interrupted: str = INGEST_INTERRUPTED,
+    flags: Mapping[str, str] | None = None,
+) -> Iterator[None]:
     """Turn deliberate errors (``LmdbStoreError``, ``ValueError``, ``IndexError``) into one line on stderr and
-    exit status ``code`` (default 1); Ctrl-C into one line and status 130.  With ``as_json`` (the command's
-    ``--json``) also one JSON error object on stdout."""
+    exit status ``code`` (default 1); Ctrl-C into one line (``interrupted``) and status 130, and so a training
+    run stopped by Ctrl-C (:class:`~lmdbstore.errors.TrainingInterrupted`).  With ``as_json`` (the command's
+    ``--json``) also one JSON error object on stdout.  ``flags``: the command's own flags of library parameters
+    where they differ from :data:`PARAM_FLAGS`."""
     try:
         yield
+    except TrainingInterrupted as exc:
+        fail(str(exc), 130, exc, as_json=as_json, flags=flags)
     except LmdbStoreError as exc:
-        fail(str(exc), code, exc, as_json=as_json)
+        fail(str(exc), code, exc, as_json=as_json, flags=flags)
     except (ValueError, IndexError) as exc:
-        fail(str(exc), code, exc, as_json=as_json)
+        fail(str(exc), code, exc, as_json=as_json, flags=flags)
     except KeyboardInterrupt as exc:
-        msg = "interrupted; committed batches are kept (rerun the same command to resume)"
-        fail(msg, 130, exc, as_json=as_json)
+        fail(interrupted, 130, exc, as_json=as_json, flags=flags)
+
+
+@contextmanager
+def stop_on_ctrl_c(say: Callable[[str], None]) -> Iterator[Callable[[], bool] | None]:
+    """For ``train``: the first Ctrl-C asks the run to stop after the step it is in (it writes a checkpoint
+    there), the second stops at once.  Yields the ``stop`` callback :func:`lmdbstore.train` polls, or ``None``
+    where the handler cannot be set (not the main thread) or must not be (under torchrun: every rank would stop
+    at a step of its own).  The previous SIGINT handler is back when the block ends."""
+    if threading.current_thread() is not threading.main_thread() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        yield None
+        return
+    asked = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if asked.is_set():
+            raise KeyboardInterrupt
+        asked.set()
+        say("stopping after this step, with a checkpoint (Ctrl-C again to stop at once)")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield asked.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def to_json(obj: Any, indent: int | None = 2) -> str:
@@ -173,9 +304,47 @@ def parse_weights(text: str | None) -> tuple[float, ...] | None:
         raise ValueError(f"--weights must be comma-separated numbers such as 0.7,0.3, got {text!r}") from None
 
 
+def parse_model_args(items: list[str] | None) -> tuple[tuple[str, Any], ...]:
+    """Repeated ``--model-arg NAME=VALUE`` as ``(name, value)`` pairs: VALUE as JSON when it is a JSON scalar
+    (``32``, ``0.1``, ``true``, ``null``, ``"text"``), else the text itself.
+
+    Raises:
+        ValueError: an item without ``=``, or a name given twice.
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--model-arg must be NAME=VALUE, got {item!r}")
+        if name in out:
+            raise ValueError(f"--model-arg {name} is given twice")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        out[name] = value if value is None or isinstance(value, (bool, int, float, str)) else text
+    return tuple(out.items())
+
+
 def parse_names(text: str | None) -> list[str] | None:
     """A comma-separated list of names (``--classes a,b``), stripped; ``None`` for no option or an empty one."""
     return [c.strip() for c in text.split(",")] if text else None
+
+
+def refuse_given(ctx: typer.Context, names: tuple[str, ...] | list[str], why: str) -> None:
+    """Refuse, in one line, any of the options ``names`` (parameter names) given on the command line: an option
+    that does not apply is an error, never silently ignored.
+
+    Raises:
+        ValueError: naming the first such option as its flag.
+    """
+    for name in names:
+        source = ctx.get_parameter_source(name)  # an enum of the click Typer runs on (it may vendor its own)
+        if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):
+            param = next((p for p in ctx.command.params if p.name == name), None)
+            flag = max(getattr(param, "opts", []) or [f"--{name.replace('_', '-')}"], key=len)
+            raise ValueError(f"{flag} does not apply {why}")
 
 
 def or_list(items: tuple[str, ...] | list[str]) -> str:

@@ -37,6 +37,7 @@ from lmdbstore.errors import (
     CorruptStoreError,
     FormatVersionError,
     LmdbStoreError,
+    ModelError,
     NotAStoreError,
     SourceError,
     StoreExistsError,
@@ -45,6 +46,7 @@ from lmdbstore.errors import (
     StoreNotFoundError,
     StoreReplacedError,
     TaskError,
+    TrainingInterrupted,
     ValidationError,
 )
 from lmdbstore.format.layout import FORMAT_VERSION
@@ -135,6 +137,7 @@ __all__ = [
     "CorruptStoreError",
     "FormatVersionError",
     "LmdbStoreError",
+    "ModelError",
     "LoaderConfig",
     "NotAStoreError",
     "ParallelReport",
@@ -150,6 +153,7 @@ __all__ = [
     "StoreSet",
     "StoreWriter",
     "TaskError",
+    "TrainingInterrupted",
     "TrainConfig",
     "ValidationError",
     "WriterConfig",

@@ -11,10 +11,10 @@ take the same parameter default to the same constant, so the two cannot drift ap
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lmdbstore.configcheck import BUILTIN_MODEL, OPTIMIZERS, check_int, check_model_fields, check_weights
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
 
 __all__ = [
@@ -46,7 +46,10 @@ __all__ = [
     "DEFAULT_VERIFY_STRUCTURE",
     "DEFAULT_X_KEY",
     "DEFAULT_Y_KEY",
+    "BUILTIN_MODEL",
+    "OPTIMIZERS",
     "SAMPLE_READ_CHUNK",
+    "SGD_MOMENTUM",
     "ChecksumKind",
     "FeedConfig",
     "LoaderConfig",
@@ -111,29 +114,6 @@ class WriterConfig:
             raise ValueError(
                 f"initial_map_size ({self.initial_map_size}) must not exceed max_map_size ({self.max_map_size})"
             )
-
-
-def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
-    """Refuse per-store ``weights`` that are not non-negative numbers with a positive sum, or that come with
-    an order that cannot keep their shares exact.
-
-    Raises:
-        ValueError: naming the field.
-    """
-    if weights is None:
-        return
-    try:
-        w = [float(v) for v in weights]
-    except (TypeError, ValueError):
-        raise ValueError(f"weights must be a list of numbers, got {weights!r}") from None
-    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not sum(w) > 0:
-        raise ValueError(f"weights must be non-negative numbers with a positive sum, got {weights!r}")
-    if balanced:
-        raise ValueError("weights and balanced exclude each other (balanced draws by class, weights by store)")
-    if shuffle not in (None, "auto", "random"):
-        raise ValueError(
-            f"weights draw each store's share at random: shuffle must be 'random' or 'auto', got {shuffle!r}"
-        )
 
 
 #: Batches each reader process works ahead.
@@ -205,13 +185,13 @@ class LoaderConfig:
         check_weights(self.weights, self.shuffle, self.balanced)
         if self.weights is not None:
             object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("block_buffer", self.block_buffer, 1)
-        _check_int("workers", self.workers, 0)
-        _check_int("prefetch", self.prefetch, 1)
-        _check_int("seed", self.seed, None)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("block_buffer", self.block_buffer, 1)
+        check_int("workers", self.workers, 0)
+        check_int("prefetch", self.prefetch, 1)
+        check_int("seed", self.seed, None)
         if self.window_mb is not None:
-            _check_int("window_mb", self.window_mb, 1)
+            check_int("window_mb", self.window_mb, 1)
         if self.split not in (None, "train", "val"):
             raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -240,20 +220,11 @@ class LoaderConfig:
 FeedConfig = LoaderConfig
 
 
-def _check_int(name: str, value: Any, least: int | None) -> None:
-    """Refuse a ``value`` that is not an int (``bool`` included) or is below ``least``.
-
-    Raises:
-        ValueError: naming ``name``.
-    """
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if least is not None and value < least:
-        raise ValueError(f"{name} must be {'positive' if least == 1 else f'>= {least}'}, got {value}")
-
-
 #: Largest CNN ``width`` (first-block channels): about 1.2 G parameters, far beyond what the CNN needs.
 MAX_WIDTH = 4096
+
+#: Momentum of ``optimizer="sgd"`` (the one-cycle schedule cycles it between 0.85 and this value).
+SGD_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True)
@@ -272,6 +243,13 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
+        model, model_args: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``, called as
+            ``factory(in_shape, classes, **model_args)`` (:mod:`lmdbstore.training.factory`; default
+            :data:`BUILTIN_MODEL`, the CNN, whose one argument is ``width``), and its arguments (names to JSON scalars).
+        optimizer: ``"adamw"`` (default) or ``"sgd"`` (momentum :data:`SGD_MOMENTUM`); label_smoothing: of the
+            training loss (default 0); compile: steps through ``torch.compile`` (default ``False``).
+        allow_disjoint_classes: train on a set where a store of bare class ids (``0..k-1``) shares no name with
+            the others' named classes (default ``False``: refused).
     """
 
     epochs: int = 3
@@ -284,8 +262,15 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     log_every: int = 10
     checkpoint_every: int | None = None
+    model: str = BUILTIN_MODEL
+    model_args: Any = ()
+    optimizer: str = "adamw"
+    label_smoothing: float = 0.0
+    compile: bool = False
+    allow_disjoint_classes: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "model_args", check_model_fields(self, TrainConfig.width))  # sorted pairs
         if self.epochs < 1:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if not self.lr > 0:
@@ -302,6 +287,11 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        """The factory's keyword arguments: ``model_args``, and for the built-in CNN its ``width``."""
+        return {"width": self.width, **dict(self.model_args)} if self.model == BUILTIN_MODEL else dict(self.model_args)
 
 
 # ------------------------------------------------------------------------ defaults of commands and tools

@@ -24,6 +24,7 @@ __all__ = [
     "CorruptStoreError",
     "FormatVersionError",
     "LmdbStoreError",
+    "ModelError",
     "NotAStoreError",
     "SourceError",
     "StoreExistsError",
@@ -32,6 +33,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreReplacedError",
     "TaskError",
+    "TrainingInterrupted",
     "ValidationError",
     "clip",
     "preview",
@@ -181,6 +183,24 @@ class ValidationError(LmdbStoreError):
 
 class SourceError(LmdbStoreError):
     """An ingest source file cannot be read (missing, truncated, empty, wrong layout)."""
+
+
+class ModelError(LmdbStoreError):
+    """A model factory cannot be loaded or called, or the model it built failed in a step (``path``: the factory)."""
+
+
+class TrainingInterrupted(LmdbStoreError):
+    """Training stopped on request (``train(stop=...)``, Ctrl-C in ``lmdbstore train``).
+
+    Attributes:
+        checkpoint: the checkpoint to resume from (``path``; ``None`` when the run writes none).
+        epoch, step: where it stopped: ``step`` steps into epoch ``epoch`` (numbered from 1).
+    """
+
+    def __init__(self, message: str, *, checkpoint: Path | None, epoch: int, step: int) -> None:
+        hint = "continue with the same call and resume=True" if checkpoint is not None else None
+        super().__init__(message, path=checkpoint, hint=hint)
+        self.checkpoint, self.epoch, self.step = checkpoint, epoch, step
 
 
 class TaskError(LmdbStoreError):

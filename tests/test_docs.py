@@ -33,6 +33,8 @@ import numpy as np
 import pytest
 from conftest import CLASSES, REPO, build_store, make_data
 
+from lmdbstore.ingestion.sources.tfrecord_io import encode_example, write_records
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LANGS = ("python", "bash", "json")
 SKIP = re.compile(r"<!-- docs-test: skip \((.+)\) -->")
@@ -40,6 +42,8 @@ SKIP = re.compile(r"<!-- docs-test: skip \((.+)\) -->")
 #: (document, as printed, as run here): sizes for a 2-core CI machine, paths inside the workspace.
 SUBSTITUTIONS = [
     ("README.md", "[5, 17, 123_456]", "[5, 17, 9_456]"),
+    ("README.md", "for _ in range(31):", "for _ in range(1):"),
+    ("README.md", "--model-arg width=16 --epochs 2", "--model-arg width=4 --epochs 1 --max-steps 2 --batch 512"),
     ("api.md", "[5, 17, 123_456]", "[5, 17, 9_456]"),
     ("README.md", 'split="train", batch_size=4096', 'split="train", batch_size=1024'),
     ("README.md", "--epochs 5", "--epochs 1 --max-steps 2 --batch 512"),
@@ -157,6 +161,14 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     np.save(ws / "clean_x.npy", cx)
     np.save(ws / "clean_y.npy", cy)
     (ws / "nodes" / "n1").mkdir(parents=True)
+    (ws / "examples").mkdir()
+    shutil.copy(REPO / "examples" / "my_cnn.py", ws / "examples" / "my_cnn.py")
+    tf_x, tf_y = make_data(400, 60)
+    (ws / "tfrecords").mkdir()
+    write_records(
+        ws / "tfrecords" / "part.tfrecord",
+        (encode_example({"x": a.tobytes(), "y": [int(b)]}) for a, b in zip(tf_x, tf_y, strict=True)),
+    )
     return ws
 
 
@@ -227,6 +239,17 @@ def test_a_doc_block_runs_as_printed(block: Block, workspace: Path, tmp_path: Pa
     for cmd in _commands(code):
         proc = subprocess.run(["bash", "-c", cmd], cwd=ws, env=_env(), capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{block.id}: {cmd}\n{proc.stderr[-3000:]}"
+
+
+def test_readme_blocks_define_what_they_use_and_show_the_example_file() -> None:
+    """The README runs as printed (issue 35): no name left to the reader, and its "your own model" block is
+    examples/my_cnn.py (which the commands after it name)."""
+    readme = [b for b in doc_blocks() if b.doc == "README.md" and b.skip is None]
+    assert all(left_to_reader(b.code) == [] for b in readme if b.lang == "python")
+    example = (REPO / "examples" / "my_cnn.py").read_text()
+    assert any(b.lang == "python" and b.code.strip() in example for b in readme)
+    text = (REPO / "README.md").read_text()
+    assert text.index("source .venv/bin/activate") < text.index("lmdbstore ingest train.lmdb part1.npz")
 
 
 def test_every_block_is_run_or_skipped_with_a_reason() -> None:

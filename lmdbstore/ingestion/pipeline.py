@@ -19,8 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lmdbstore.config import DEFAULT_CAST, DEFAULT_INGEST_WORKERS, DEFAULT_SYNTH_SEED, WriterConfig
 from lmdbstore.errors import ValidationError
+from lmdbstore.format.dtypes import normalize_dtype
 from lmdbstore.format.ledger import synthetic_key
 from lmdbstore.ingestion.parallel_sources import ingest_parallel
 from lmdbstore.ingestion.plan import IngestPlan, plan_ingest, read_ledger, store_layout
@@ -121,8 +124,12 @@ def ingest_synthetic(
     batch: int = DEFAULT_READ_BATCH,
     progress: ProgressFactory | None = None,
     exclusive: bool = False,
+    dtype: Any = None,
 ) -> IngestReport:
     """Generate ``n`` samples of the built-in 5-class dataset straight into ``store`` (resumable).
+
+    ``dtype``: the samples' float dtype (default ``None``: float32, as generated; ``float16`` halves the
+    store, ``float64`` doubles it); an existing store must hold the same.
 
     The resume ledger key depends only on ``n`` and ``seed``, so running the same call again adds
     nothing.  With ``exclusive`` a store holding anything else (other synthetic sets, ingested files)
@@ -131,20 +138,26 @@ def ingest_synthetic(
 
     Raises:
         ValidationError: ``exclusive`` and the store holds other data.
+        ValueError: ``dtype`` is not a float dtype.
     """
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
+    want = np.dtype(normalize_dtype(dtype if dtype is not None else "float32"))
+    if want.kind != "f":
+        raise ValueError(
+            f"dtype of the synthetic dataset must be a float dtype (float16, float32, float64), got {want}"
+        )
     path = Path(store)
     key = synthetic_key(n, seed)
     if exclusive and store_layout(path) is not None:
         _refuse_other_data(path, n, seed, key)
     t0 = time.perf_counter()
-    with writing(path, t0, shape=SYNTH_SHAPE, dtype="float32", classes=SYNTH_CLASSES, config=config) as (w, run):
+    with writing(path, t0, shape=SYNTH_SHAPE, dtype=want.str, classes=SYNTH_CLASSES, config=config) as (w, run):
         done = w.progress(key)
         created = run.start == 0 and done == 0
         bar = bar_from(progress, "synthesize+ingest", n - done)
         try:
-            _append_synthetic(w, key, n, seed, batch, done, bar.update)
+            _append_synthetic(w, key, n, seed, batch, done, bar.update, want)
         finally:
             bar.close()
     return IngestReport(str(path), created, run.added, run.total, run.seconds, [SourceReport(key, n, n - done, done)])
@@ -165,14 +178,23 @@ def _refuse_other_data(path: Path, n: int, seed: int, key: str) -> None:
 
 
 def _append_synthetic(
-    w: StoreWriter, key: str, n: int, seed: int, batch: int, done: int, report: Callable[[int], Any]
+    w: StoreWriter,
+    key: str,
+    n: int,
+    seed: int,
+    batch: int,
+    done: int,
+    report: Callable[[int], Any],
+    dtype: np.dtype[Any] | None = None,
 ) -> None:
-    """Append the synthetic samples after the first ``done`` (regenerated deterministically and skipped)."""
+    """Append the synthetic samples after the first ``done`` (regenerated deterministically and skipped), in
+    ``dtype`` (default: float32, as generated)."""
     pos = 0
     for x, y in synth_batches(n, seed=seed, batch=batch):
         pos += len(x)
         if pos <= done:
             continue  # regenerate deterministically, skip what was committed
         keep = min(len(x), pos - done)
-        w.append(x[-keep:], y[-keep:], progress=(key, pos), progress_total=n)
+        xs = x[-keep:] if dtype is None or dtype == x.dtype else x[-keep:].astype(dtype)
+        w.append(xs, y[-keep:], progress=(key, pos), progress_total=n)
         report(keep)

@@ -173,10 +173,10 @@ def _new_layout(sources: Sequence[Source], classes: Sequence[str] | None, dtype:
 def _check_layout(path: Path, layout: Layout, classes: Sequence[str] | None, dtype: Any) -> Layout:
     """An existing store's layout, refusing a ``dtype`` or ``classes`` option that disagrees with it."""
     if dtype is not None and normalize_dtype(dtype) != layout[1]:
-        raise ValidationError(f"store holds dtype {layout[1]}, --dtype gave {np.dtype(dtype)}", path=path)
+        raise ValidationError(f"store holds dtype {layout[1]}, dtype= gave {np.dtype(dtype)}", path=path)
     names = layout[2]
     if classes is not None and list(classes) != names:
-        raise ValidationError(f"store has classes {preview(names)}, --classes gave {preview(classes)}", path=path)
+        raise ValidationError(f"store has classes {preview(names)}, classes= gave {preview(classes)}", path=path)
     return layout
 
 

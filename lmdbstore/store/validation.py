@@ -40,7 +40,10 @@ def label_ids(y: Any, n: int, classes: Sequence[str], *, path: str | Path | None
         unknown = [u for u in uniq.tolist() if u not in names]
         if unknown:
             raise ValidationError(
-                f"unknown class label {clip(unknown[0])!r}; the classes are {preview(classes)}", path=path
+                f"unknown class label {clip(unknown[0])!r}; the classes are {preview(classes)}",
+                path=path,
+                hint="a store's classes are fixed when it is created: name them all with classes= then "
+                "(or ingest every class in that first call)",
             )
         ids = np.array([names[u] for u in uniq.tolist()], np.int64)[inverse.reshape(-1)]
     elif arr.dtype.kind in "iu":
@@ -97,7 +100,9 @@ def check_samples(
     want = np.dtype(dtype)
     if arr.dtype.newbyteorder("<") != want.newbyteorder("<"):
         if not cast:
-            raise ValidationError(f"samples have dtype {arr.dtype}, expected {want}", path=path, hint="cast them first")
+            raise ValidationError(
+                f"samples have dtype {arr.dtype}, expected {want}", path=path, hint="convert them with cast=True"
+            )
         if not np.can_cast(arr.dtype, want, casting="same_kind"):
             raise ValidationError(f"cannot cast dtype {arr.dtype} to {want}", path=path)
         if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want, casting="safe"):
@@ -110,6 +115,6 @@ def check_samples(
         if not finite.all():
             first = int(np.flatnonzero(~finite)[0])
             raise ValidationError(
-                f"non-finite value (NaN or inf) in sample {first}", path=path, hint="allow_nonfinite accepts them"
+                f"non-finite value (NaN or inf) in sample {first}", path=path, hint="allow_nonfinite=True accepts them"
             )
     return arr

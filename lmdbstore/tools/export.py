@@ -152,7 +152,7 @@ def _atomic(paths: list[Path], overwrite: bool) -> Iterator[list[Path]]:
     """Temporary names for ``paths``, renamed into place only if the block succeeds."""
     for p in paths:
         if p.exists() and not overwrite:
-            raise StoreExistsError("output exists", path=p, hint="remove it or pass --force (overwrite=True)")
+            raise StoreExistsError("output exists", path=p, hint="remove it or pass overwrite=True")
         if not p.parent.is_dir():
             raise LmdbStoreError("output directory does not exist", path=p.parent)
     with atomic_paths(paths) as tmps:

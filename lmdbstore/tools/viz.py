@@ -203,7 +203,7 @@ def load_metrics(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise LmdbStoreError(
             f"cannot read the run's metrics ({exc.strerror or exc})",
             path=f,
-            hint="give a directory `train --out` wrote",
+            hint="give a run directory that train wrote (its out_dir=)",
         ) from None
     by_epoch: dict[int, dict[str, Any]] = {}
     for n, line in enumerate(text.splitlines(), 1):

@@ -2,14 +2,16 @@
 code runs), and checked before anything is built from them.
 
 A checkpoint is a dict of tensors and plain values (format ``CHECKPOINT_FORMAT``): the model's state dict,
-class names, sample shape, input channels and width, plus what resuming needs (optimizer state, epoch,
-history).  What it claims is bounded (width, classes, dimensions) and its weights must have exactly the
+class names, sample shape, input channels and width, the model's factory and its arguments (``model_factory``,
+``model_args`` as JSON; checkpoints without them are of the built-in CNN), plus what resuming needs (optimizer
+state, epoch, history).  What it claims is bounded (width, classes, dimensions) and its weights must have exactly the
 shapes of the model it describes, so a hostile file cannot make :func:`load_checkpoint` allocate gigabytes;
 every failure is one :class:`~lmdbstore.errors.LmdbStoreError` line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,9 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmdbstore.config import MAX_WIDTH
-from lmdbstore.errors import LmdbStoreError, ValidationError, preview
+from lmdbstore.config import BUILTIN_MODEL, MAX_WIDTH
+from lmdbstore.configcheck import check_model_args
+from lmdbstore.errors import LmdbStoreError, ModelError, ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
+from lmdbstore.training.factory import ModelRef, build_from, feed_shape, model_ref
 from lmdbstore.training.model import build_model, input_channels, state_shapes
 from lmdbstore.util.atomic import atomic_paths
 
@@ -28,12 +32,15 @@ __all__ = [
     "RESUME_KEYS",
     "atomic_save",
     "check_checkpoint",
+    "check_model_spec",
+    "checkpoint_model",
     "first_line",
     "is_int",
     "load_checkpoint",
     "load_weights",
     "model_channels",
     "model_from_checkpoint",
+    "model_name",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -103,6 +110,14 @@ def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
     if not is_int(channels) or not 1 <= channels <= MAX_DIM:
         raise bad(f"in_channels {channels!r} is not in 1..{MAX_DIM}")
     try:
+        name, _ = checkpoint_model(ckpt)
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if name != BUILTIN_MODEL:  # the user's model: its weights are checked against the model its factory builds
+        if not isinstance(ckpt["model"], dict) or not all(isinstance(t, torch.Tensor) for t in ckpt["model"].values()):
+            raise bad("model must be a state dict of tensors")
+        return
+    try:
         want = state_shapes(tuple(shape), len(classes), width)
     except ValueError as exc:  # a sample shape the CNN cannot take
         raise bad(str(exc)) from None
@@ -126,6 +141,56 @@ def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
             )
 
 
+def model_name(ref: ModelRef) -> str:
+    """How a checkpoint names the model of factory ``ref``: :data:`BUILTIN_MODEL`, or the factory's identity."""
+    return BUILTIN_MODEL if ref.builtin else ref.identity
+
+
+def checkpoint_model(ckpt: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The model a checkpoint records: its name (:func:`model_name`) and its factory's arguments
+    (a checkpoint of before they were recorded: the built-in CNN of its ``width``).
+
+    Raises:
+        ValueError: ``model_factory`` or ``model_args`` malformed.
+    """
+    if "model_factory" not in ckpt:
+        return BUILTIN_MODEL, {"width": ckpt["width"]}
+    name, raw = ckpt["model_factory"], ckpt.get("model_args", "{}")
+    if not isinstance(name, str) or not 3 <= len(name) <= 300 or ":" not in name:
+        raise ValueError("model_factory must be a factory's name")
+    try:
+        args = json.loads(raw) if isinstance(raw, str) and len(raw) < 1 << 20 else None
+    except ValueError:
+        args = None
+    if not isinstance(args, dict):
+        raise ValueError("model_args must be a JSON object")
+    if name == BUILTIN_MODEL:  # its one argument is the checkpoint's width (checked against its weights)
+        return name, {"width": ckpt["width"]}
+    return name, dict(check_model_args(args))
+
+
+def check_model_spec(ckpt: dict[str, Any], name: str, kwargs: dict[str, Any], ckpt_path: Path) -> None:
+    """Refuse a checkpoint of another model than factory ``name`` with arguments ``kwargs``.
+
+    Raises:
+        ModelError: another factory, or other arguments (both named, in one line).
+    """
+    have, args = checkpoint_model(ckpt)
+    if have != name:
+        raise ModelError(
+            f"checkpoint holds a model of factory {have}, not {name}",
+            path=ckpt_path,
+            hint="give the checkpoint's factory as model=, with the same model_args=",
+        )
+    if args != kwargs:
+        raise ModelError(
+            f"checkpoint's model was built with model_args {json.dumps(args, sort_keys=True)}, "
+            f"not {json.dumps(kwargs, sort_keys=True)}",
+            path=ckpt_path,
+            hint="give the checkpoint's model_args=",
+        )
+
+
 def model_channels(shape: tuple[int, ...], path: Path) -> int:
     """The CNN's input channels for the store's samples, or a one-line error for shapes it cannot take."""
     try:
@@ -140,8 +205,8 @@ def check_checkpoint(ckpt: dict[str, Any], classes: list[str], shape: tuple[int,
     """Refuse a checkpoint trained on other classes, another channel count or another sample shape."""
     trained = tuple(int(s) for s in ckpt["sample_shape"])
     # checkpoints from before in_channels was stored: the channels follow from the shape
-    trained_c = int(ckpt["in_channels"]) if "in_channels" in ckpt else input_channels(trained)
-    channels = input_channels(shape)
+    trained_c = int(ckpt["in_channels"]) if "in_channels" in ckpt else feed_shape(trained)[0]
+    channels = feed_shape(shape)[0]
     if trained_c != channels:
         raise LmdbStoreError(
             f"checkpoint was trained on {trained_c}-channel samples of shape {trained}, "
@@ -165,8 +230,35 @@ def load_weights(model: nn.Module, ckpt: dict[str, Any], ckpt_path: Path) -> Non
         raise LmdbStoreError(f"checkpoint weights do not fit the model ({first_line(exc)})", path=ckpt_path) from exc
 
 
-def model_from_checkpoint(ckpt: dict[str, Any], ckpt_path: Path) -> nn.Module:
-    """The model a checked checkpoint describes, with its weights."""
-    model = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), int(ckpt["width"]))
-    load_weights(model, ckpt, ckpt_path)
-    return model
+def model_from_checkpoint(
+    ckpt: dict[str, Any], ckpt_path: Path, model: str | None = None, model_args: dict[str, Any] | None = None
+) -> nn.Module:
+    """The model a checked checkpoint describes, with its weights.
+
+    The built-in CNN is rebuilt from the checkpoint alone; a model of the user's factory only from the factory
+    the caller names as ``model`` (a checkpoint is never trusted to choose code to import), with the
+    checkpoint's arguments (``model_args``, when given, must be them).
+
+    Raises:
+        ModelError: a user model's checkpoint without ``model``, another factory or other arguments than the
+            checkpoint's, or the factory fails.
+        LmdbStoreError: weights that do not fit the model.
+    """
+    name, args = checkpoint_model(ckpt)
+    ref = model_ref(model if model is not None else BUILTIN_MODEL)
+    if model is None and name != BUILTIN_MODEL:
+        raise ModelError(
+            f"checkpoint holds a model of factory {name} (model_args {json.dumps(args, sort_keys=True)}); "
+            "its code is not loaded on a checkpoint's word",
+            path=ckpt_path,
+            hint="name the factory with model=",
+        )
+    check_model_spec(
+        ckpt, model_name(ref), args if model_args is None else dict(check_model_args(model_args)), ckpt_path
+    )
+    if ref.builtin:
+        net: nn.Module = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), int(args["width"]))
+    else:
+        net = build_from(ref, feed_shape(tuple(ckpt["sample_shape"])), len(ckpt["classes"]), args)
+    load_weights(net, ckpt, ckpt_path)
+    return net

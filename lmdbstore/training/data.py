@@ -17,17 +17,19 @@ import numpy as np
 import torch
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.errors import ValidationError
+from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
 from lmdbstore.loader.choose import Sampler, make_sampler_for
 from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.training.checkpoint import model_channels
 from lmdbstore.training.distributed import DistInfo
+from lmdbstore.training.factory import feed_shape
 from lmdbstore.training.metrics import Log
 
-__all__ = ["Sampler", "TrainData", "check_inputs", "make_loaders", "make_sampler", "read_store"]
+__all__ = ["Sampler", "TrainData", "check_class_overlap", "check_inputs", "make_loaders", "make_sampler", "read_store"]
 
 
 @dataclass(frozen=True)
@@ -43,22 +45,70 @@ class TrainData:
     channels: int
 
 
-def read_store(store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader) -> TrainData:
+def read_store(
+    store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader,
+    *,
+    cnn: bool = True,
+    allow_disjoint_classes: bool = False,
+    say: Log | None = None,
+) -> TrainData:
     """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
-    closed again at once: workers open their own) and check that the CNN can take its samples.
+    closed again at once: workers open their own) and, for the built-in CNN (``cnn``), check that it can take
+    its samples.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
-            of a set that do not make one set.
+            of a set that do not make one set; a store of bare class ids sharing no class name with the others
+            (unless ``allow_disjoint_classes``; :func:`check_class_overlap`, which says other disjoint stores to
+            ``say``).
     """
     reader = as_reader(store)
     with reader:
         meta = reader.meta
         labels = reader.labels()
+        if isinstance(reader, StoreSet):
+            check_class_overlap(reader, allow_disjoint_classes, say)
     path = reader.path
-    channels = model_channels(meta.shape, path)  # before anything starts: a shape the CNN cannot take
+    # before anything starts: a shape the CNN cannot take
+    channels = model_channels(meta.shape, path) if cnn else feed_shape(meta.shape)[0]
     return TrainData(path, reader, meta, labels, list(meta.classes), channels)
+
+
+def check_class_overlap(stores: StoreSet, allow: bool = False, say: Log | None = None) -> None:
+    """Refuse (unless ``allow``) a set in which a store's classes are bare class ids ``0..k-1`` -- what a store
+    gets whose source named no class -- sharing no name with the other stores' named classes: its ids would be
+    new classes of their own (``0..4`` next to ``circle, ...``: a 10-class problem where 5 were meant).  Any
+    other store of several classes sharing no name with the others is said in one line (``say``), not refused:
+    stores split by class are a set of that kind.
+
+    Raises:
+        ValidationError: naming the store and both class lists.
+    """
+    lists = [list(r.meta.classes) for r in stores.readers]
+    for i, mine in enumerate(lists):
+        others = {c for j, lst in enumerate(lists) if j != i for c in lst}
+        if not others or others.intersection(mine):
+            continue
+        total = len(set(mine) | others)
+        if _bare_ids(mine) and not _bare_ids(sorted(others, key=str)) and not allow:
+            raise ValidationError(
+                f"this store's classes are the bare ids [{preview(mine)}] and share no name with the other stores' "
+                f"[{preview(sorted(others))}]: the set would train {total} separate classes",
+                path=stores.paths[i],
+                hint="ingest it again naming its classes (classes=), or train on the set as it is with "
+                "allow_disjoint_classes=True",
+            )
+        if len(mine) > 1 and say is not None:
+            say(
+                f"note: {stores.paths[i]} shares no class name with the other stores of the set "
+                f"([{preview(mine)}] vs [{preview(sorted(others))}]): {total} classes in all"
+            )
+
+
+def _bare_ids(names: list[str]) -> bool:
+    """Whether ``names`` are some of the bare class ids ``"0"``, ``"1"``, ... (names nobody gave)."""
+    return all(n.isdigit() for n in names)
 
 
 def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo) -> None:
@@ -72,19 +122,19 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
     if data.meta.count == 0:
         raise ValidationError("the store holds no samples", path=path)
     if len(train_idx) == 0:
-        raise ValidationError("the training split is empty", path=path, hint="lower --val-fraction")
+        raise ValidationError("the training split is empty", path=path, hint="lower val_fraction=")
     if lcfg.batch_size * info.world_size > len(train_idx):
         raise ValidationError(
             f"batch {lcfg.batch_size} x {info.world_size} rank(s) is larger than the training split of {len(train_idx)} samples",
             path=path,
-            hint="lower --batch",
+            hint="lower batch_size=",
         )
     if lcfg.balanced:
         counts = np.bincount(data.labels[train_idx], minlength=len(classes))
         empty = [classes[c] for c in range(len(classes)) if counts[c] == 0]
         if empty:
             raise ValidationError(
-                f"--balanced needs samples of every class; class {empty[0]!r} has none in the training split",
+                f"balanced sampling needs samples of every class; class {empty[0]!r} has none in the training split",
                 path=path,
             )
 

@@ -7,6 +7,7 @@ count losses, accuracy and the confusion matrix the same way.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -21,12 +22,13 @@ from torch import nn
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.loader.samplers import EpochBatchSampler, stratified_split
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import as_reader
 from lmdbstore.training.batches import autocast, place_model, to_device
 from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_channels, model_from_checkpoint
 from lmdbstore.training.distributed import DistInfo, all_reduce, resolve_device
+from lmdbstore.training.factory import call_model
 from lmdbstore.util.paths import check_output_file, write_errors
 
 __all__ = ["Scores", "class_map", "confusion_summary", "evaluate", "format_confusion", "score_loader"]
@@ -62,13 +64,15 @@ def score_loader(
     info: DistInfo | None = None,
     keep_predictions: bool = False,
     label_map: torch.Tensor | None = None,
+    model_ref: str = "model",
 ) -> Scores:
     """Run ``model`` (put in eval mode) over every ``(x, y)`` batch of ``loader`` and count the summed
     cross-entropy and the confusion matrix, all-reduced over the ranks of ``info`` (default: one process).
 
     ``amp``: bfloat16 autocast on CUDA (default off).  ``keep_predictions``: also keep each batch's predicted
     class ids (uint16), in loader order.  ``label_map``: the model's class id of each of the loader's label
-    ids (a store whose classes are some of the model's, in another order).
+    ids (a store whose classes are some of the model's, in another order).  ``model_ref``: the model's factory,
+    named when the model raises in ``forward`` (:func:`~lmdbstore.training.factory.call_model`).
     """
     model.eval()
     k = n_classes
@@ -81,7 +85,7 @@ def score_loader(
         if lmap is not None:
             y = lmap[y]
         with autocast(device, amp):
-            logits = model(x)
+            logits = call_model(model, x, k, model_ref)
         loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum").double()
         pred = logits.argmax(1)
         conf += torch.bincount(y * k + pred, minlength=k * k).view(k, k)
@@ -141,6 +145,11 @@ def evaluate(
     device: str = TrainConfig.device,
     indices: np.ndarray | None = None,
     predictions_out: str | os.PathLike[str] | None = None,
+    model: str | None = None,
+    model_args: dict[str, Any] | None = None,
+    split: str | None = None,
+    val_fraction: float | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Score ``store`` (or the given ``indices`` of it) with a checkpoint from
     :func:`~lmdbstore.training.trainer.train`.
@@ -157,6 +166,13 @@ def evaluate(
         indices: the samples to score (default: all); scored in sorted order.
         predictions_out: with it, the predicted class ids (uint16, one per scored sample, in index order)
             are saved there as ``.npy``.
+        model: the factory of a checkpoint of the user's own model (``module:function`` or
+            ``path/to/file.py:function``; required for one, as a checkpoint's word never chooses code to import);
+            default ``None``: the built-in CNN.
+        model_args: the factory's arguments; default ``None``: the checkpoint's (given, they must be them).
+        split: ``"train"`` or ``"val"``: score only that part of the seeded, stratified split the training run
+            used (``val_fraction`` and ``seed``, default: the ones the checkpoint records); default ``None``:
+            every sample (or ``indices``).
 
     Returns a dict with ``samples``, ``loss``, ``accuracy``, ``per_class_accuracy`` and ``confusion`` over
     the checkpoint's ``classes`` (and ``store``: the first store, ``stores``: all, ``checkpoint``).
@@ -166,28 +182,43 @@ def evaluate(
             make one set.
         LmdbStoreError: unreadable checkpoint, or one trained on another number of channels or another
             sample shape, or without a class of the store; ``predictions_out`` cannot be written.
+        ModelError: a checkpoint of the user's model without ``model``, or of another factory or arguments.
+        ValueError: ``split`` not ``"train"``/``"val"``, or with ``indices``.
     """
+    if split not in (None, "train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    if split is not None and indices is not None:
+        raise ValueError("split and indices exclude each other")
     reader = as_reader(store)
     path = reader.path
     if predictions_out is not None:
         check_output_file(predictions_out, "predictions file", sources=list(getattr(reader, "paths", [path])))
     with reader:
         meta = reader.meta
-    model_channels(meta.shape, path)
+    if model is None:
+        model_channels(meta.shape, path)  # the built-in CNN's shapes
     dev = resolve_device(device, DistInfo())
     ckpt = load_checkpoint(checkpoint, map_location=dev)
     classes = list(ckpt["classes"])
     check_checkpoint(ckpt, classes, meta.shape, Path(checkpoint))  # shape and channels; classes by name below
     label_map = class_map(list(meta.classes), classes, Path(checkpoint))
-    model = place_model(model_from_checkpoint(ckpt, Path(checkpoint)), dev)
+    net = place_model(model_from_checkpoint(ckpt, Path(checkpoint), model, model_args), dev)
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))
+    if split is not None:
+        idx = _split_indices(reader, ckpt, split, val_fraction, seed)
     loader = make_loader(
         LmdbBatchDataset(reader),
         EpochBatchSampler(idx, batch_size, shuffle="none"),
         LoaderConfig(batch_size=batch_size, workers=workers, persistent_workers=False),
     )
     scores = score_loader(
-        model, loader, dev, len(classes), keep_predictions=predictions_out is not None, label_map=label_map
+        net,
+        loader,
+        dev,
+        len(classes),
+        keep_predictions=predictions_out is not None,
+        label_map=label_map,
+        model_ref=model or "the built-in CNN",
     )
     if predictions_out is not None:
         with write_errors(predictions_out, "write predictions"):
@@ -205,4 +236,31 @@ def evaluate(
         "per_class_accuracy": per_class,
         "confusion": scores.confusion.tolist(),
         "classes": classes,
+        "split": split,
     }
+
+
+def _split_indices(
+    reader: Any, ckpt: dict[str, Any], split: str, val_fraction: float | None, seed: int | None
+) -> np.ndarray:
+    """The ``split`` part of the stratified split of ``reader``'s labels, by ``val_fraction`` and ``seed``
+    (default: the checkpoint's training run's, else the training defaults)."""
+    recorded_t = _recorded(ckpt, "train_config")
+    recorded_l = _recorded(ckpt, "loader_config")
+    frac = val_fraction if val_fraction is not None else recorded_t.get("val_fraction", TrainConfig.val_fraction)
+    sd = seed if seed is not None else recorded_l.get("seed", LoaderConfig.seed)
+    if not isinstance(frac, (int, float)) or not 0 <= frac < 1 or not isinstance(sd, int):
+        raise LmdbStoreError("malformed checkpoint: its val_fraction or seed is out of range")
+    with reader:
+        labels = reader.labels()
+    train_idx, val_idx = stratified_split(labels, float(frac), int(sd))
+    return np.sort(val_idx if split == "val" else train_idx)
+
+
+def _recorded(ckpt: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON object the checkpoint records (``{}`` when absent or malformed)."""
+    try:
+        value = json.loads(ckpt.get(key, "{}"))
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -21,10 +21,11 @@ from torch import nn
 from lmdbstore.training.batches import autocast, to_device
 from lmdbstore.training.distributed import all_reduce
 from lmdbstore.training.evaluate import confusion_summary, score_loader
+from lmdbstore.training.factory import call_model
 from lmdbstore.training.metrics import EpochMetrics, append_metrics, epoch_line
 from lmdbstore.training.resume import RunState
 from lmdbstore.training.run import TrainRun
-from lmdbstore.training.saving import save_epoch_end, save_inside_epoch
+from lmdbstore.training.saving import save_epoch_end, save_inside_epoch, stop_here, stop_requested
 from lmdbstore.util.progress import bars_wanted, progress_bar
 
 __all__ = ["DataWait", "run_epochs", "train_epoch"]
@@ -58,7 +59,12 @@ def run_epochs(run: TrainRun, state: RunState, train_loader: Any, val_loader: An
         run.sampler.set_epoch(epoch)  # a restored position in this same epoch is kept
         m = train_epoch(run, train_loader, epoch, state, conf)
         if val_loader is not None:
-            conf = _validate(run, val_loader, m)
+            try:
+                conf = _validate(run, val_loader, m)
+            except Exception:
+                if stop_requested(run):
+                    stop_here(run, state, conf, epoch, None, None)
+                raise
         state.history.append(m)
         state.start_epoch, state.start_step, state.partial = epoch + 1, 0, None
         run.say(epoch_line(m))
@@ -67,12 +73,16 @@ def run_epochs(run: TrainRun, state: RunState, train_loader: Any, val_loader: An
         if run.tb is not None:
             run.tb.scalars((epoch + 1) * run.steps, _epoch_scalars(m))
         save_epoch_end(run, state, m, conf)
+        if epoch + 1 < run.cfg.epochs and stop_requested(run):
+            stop_here(run, state, conf, epoch + 1, 0, None)
     return conf
 
 
 def _validate(run: TrainRun, loader: Any, m: EpochMetrics) -> torch.Tensor:
     """Score the validation split into ``m``; return its confusion matrix."""
-    scores = score_loader(run.net, loader, run.device, len(run.data.classes), amp=run.cfg.amp, info=run.info)
+    scores = score_loader(
+        run.net, loader, run.device, len(run.data.classes), amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model
+    )
     m.val_loss = scores.mean_loss
     m.val_accuracy, m.per_class_accuracy = confusion_summary(scores.confusion, run.data.classes)
     return scores.confusion
@@ -114,6 +124,10 @@ def train_epoch(
             x, y = next(timed)
         except StopIteration:
             break
+        except Exception:  # e.g. the workers, stopped by the same Ctrl-C
+            if stop_requested(run):
+                stop_here(run, state or RunState(), _conf(run, conf), epoch, step, totals())
+            raise
         loss = _step(run, x, y)
         loss_sum += loss.detach().double() * len(y)
         n_seen += len(y)
@@ -131,6 +145,9 @@ def train_epoch(
                 wait=f"{100 * timed.wait / elapsed:.0f}%",
             )
         bar.update(1)
+        if step + 1 < run.steps and stop_requested(run):
+            bar.close()
+            stop_here(run, state or RunState(), _conf(run, conf), epoch, step + 1, totals())
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
     bar.close()
@@ -146,8 +163,8 @@ def _step(run: TrainRun, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """One optimizer and scheduler step on batch ``(x, y)``; returns its mean loss."""
     x, y = to_device(x, y, run.device)
     with autocast(run.device, run.cfg.amp):
-        logits = run.net(x)
-    loss = nn.functional.cross_entropy(logits.float(), y)
+        logits = call_model(run.net, x, len(run.data.classes), run.cfg.model)
+    loss = nn.functional.cross_entropy(logits.float(), y, label_smoothing=run.cfg.label_smoothing)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     run.optimizer.step()

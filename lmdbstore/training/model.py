@@ -23,7 +23,7 @@ from torch import nn
 
 from lmdbstore.config import MAX_WIDTH
 
-__all__ = ["MIN_SPATIAL", "SmallCNN", "build_model", "input_channels", "state_shapes"]
+__all__ = ["MIN_SPATIAL", "SmallCNN", "build_cnn", "build_model", "input_channels", "state_shapes"]
 
 #: Smallest height and width the two 2x max-pools can take.
 MIN_SPATIAL = 4
@@ -93,6 +93,18 @@ def build_model(sample_shape: tuple[int, ...], n_classes: int, width: int = 16) 
         ValueError: sample shapes the CNN cannot take (see :func:`input_channels`).
     """
     return SmallCNN(input_channels(sample_shape), n_classes, width)
+
+
+def build_cnn(in_shape: tuple[int, ...], classes: int, width: int = 16) -> SmallCNN:
+    """The built-in model factory (:data:`~lmdbstore.config.BUILTIN_MODEL`): the CNN for batches of
+    ``(N, *in_shape)``, ``in_shape`` being ``(C, H, W)`` as the loader feeds samples, with ``width``.
+
+    Raises:
+        ValueError: shapes the CNN cannot take, or a ``width`` out of range.
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+        raise ValueError(f"width must be an integer in 1..{MAX_WIDTH}, got {width!r}")
+    return SmallCNN(input_channels(tuple(in_shape)), classes, width)
 
 
 def state_shapes(sample_shape: tuple[int, ...], n_classes: int, width: int) -> dict[str, tuple[int, ...]]:

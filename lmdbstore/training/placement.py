@@ -141,7 +141,7 @@ def split_sizes(placement: Placement, n_train: int, n_val: int, info: DistInfo) 
     if any(v == 0 for _, v, _ in every) and any(v > 0 for _, v, _ in every):
         raise ValidationError(
             "some nodes' shards have no validation samples and others do",
-            hint="raise --val-fraction, or give every node shards of about the same size",
+            hint="raise val_fraction=, or give every node shards of about the same size",
         )
     return round(sum(t / w for t, _, w in every)), round(sum(v / w for _, v, w in every))
 

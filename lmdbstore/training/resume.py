@@ -22,6 +22,7 @@ from lmdbstore.errors import LmdbStoreError
 from lmdbstore.training.checkpoint import (
     RESUME_KEYS,
     check_checkpoint,
+    check_model_spec,
     first_line,
     is_int,
     load_checkpoint,
@@ -62,19 +63,22 @@ def resume_run(
     optimizer: torch.optim.Optimizer,
     classes: list[str],
     shape: tuple[int, ...],
-    width: int,
+    spec: tuple[str, dict[str, Any]],
     device: torch.device,
 ) -> RunState:
     """Load ``ckpt_path`` into ``model`` and ``optimizer`` and return where its run stopped.
 
+    ``spec``: the model's name (:func:`~lmdbstore.training.checkpoint.model_name`) and its factory's arguments,
+    which the checkpoint's must equal.
+
     Raises:
-        LmdbStoreError: no usable checkpoint there, one trained on other classes, channels, shape or
-            ``width``, weights that do not fit, or resume state missing or malformed.
+        LmdbStoreError: no usable checkpoint there, one trained on other classes, channels or shape, weights
+            that do not fit, or resume state missing or malformed.
+        ModelError: a checkpoint of another model (factory or arguments).
     """
     ckpt = load_checkpoint(ckpt_path, map_location=device)
     check_checkpoint(ckpt, classes, shape, ckpt_path)
-    if ckpt["width"] != width:
-        raise LmdbStoreError(f"checkpoint was trained with width {ckpt['width']}, not {width}", path=ckpt_path)
+    check_model_spec(ckpt, spec[0], spec[1], ckpt_path)
     load_weights(model, ckpt, ckpt_path)
     return restore_state(ckpt, optimizer, len(classes), ckpt_path)
 

@@ -43,6 +43,7 @@ class TrainRun:
     sampler: Any = None  # the training sampler
     tb: ScalarLog | None = None  # TensorBoard scalars (rank 0, when tensorboard is installed)
     train_loader: Any = None  # the training loader (its state -- the batches it delivered -- goes into checkpoints)
+    stop: Any = None  # ``() -> bool``, asked after every step: stop there (checkpoint written), or ``None``
 
     @property
     def writes(self) -> bool:

@@ -21,13 +21,15 @@ from typing import Any
 
 import torch
 
-from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save
+from lmdbstore.errors import TrainingInterrupted
+from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save, model_name
+from lmdbstore.training.factory import feed_shape, model_ref
 from lmdbstore.training.metrics import EpochMetrics, history_to_json
 from lmdbstore.training.resume import RunState
 from lmdbstore.training.run import TrainRun
 from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
 
-__all__ = ["checkpoint_dict", "save_epoch_end", "save_inside_epoch"]
+__all__ = ["checkpoint_dict", "save_epoch_end", "save_inside_epoch", "stop_here", "stop_requested"]
 
 
 def checkpoint_dict(
@@ -47,6 +49,9 @@ def checkpoint_dict(
         "sample_shape": list(run.data.meta.shape),
         "in_channels": run.data.channels,
         "width": run.cfg.width,
+        "model_factory": model_name(model_ref(run.cfg.model)),
+        "model_args": json.dumps(run.cfg.model_kwargs, sort_keys=True),
+        "in_shape": list(feed_shape(run.data.meta.shape)),
         "history": history_to_json(state.history),
         "best_accuracy": state.best_accuracy,
         "confusion": conf.tolist(),
@@ -86,3 +91,30 @@ def save_inside_epoch(
         assert run.out is not None
         ckpt = checkpoint_dict(run, state, conf, finished=epoch - 1, step=step, totals=totals)
         atomic_save(ckpt, run.out / CHECKPOINT_NAME)
+
+
+def stop_requested(run: TrainRun) -> bool:
+    """Whether the run's ``stop`` callback asks to stop now."""
+    return run.stop is not None and bool(run.stop())
+
+
+def stop_here(
+    run: TrainRun, state: RunState, conf: torch.Tensor, epoch: int, step: int | None, totals: list[float] | None
+) -> None:
+    """Stop the run ``step`` steps into epoch ``epoch`` (0-based): write ``checkpoint.pt`` there (``step`` 0: at
+    the end of the epoch before, already written; ``None``: in the middle of a step or a validation, where
+    no consistent checkpoint can be written: the last one written stays) and raise.
+
+    Raises:
+        TrainingInterrupted: always, naming the checkpoint to resume from (``None`` when there is none).
+    """
+    path = run.out / CHECKPOINT_NAME if run.out is not None else None
+    if step and run.writes:
+        save_inside_epoch(run, state, conf, epoch, step, totals or [])
+    if path is not None and not path.is_file():
+        path = None
+    where = f"after step {step} of epoch {epoch + 1}" if step else f"in epoch {epoch + 1}"
+    if step == 0:
+        where = f"after epoch {epoch}"
+    saved = f"checkpoint {'written' if step else 'kept'}" if path is not None else "no checkpoint written"
+    raise TrainingInterrupted(f"training stopped {where}; {saved}", checkpoint=path, epoch=epoch + 1, step=step or 0)

@@ -21,7 +21,7 @@ have C channels (kept in the checkpoint); other shapes, and images under 4x4, ar
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,15 +34,19 @@ from torch.nn.parallel import DistributedDataParallel
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.training.batches import place_model
+from lmdbstore.training.checkpoint import model_name
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
+from lmdbstore.training.factory import build_from, feed_shape, load_factory, model_ref
 from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
+from lmdbstore.training.optim import compiled, make_optimizer
 from lmdbstore.training.placement import rank_data
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.training.run import TrainRun
+from lmdbstore.training.rundir import prepare_run_dir, remove_run_files
 from lmdbstore.training.tboard import ScalarLog, open_scalar_log
 from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import make_output_dir
@@ -79,8 +83,10 @@ def train(
     resume: bool = False,
     log: Log | None = print,
     progress: bool | None = None,
+    overwrite: bool = False,
+    stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
-    """Train the CNN on ``store`` and return the metrics.
+    """Train the model (the built-in CNN, or ``config.model``'s) on ``store`` and return the metrics.
 
     Args:
         store: the store directory, or a list of them read as one set (one index space, classes mapped by
@@ -98,28 +104,45 @@ def train(
             never interrupted.
         log: where rank 0 sends its lines (default ``print``; ``None``: silent).
         progress: a tqdm bar per epoch on rank 0 (default ``None``: when stderr is a terminal).
+        overwrite: start afresh in an ``out_dir`` holding an earlier run, removing its files first (default
+            ``False``: such a directory is refused unless ``resume``; :mod:`~lmdbstore.training.rundir`).
+        stop: called after every step (one process only); when it returns true, ``checkpoint.pt`` is written at
+            that step and :class:`~lmdbstore.errors.TrainingInterrupted` raised (``lmdbstore train`` sets it on
+            Ctrl-C).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: empty store or split, batch larger than the split, ``balanced`` with an empty class,
-            samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4), all before any step.
+            samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4), a set whose stores share
+            no class name, all before any step.
+        ModelError: the model's factory cannot be loaded or fails, its model raises in a step, or a checkpoint
+            to resume holds another model (factory or arguments).
+        TrainingInterrupted: ``stop`` asked to stop.
         LmdbStoreError: ``resume`` without a usable checkpoint, or one written inside an epoch by a run of
             another batch size, seed, order or number of processes.
         ValueError: ``resume`` without ``out_dir``.
     """
     cfg, lcfg = config or TrainConfig(), loader or LoaderConfig()
-    data = read_store(store)
+    ref = model_ref(cfg.model)
+    load_factory(ref)  # a model that cannot be loaded fails before the store is read
+    data = read_store(
+        store, cnn=ref.builtin, allow_disjoint_classes=cfg.allow_disjoint_classes, say=log if launch().is_main else None
+    )
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
+    stale: list[Path] = []  # an earlier run's files, removed (overwrite) once every check has passed
     if out_dir is not None and launch().is_main:
         stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
         make_output_dir(out_dir, sources=stores)  # before any work: a file, a file's child, a store fails now
+        stale = prepare_run_dir(Path(out_dir), resume=resume, overwrite=overwrite)
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
     mine = rank_data(data, cfg.val_fraction, lcfg, info, say)  # the same stores everywhere, or shards per node
     data, sampler, placement = mine.data, mine.sampler, mine.placement
-    model, net = _build_model(data, cfg.width, lcfg.seed, info, device)
+    model, net = _build_model(data, cfg, lcfg.seed, info, device)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg)
     out = Path(out_dir) if out_dir is not None else None
     state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
     train_loader, val_loader = make_loaders(
@@ -127,10 +150,11 @@ def train(
     )
     _continue_inside(state, train_loader, steps, out)
     scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
+    remove_run_files(stale)
     tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
-        train_loader,
+        train_loader, stop if not info.active else None,
     )  # fmt: skip
     say(_plan_line(run, *mine.sizes) + (f", {placement.groups} sets of shards" if placement.sharded else ""))
     first = state.start_epoch
@@ -167,7 +191,7 @@ def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None)
         raise LmdbStoreError(
             f"checkpoint was written inside an epoch by another sampler: {exc}",
             path=path,
-            hint="resume with the same --batch, --seed, --shuffle and number of processes",
+            hint="resume with the same batch_size=, seed=, shuffle= and number of processes",
         ) from None
 
 
@@ -184,15 +208,22 @@ def _run_files(out: Path | None, state: RunState, steps: int, resume: bool) -> S
 
 
 def _build_model(
-    data: TrainData, width: int, seed: int, info: DistInfo, device: torch.device
+    data: TrainData, cfg: TrainConfig, seed: int, info: DistInfo, device: torch.device
 ) -> tuple[nn.Module, nn.Module]:
-    """The CNN for the store's samples (weights seeded by ``seed``) on ``device``, and what the steps run
-    through: the same model, or under torchrun the model wrapped in DistributedDataParallel."""
+    """The model ``cfg`` names (the built-in CNN by default) for the store's samples (weights seeded by
+    ``seed``) on ``device``, and what the steps run through: the same model, or under torchrun the model wrapped
+    in DistributedDataParallel; with ``cfg.compile`` through ``torch.compile``."""
     torch.manual_seed(seed)
-    model = place_model(build_model(data.meta.shape, len(data.classes), width), device)
-    if not info.active:
-        return model, model
-    return model, DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ref = model_ref(cfg.model)
+    if ref.builtin:
+        built: nn.Module = build_model(data.meta.shape, len(data.classes), cfg.model_kwargs.get("width", cfg.width))
+    else:
+        built = build_from(ref, feed_shape(data.meta.shape), len(data.classes), cfg.model_kwargs)
+    model = place_model(built, device)
+    net: nn.Module = model
+    if info.active:
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, compiled(net, ref.text) if cfg.compile else net
 
 
 def _plan_line(run: TrainRun, n_train: int, n_val: int) -> str:
@@ -229,13 +260,14 @@ def _resume(
     if out is None:
         raise ValueError("resume needs out_dir")
     path = out / CHECKPOINT_NAME
-    state = resume_run(path, model, optimizer, data.classes, data.meta.shape, cfg.width, device)
+    spec = (model_name(model_ref(cfg.model)), cfg.model_kwargs)
+    state = resume_run(path, model, optimizer, data.classes, data.meta.shape, spec, device)
     if state.start_step:
         say(f"resuming epoch {state.start_epoch + 1} after its step {state.start_step} from {path}")
     else:
         say(f"resuming after epoch {state.start_epoch} from {path}")
     if state.start_epoch >= cfg.epochs:
-        say(f"checkpoint already has {state.start_epoch} epochs; nothing to do (raise --epochs to train more)")
+        say(f"checkpoint already has {state.start_epoch} epochs; nothing to do (raise epochs= to train more)")
     return state
 
 

@@ -190,6 +190,7 @@ def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
         "--no-progress",
         "--out",
         out,
+        "--overwrite",
     )
     assert r.exit_code == 0, r.output
     r = run_cli("train", store, "--batch", "100000", "--no-progress", "--out", tmp_path / "r2")

@@ -52,6 +52,9 @@ SHOWN: dict[str, dict[str, Any]] = {
         "--device": T.device,
         "--width": T.width,
         "--amp": T.amp,
+        "--optimizer": T.optimizer,
+        "--weight-decay": T.weight_decay,
+        "--label-smoothing": T.label_smoothing,
     },
     "eval": {"--batch": L.batch_size, "--workers": L.workers, "--device": T.device},
     "demo": {

@@ -106,5 +106,6 @@ def test_train_on_a_set_with_weights(three: SetInfo, tmp_path: Path) -> None:
     for bad, msg in ((["--weights", "1,x"], "--weights must be comma-separated numbers"),
                      (["--weights", "1,1"], "weights: 2 numbers for 3 stores"),
                      (["--weights", "1,1,1", "--shuffle", "block"], "shuffle must be 'random' or 'auto'")):  # fmt: skip
-        r = run_cli("train", *three.paths, *args, *bad)
+        r = run_cli("train", *three.paths, *args, *bad, "--overwrite")
         assert r.exit_code == 1 and msg in one_error_line(r)
+        assert (out / "checkpoint.pt").exists()  # refused before --overwrite removed the earlier run

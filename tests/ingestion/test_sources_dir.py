@@ -125,7 +125,7 @@ def test_directory_one_odd_file_is_named_not_read_as_stacks(tmp_path: Path, odd_
     *_, odd = _shaped_dir(root, (12, (25, 25)), (1, odd_shape))
     with pytest.raises(SourceError) as err:
         open_source(root)
-    text = one_line(err, odd, f"shape {odd_shape}", "12 of 13 files have (25, 25)", "--sample-shape")
+    text = one_line(err, odd, f"shape {odd_shape}", "12 of 13 files have (25, 25)", "sample_shape=H,W")
     assert str(root / "cat") not in text.replace(str(odd), "")  # only the odd file is named
     # the files really are stacks of 25-vectors: say so explicitly
     (cat, dog) = open_source(root, sample_shape=(25,))
@@ -159,7 +159,7 @@ def test_directory_without_a_majority_shape_needs_it_given(tmp_path: Path) -> No
     _shaped_dir(root, (10, (25, 25)), (10, (24, 25)))
     with pytest.raises(SourceError) as err:
         open_source(root)
-    text = one_line(err, root, "cannot tell the sample shape", "(25, 25) in 10", "(24, 25) in 10", "--sample-shape")
+    text = one_line(err, root, "cannot tell the sample shape", "(25, 25) in 10", "(24, 25) in 10", "sample_shape=H,W")
     assert ".npy" not in text
     with pytest.raises(SourceError) as err:
         open_source(root, sample_shape=(25, 25))

@@ -57,7 +57,7 @@ BAD_INPUTS: list[Case] = [
     ("garbage.h5", {}, lambda p: p.write_bytes(b"hello, not hdf5" * 100), "not a readable HDF5"),
     ("trunc.npy", {"label": "a"}, lambda p: (np.save(p, make_x()), truncate_file(p, 0.7)), "truncated"),
     ("tail.npy", {"label": "a"}, lambda p: (np.save(p, make_x()), p.open("ab").write(b"junk")), "unexpected bytes"),
-    ("nolabel.npy", {}, lambda p: np.save(p, make_x()), "--label"),
+    ("nolabel.npy", {}, lambda p: np.save(p, make_x()), "label=CLASS"),
     ("zero.npy", {"label": "a"}, lambda p: np.save(p, np.zeros((0, 4, 3), "f4")), "no samples"),
     ("flat.npy", {"label": "a"}, lambda p: np.save(p, np.zeros(10, "f4")), "ndim >= 2"),
     (

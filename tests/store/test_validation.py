@@ -62,7 +62,7 @@ def test_a_wrong_shape_is_refused(shape: tuple[int, ...]) -> None:
 def test_another_dtype_is_refused_without_cast() -> None:
     err = _error(check_samples, np.zeros((2, 3), np.float64), (3,), F32)
     assert err.message == "samples have dtype float64, expected float32"
-    assert err.hint == "cast them first"
+    assert err.hint == "convert them with cast=True"
 
 
 def test_a_same_kind_cast_converts() -> None:
@@ -95,7 +95,7 @@ def test_a_non_finite_value_names_the_first_bad_sample(bad: float) -> None:
     x[4, 0, 0] = bad
     err = _error(check_samples, x, (2, 2), F32)
     assert err.message == "non-finite value (NaN or inf) in sample 3"
-    assert err.hint == "allow_nonfinite accepts them"
+    assert err.hint == "allow_nonfinite=True accepts them"
     np.testing.assert_array_equal(check_samples(x, (2, 2), F32, allow_nonfinite=True), x)  # NaN == NaN here
 
 

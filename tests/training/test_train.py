@@ -186,10 +186,12 @@ def test_hostile_checkpoint_is_refused(synth_store: Path, tmp_path: Path) -> Non
 
 
 # ---------------------------------------------------------------------- every shape and dtype ingest accepts
-def _one_epoch(store: Path, out: Path | None, workers: int = 0, resume: bool = False) -> object:
+def _one_epoch(
+    store: Path, out: Path | None, workers: int = 0, resume: bool = False, overwrite: bool = False
+) -> object:
     cfg = TrainConfig(epochs=1, lr=5e-3, max_steps_per_epoch=3)
     lcfg = LoaderConfig(batch_size=64, workers=workers, persistent_workers=False)
-    return train(store, out, cfg, lcfg, resume=resume, log=None, progress=False)
+    return train(store, out, cfg, lcfg, resume=resume, log=None, progress=False, overwrite=overwrite)
 
 
 @pytest.mark.parametrize(
@@ -315,7 +317,9 @@ def test_checkpoint_missing_a_key_is_one_line(small_store: StoreInfo, tmp_path: 
 def test_fresh_run_in_an_old_directory_starts_its_metrics_afresh(small_store: StoreInfo, tmp_path: Path) -> None:
     out = tmp_path / "run"
     _one_epoch(small_store.path, out)
-    _one_epoch(small_store.path, out)  # not --resume: a new run, not more epochs of the old one
+    with pytest.raises(LmdbStoreError, match="holds an earlier training run"):  # never replaced unasked (issue 35)
+        _one_epoch(small_store.path, out)
+    _one_epoch(small_store.path, out, overwrite=True)  # not --resume: a new run, not more epochs of the old one
     assert [json.loads(line)["epoch"] for line in (out / METRICS_NAME).read_text().splitlines()] == [1]
 
 

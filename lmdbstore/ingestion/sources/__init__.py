@@ -18,6 +18,10 @@ Kinds (the path decides):
 ``.h5`` / ``.hdf5``
     Datasets ``h5_x`` and ``h5_y`` (defaults ``"x"``, ``"y"``), optional ``class_names`` dataset;
     needs the optional ``h5py`` dependency.
+``.tfrecord`` / ``.tfrecords`` (and shards ``NAME.tfrecord-00003-of-00016``)
+    ``tf.train.Example`` records, sample feature ``x_key``, label feature ``y_key``; the sample as raw bytes
+    (``dtype`` and ``sample_shape`` given) or a float/int64 list.  A directory of them is a set of shards, one
+    source per file.  Read without TensorFlow; needs the optional ``google-crc32c``.
 directory ``ROOT/<class>/*.npy``
     Each file one sample or a stack of samples, labelled by its subdirectory.  One source per class
     subdirectory (so the resume ledger has one entry per class, not per file); files in name order;
@@ -34,7 +38,8 @@ up front with the file and the sample index named.  Every error is a one-line
 
 Layout: :mod:`.base` (the :class:`Source` interface, :class:`~.base.FileSource` and the label helpers),
 :mod:`.checks` (the argument checks and read errors every kind shares), :mod:`.npyio` (``.npy`` headers and
-reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.directory`, :mod:`.store` (one module per kind),
+reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.tfrecord` (with :mod:`.tfrecord_io`), :mod:`.directory`,
+:mod:`.store` (one module per kind),
 :mod:`.opening` (:func:`open_source`, :func:`open_sources`) and :mod:`.scan` (:func:`scan_source`,
 :func:`infer_classes`).  Users import the names from this package; the library's own modules import them
 from the module that defines them.
@@ -48,6 +53,7 @@ from lmdbstore.ingestion.sources.npy import NpySource
 from lmdbstore.ingestion.sources.npz import NpzSource
 from lmdbstore.ingestion.sources.opening import open_source, open_sources
 from lmdbstore.ingestion.sources.scan import infer_classes, scan_source
+from lmdbstore.ingestion.sources.tfrecord import TFRecordSource
 
 __all__ = [
     "CLASS_NAMES_KEY",
@@ -57,6 +63,7 @@ __all__ = [
     "NpySource",
     "NpzSource",
     "Source",
+    "TFRecordSource",
     "infer_classes",
     "open_source",
     "open_sources",

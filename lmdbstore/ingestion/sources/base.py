@@ -224,18 +224,21 @@ class FileSource(Source):
                 f"{word} {x_key!r} has {self._n} samples but label {word} {y_key!r} has {shape[0]}", path=self.path
             )
 
-    def _check_names_header(self, shape: tuple[int, ...], dtype: Any, *, is_str: bool = False) -> None:
-        """Before the file's ``class_names`` member is read whole: from its header alone, it must be 1-D strings
-        (a string dtype, or ``is_str`` for variable-length ones) of bounded count and width."""
-        what = f"{self._member_word} {CLASS_NAMES_KEY!r}"
+    def _check_names_header(
+        self, shape: tuple[int, ...], dtype: Any, *, is_str: bool = False, what: str | None = None
+    ) -> None:
+        """Before the file's ``class_names`` member (``what``, default the ``class_names`` member) is read whole:
+        from its header alone, it must be 1-D strings (a string dtype, or ``is_str`` for variable-length ones) of
+        bounded count and width."""
+        what = what or f"{self._member_word} {CLASS_NAMES_KEY!r}"
         dt = np.dtype(dtype)
         if dt.kind not in "US" and not is_str:
             raise SourceError(f"{what} must be a 1-D array of strings, got {dt} {shape}", path=self.path)
         _check_names_layout(shape, dt, _string_chars(dt) if dt.kind in "US" else None, self.path, what)
 
-    def _set_names(self, arr: np.ndarray) -> None:
-        """Keep the file's ``class_names`` member ``arr``, checked to be distinct non-empty strings."""
-        self._names = _names_to_list(arr, self.path, f"{self._member_word} {CLASS_NAMES_KEY!r}")
+    def _set_names(self, arr: np.ndarray, what: str | None = None) -> None:
+        """Keep the file's ``class_names`` member ``arr`` (``what``), checked to be distinct non-empty strings."""
+        self._names = _names_to_list(arr, self.path, what or f"{self._member_word} {CLASS_NAMES_KEY!r}")
 
     def _labels(self, y: np.ndarray, first: int) -> np.ndarray:
         """Labels read from the file starting at sample ``first``, as :meth:`Source.iter_batches` yields them.

@@ -106,7 +106,7 @@ def _rel(path: str) -> str:
 
 #: Odd files named in one error message before the rest are only counted.
 _NAMED_FILES = 3
-_SHAPE_HINT = "pass the sample shape explicitly (ingest --sample-shape H,W,...; sample_shape= in Python)"
+_SHAPE_HINT = "pass the sample shape explicitly with sample_shape=H,W"
 
 
 def _fits(s: tuple[int, ...], shape: tuple[int, ...]) -> bool:
@@ -161,7 +161,7 @@ def _decide_sample_shape(root: Path, files: list[_DirFile], sample_shape: tuple[
         # reading every file as a stack of rows, when that fits them all, is offered in the hint
         remedy = _SHAPE_HINT
         if len(top) > 1 and all(_fits(s, top[1:]) for s in counts):
-            remedy += f"; --sample-shape {','.join(map(str, top[1:]))} reads every file as a stack of {top[1:]} samples"
+            remedy += f"; sample_shape={','.join(map(str, top[1:]))} reads every file as a stack of {top[1:]} samples"
         _refuse_odd_files(root, files, top, f"{c:,} of {n:,} files have {top}", remedy)
         return top
     if 2 * c == n and c > 1:  # two equal halves: settled only when one half are samples the others stack

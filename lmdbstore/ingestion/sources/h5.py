@@ -17,6 +17,9 @@ from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_
 from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_stack
 
+#: A dataset of an HDF5 file naming its classes when it has no ``class_names`` (the other common name).
+CLASSES_KEY = "classes"
+
 
 def _import_h5py(path: Path) -> Any:
     """The ``h5py`` module, or a SourceError naming the extra that installs it."""
@@ -46,7 +49,10 @@ def _h5_dataset_names(f: Any) -> str:
 
 
 class H5Source(FileSource):
-    """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), optional ``class_names``."""
+    """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), class names (optional) in a
+    ``class_names`` attribute of the label dataset or of the file, or a ``class_names`` or ``classes`` dataset
+    (the first found, in that order).  Picklable (``workers=`` sends sources to other processes): it keeps no
+    open file and no module."""
 
     kind = "h5"
     _key_options = ("h5_x", "h5_y")
@@ -58,28 +64,51 @@ class H5Source(FileSource):
         self.name = f"{path}[{h5_x}]"
         self._names: list[str] | None = None
         self._y_is_str = False
+        h5py = _import_h5py(path)
         with self._open() as f:
-            x = self._dataset(f, h5_x, "samples", "--h5-x")
+            x = self._dataset(f, h5_x, "samples", "h5_x=")
             check_stack(NpyHeader(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
             self.shape, self.dtype, self._n = tuple(int(s) for s in x.shape[1:]), np.dtype(x.dtype), int(x.shape[0])
             if label is None:
-                y = self._dataset(f, h5_y, "labels", "--h5-y or label all samples with --label CLASS")
-                self._y_is_str = self._h5py.check_string_dtype(y.dtype) is not None
+                y = self._dataset(f, h5_y, "labels", "h5_y= or label all samples with label=CLASS")
+                self._y_is_str = h5py.check_string_dtype(y.dtype) is not None
                 self._check_label_array(y.shape, y.dtype, h5_x, h5_y, is_str=self._y_is_str)
-            names = f.get(CLASS_NAMES_KEY)
-            if names is not None and hasattr(names, "shape") and CLASS_NAMES_KEY not in (h5_x, h5_y):
-                is_str = self._h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
-                self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str)
-                try:
-                    arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
-                except (*READ_ERRORS, TypeError) as exc:
-                    raise SourceError(f"cannot read dataset {CLASS_NAMES_KEY!r} ({one_line(exc)})", path=path) from exc
+            self._read_names(f, h5py)
+
+    def _read_names(self, f: Any, h5py: Any) -> None:
+        """The file's class names: a ``class_names`` attribute of the label dataset or of the file, or a
+        ``class_names`` or ``classes`` dataset (not one of the sample or label datasets); checked from their
+        header before being read whole."""
+        y = f.get(self.h5_y) if self.label is None else None
+        for holder in (y, f):
+            attr = None if holder is None else holder.attrs.get(CLASS_NAMES_KEY)
+            if attr is not None:
+                arr = np.asarray(attr)
+                arr = (
+                    np.asarray([v.decode() if isinstance(v, bytes) else v for v in arr.reshape(-1)])
+                    if arr.dtype.kind in "OS"
+                    else arr
+                )
+                self._check_names_header(tuple(arr.shape), arr.dtype)
                 self._set_names(arr.astype(str))
+                return
+        for key in (CLASS_NAMES_KEY, CLASSES_KEY):
+            names = f.get(key)
+            if names is None or not hasattr(names, "shape") or key in (self.h5_x, self.h5_y):
+                continue
+            is_str = h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
+            self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str, what=f"dataset {key!r}")
+            try:
+                arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
+            except (*READ_ERRORS, TypeError) as exc:
+                raise SourceError(f"cannot read dataset {key!r} ({one_line(exc)})", path=self.path) from exc
+            self._set_names(arr.astype(str), what=f"dataset {key!r}")
+            return
 
     def _open(self) -> Any:
-        self._h5py = _import_h5py(self.path)
+        h5py = _import_h5py(self.path)
         try:
-            return self._h5py.File(self.path, "r")
+            return h5py.File(self.path, "r")
         except (OSError, ValueError) as exc:
             raise SourceError(f"not a readable HDF5 file ({one_line(exc)})", path=self.path) from exc
 

@@ -24,7 +24,7 @@ class NpySource(FileSource):
             raise SourceError(
                 "an .npy file holds no labels; say which class its samples belong to",
                 path=path,
-                hint="pass --label CLASS (label=)",
+                hint="pass label=CLASS",
             )
         with open(path, "rb") as f:
             h = read_header(f, path)

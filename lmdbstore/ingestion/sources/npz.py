@@ -113,7 +113,7 @@ class NpzSource(FileSource):
             present = preview(sorted(members)) or "none"
             if x_key not in members:
                 raise SourceError(
-                    f"no array {x_key!r} in the archive; it holds: {present}", path=path, hint="choose one with --x-key"
+                    f"no array {x_key!r} in the archive; it holds: {present}", path=path, hint="choose one with x_key="
                 )
             self._x = _ZipMember(zf, members[x_key], path, f"array {x_key!r}")
             check_stack(self._x.header, path, f"array {x_key!r}")
@@ -124,7 +124,7 @@ class NpzSource(FileSource):
                     raise SourceError(
                         f"no label array {y_key!r} in the archive; it holds: {present}",
                         path=path,
-                        hint="choose one with --y-key or label all samples with --label CLASS",
+                        hint="choose one with y_key= or label all samples with label=CLASS",
                     )
                 self._y = _ZipMember(zf, members[y_key], path, f"array {y_key!r}")
                 yh = self._y.header

@@ -148,7 +148,7 @@ def infer_classes(sources: Sequence[Source], *, batch: int = 1 << 20) -> list[st
             f"integer label {max_id} is beyond the {len(result)} class names inferred ({preview(result)})",
             path=max_at[0],
             key=max_at[1],
-            hint="give the classes explicitly with --classes",
+            hint="give the classes explicitly with classes=",
         )
     return result
 
