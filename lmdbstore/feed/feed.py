@@ -1,26 +1,21 @@
 """A feed: passes over a sampler's batches, read ahead by reader processes into shared slots and handed out
-as numpy arrays without a copy; what every framework adapter is built on (``make_loader`` for PyTorch, the
-Keras ``PyDataset``, the ``tf.data`` factory).  numpy only, no torch.
+as numpy arrays without a copy; what every framework adapter is built on.  numpy only.
 
-* :meth:`BatchFeed.begin` starts a pass: the sampler's next epoch (:mod:`lmdbstore.loader.passes`), so
-  every pass has a new order unless ``set_epoch`` pinned one; a pass still running is abandoned.
-* :meth:`BatchFeed.next` returns the pass's next batch ``(x, y)`` (``x`` in the layout's shape and the
-  store's dtype, ``y`` int64), in the sampler's order, while ``workers * prefetch`` later batches are read.
-* A returned batch's slot is reused only when nothing references its memory
-  (:class:`~lmdbstore.feed.slots.SharedSlots`) and, with a ``fence`` (page-locked slots a GPU copies from
-  asynchronously), once the copy that read it has finished; a consumer holding every slot gets the next
-  batch read in its own thread into fresh memory, so keeping batches is safe, only slower.
-* :meth:`BatchFeed.read` reads batch ``k`` of the current pass again, :meth:`BatchFeed.peek` batch ``i``
-  of the next pass without starting it (what Keras' first look at a dataset needs).
-* The readers start with the first pass and wait between passes; when no batch is asked for a while (after
-  a pass, or inside one a loop broke out of) they stop (:mod:`lmdbstore.feed.idle`), and the next batch
-  starts them again, inside a pass where it was.  :meth:`BatchFeed.close` and garbage collection stop them at
-  once.
-* :meth:`BatchFeed.state_dict` is the sampler's state after the batches *handed out* (the sampler's own
-  counts the ones read ahead too); :meth:`BatchFeed.load_state_dict` makes the next pass resume there.  A
-  sampler that keeps no passes itself resumes by count (:class:`~lmdbstore.loader.passes.CountedPasses`).
-* Each batch's user code (a transform, a dataset's ``__getitem__``) runs with generators seeded from ``seed``,
-  the epoch and the batch's number (:mod:`lmdbstore.feed.seeding`).
+* :meth:`BatchFeed.begin` starts a pass (the sampler's next epoch unless ``set_epoch`` pinned one; a pass
+  running is abandoned); :meth:`BatchFeed.next` returns its next batch ``(x, y)`` while ``workers * prefetch``
+  later ones are read; :meth:`BatchFeed.read` reads batch ``k`` of the pass again, :meth:`BatchFeed.peek`
+  batch ``i`` of the next pass without starting it (Keras' first look at a dataset).
+* A batch's slot is reused once nothing references its memory (:class:`~lmdbstore.feed.slots.SharedSlots`)
+  and, with a ``fence`` (a GPU copying from page-locked slots), once the copy that read it is done; a consumer
+  holding every slot gets the next batch read in its own thread into fresh memory: slower, never wrong.
+* Readers wait between passes and stop when no batch is asked for a while (:mod:`lmdbstore.feed.idle`), also
+  inside a pass, which the next batch resumes where it was; :meth:`BatchFeed.close` and collection stop them
+  at once.
+* :meth:`BatchFeed.state_dict` is the sampler's state after the batches *handed out* (not those read ahead);
+  :meth:`BatchFeed.load_state_dict` makes the next pass resume there.  A sampler that keeps no passes resumes
+  by count (:class:`~lmdbstore.loader.passes.CountedPasses`).
+* Each batch's user code runs with generators seeded from ``seed``, its epoch and its number
+  (:mod:`lmdbstore.feed.seeding`).
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lmdbstore.feed.idle import IdleStop
-from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource
+from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource, raise_failure
 from lmdbstore.feed.seeding import BatchSeed
 from lmdbstore.feed.slots import SharedSlots, pool_slots, slot_bytes
 from lmdbstore.loader.passes import CountedPasses
@@ -52,8 +47,7 @@ FREE, INFLIGHT, HELD, FENCED = 0, 1, 2, 3
 
 
 class Fence(Protocol):
-    """Something recorded when a batch is let go whose ``query()`` says when its slot may be written again
-    (a CUDA event after the asynchronous copy from a page-locked slot)."""
+    """Recorded when a batch is let go; ``query()`` says when its slot may be written again (a CUDA event)."""
 
     def query(self) -> bool: ...
 
@@ -76,19 +70,17 @@ class BatchFeed:
     """Passes over ``sampler``'s batches of ``source`` (see the module docstring).
 
     Args:
-        source: what the readers read (the store, its layout, labels, transform; or a dataset).
-        sampler: a batch sampler of :mod:`lmdbstore.loader`, or any iterable of index arrays (resumed by count).
-        samples: how many samples the store (or set) has: no slot holds more.
-        workers: reader processes (0: read in the consumer's thread, one batch at a time).
-        prefetch: batches each reader works ahead.
-        held: slots for batches the consumer holds (default :data:`EXTRA_SLOTS`).
-        context: start method of the readers (``None``: :func:`~lmdbstore.util.procs.start_method`'s choice).
-        seed: the run's seed, for the generators of each batch's user code.
-        persistent: readers wait between passes (default); ``False``: they stop at the end of each.
-        fence: called when the consumer lets a batch go, returns what says when its slot may be reused
-            (default none: at once).
-        pin: called with each new set of slots (:class:`~lmdbstore.feed.slots.SharedSlots`), returns what to
-            call before their memory is unmapped (page-locking for the GPU).
+        source: what the readers read (a store in a layout, its labels and transform; or a dataset).
+        sampler: a batch sampler of :mod:`lmdbstore.loader`, or any iterable of index arrays.
+        samples: the store's (or set's) samples: no slot holds more.
+        workers, prefetch: reader processes (0: read in the consumer's thread) and batches each works ahead.
+        held: slots for batches the consumer holds.
+        context: the readers' start method (``None``: :func:`~lmdbstore.util.procs.start_method`'s choice).
+        seed: the run's seed (of each batch's generators).
+        persistent: readers wait between passes; ``False``: they stop at the end of each.
+        fence: called when the consumer lets a batch go; says when its slot may be reused (default: at once).
+        pin: called with each new :class:`~lmdbstore.feed.slots.SharedSlots`; returns what to call before
+            their memory is unmapped (page-locking for the GPU).
 
     Raises:
         ValueError: not even one batch per reader fits in the memory available.
@@ -268,7 +260,7 @@ class BatchFeed:
         if answer[0] != "slot":
             self.state[slot] = FREE
             if answer[0] == "error":
-                answer[1].raise_(f"a reader process, on batch {self.delivered - 1} of the pass")
+                raise_failure(answer, f"a reader process, on batch {self.delivered - 1} of the pass")
             self.came["sent"] += 1
             return answer[2]  # type: ignore[no-any-return]
         self.came["slot"] += 1

@@ -19,7 +19,7 @@ batch's ``(run seed, epoch, batch)``: the reader then seeds ``random``, numpy's 
 draws differ between batches and readers and repeat on a rerun.  Each reader works its queue in order, so the
 answers, read back reader by reader in the same round, come in batch order.  An answer is ``("slot", slot,
 rows)`` (the batch is in the slot), ``("fresh", slot, item)`` (a transform or a dataset returned something
-else: it travels pickled) or ``("error", failure)`` (:class:`Failure`: raised in the consumer as the original
+else: it travels pickled) or ``("error", ...)`` (:func:`failure`: raised in the consumer as the original
 exception, the reader's traceback attached).  Readers ignore Ctrl-C (the consumer's process handles it and
 stops them) and die with the consumer's process whatever kills it (:mod:`lmdbstore.util.lifeline`); one that
 dies is a one-line :class:`~lmdbstore.errors.LmdbStoreError`.  The start method is chosen explicitly
@@ -35,7 +35,6 @@ import signal
 import traceback
 import weakref
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
@@ -50,7 +49,7 @@ from lmdbstore.store.readers import Reader
 from lmdbstore.util.lifeline import Lifeline
 from lmdbstore.util.procs import check_main_guard, main_script_hidden, start_hint, start_method
 
-__all__ = ["Failure", "InlineReader", "ReaderPool", "StoreSource", "serve_reads"]
+__all__ = ["InlineReader", "ReaderPool", "StoreSource", "failure", "raise_failure", "serve_reads"]
 
 #: Seconds a reader gets to stop by itself before it is terminated.
 STOP_TIMEOUT = 5.0
@@ -110,48 +109,36 @@ class StoreSource:
         return {**self.__dict__, "_labels": None}
 
 
-@dataclass(frozen=True)
-class Failure:
-    """An exception raised in a reader, on its way to the consumer: the exception itself pickled where it can
-    be, else its type name and message; and the reader's traceback text."""
+def failure(exc: BaseException) -> tuple[Any, ...]:
+    """The answer for an exception a reader raised: the exception pickled (``None`` where it cannot be sent and
+    rebuilt), its type and first line, and the reader's traceback."""
+    try:
+        pickled: bytes | None = pickle.dumps(exc)
+        pickle.loads(pickled)  # type: ignore[arg-type]
+    except Exception:
+        pickled = None
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return ("error", pickled, f"{type(exc).__name__}: {text}", "".join(traceback.format_exception(exc)))
 
-    kind: str
-    message: str
-    traceback: str
-    pickled: bytes | None
 
-    @classmethod
-    def of(cls, exc: BaseException) -> Failure:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        pickled: bytes | None = None
-        try:
-            pickled = pickle.dumps(exc)
-            pickle.loads(pickled)  # an exception that pickles but cannot be rebuilt is sent by name
-        except Exception:
-            pickled = None
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return cls(type(exc).__name__, first, text, pickled)
-
-    def raise_(self, where: str) -> NoReturn:
-        """Raise the original exception (or a one-line :class:`LmdbStoreError` naming its type) with the
-        reader's traceback as its cause."""
-        exc: BaseException | None = None
-        if self.pickled is not None:
-            with contextlib.suppress(Exception):
-                exc = pickle.loads(self.pickled)
-        if not isinstance(exc, Exception):
-            exc = LmdbStoreError(f"{where} failed: {self.kind}: {self.message}")
-        exc.__cause__ = RemoteTraceback(self.traceback)
-        if hasattr(exc, "add_note"):
-            exc.add_note(f"(raised in {where})")
-        raise exc
+def raise_failure(answer: tuple[Any, ...], where: str) -> NoReturn:
+    """Raise a :func:`failure` answer here: the original exception (else a one-line :class:`LmdbStoreError`
+    naming its type), the reader's traceback as its cause."""
+    _, pickled, line, text = answer
+    exc = pickle.loads(pickled) if pickled is not None else None
+    if not isinstance(exc, Exception):
+        exc = LmdbStoreError(f"{where} failed: {line}")
+    exc.__cause__ = RemoteTraceback(text)
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        exc.add_note(f"(raised in {where})")
+    raise exc
 
 
 class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a reader process (shown as the cause of the one raised here)."""
+    """The traceback of an exception raised in a reader process (the cause of the one raised here)."""
 
     def __str__(self) -> str:
-        return "\n" + str(self.args[0]) if self.args else ""
+        return "\n" + str(self.args[0])
 
 
 def serve_reads(
@@ -166,7 +153,7 @@ def serve_reads(
         slots = SharedSlots(*shape, segment=segment)
         source.label_table  # noqa: B018  # read before the first batch, not during it
     except Exception as exc:
-        conn.send(("error", Failure.of(exc)))
+        conn.send(failure(exc))
         return
     conn.send(("ready",))
     try:
@@ -183,7 +170,7 @@ def serve_reads(
                 with seeded(seed, restore=False):
                     answer = source.fill(slots, slot, idx)
             except Exception as exc:  # sent to the consumer, raised there
-                answer = ("error", Failure.of(exc))
+                answer = failure(exc)
             conn.send(answer)
     finally:
         source.close()
@@ -289,7 +276,7 @@ class ReaderPool:
             ready = self._receive(k)
             if ready[0] == "error":
                 self.close()
-                ready[1].raise_(f"reader process {k}")
+                raise_failure(ready, f"reader process {k}")
         slots.unlink()  # every reader has mapped them: nothing is left behind, whatever happens next
         self.sent = 0  # requests sent
         self.answered = 0  # answers read

@@ -263,3 +263,30 @@ def test_a_subclass_overriding_getitem_works_with_workers_and_reused_buffers(sma
         assert loader.feed.came["slot"] > 0 and loader.feed.came["sent"] == 0
     else:  # other shapes and items: sent as they are
         assert loader.feed.came["sent"] == 2 * len(kept)
+
+
+def _keep(queue, out) -> None:  # type: ignore[no-untyped-def]
+    """In a child: take 20 batches off the queue, keep them, then send back the sample numbers they hold."""
+    kept = [queue.get() for _ in range(20)]
+    out.put([x[:, 0, 0, 0].round().long().tolist() for x in kept])
+
+
+def test_a_batch_sent_to_another_process_stays_intact_when_its_slot_is_reused(small_store: StoreInfo) -> None:
+    """Issue 33: no patch of torch's pickling.  A batch pickled to another process (a torch.multiprocessing queue)
+    is copied by torch's own reducer into a segment of its own, as for any tensor not in torch's shared memory;
+    the slot it came from is reused for later batches while the child still holds the copy."""
+    import torch.multiprocessing as tmp
+
+    ctx = tmp.get_context("fork")
+    queue, out = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_keep, args=(queue, out))
+    child.start()
+    loader = make_loader(LmdbBatchDataset(small_store.path), EpochBatchSampler(np.arange(2000), 100, shuffle="none"),
+                         LoaderConfig(workers=2))  # fmt: skip
+    for x, _ in loader:
+        queue.put(x)
+        del x
+    got = out.get(timeout=60)
+    child.join(60)
+    assert loader.feed.came["slot"] == 20 and loader.feed.slots.n < 20  # the slots were reused meanwhile
+    assert got == [list(range(k * 100, (k + 1) * 100)) for k in range(20)]
