@@ -198,6 +198,13 @@ def _phases(path: Path, rng: np.random.Generator, opened: Any, stop: Any, report
             if commit == COMMITS // 2:
                 loader, sampler = _loader(path, "fork")  # forked workers with the writer open here
                 assert _epoch(loader, sampler) == n
+        for _ in range(60):  # until the map grows (readers that stopped hold no old pages: LMDB reuses them)
+            if w._env.info()["map_size"] > grown:
+                break
+            w.append(truth(range(n, n + 1000)), labels(range(n, n + 1000)))
+            w.commit()
+            n += 1000
+            checkers[n % len(checkers)].check()
         assert w._env.info()["map_size"] > grown  # the map grew under the readers
     for c in checkers:
         c.r.refresh()
