@@ -231,8 +231,8 @@ def check_sendable(source: StoreSource, method: str) -> None:
             raise ValueError(
                 f"the reader processes start by {method} and cannot receive {what} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}): make it a module-level function or class "
-                "(a lambda or a function defined inside another cannot be pickled), or pass "
-                "multiprocessing_context='fork' where forking is safe"
+                "(a lambda or a function defined inside another cannot be pickled), or set the loader's "
+                "multiprocessing_context to 'fork' where forking is safe"
             ) from None
 
 
