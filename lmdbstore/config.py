@@ -124,44 +124,33 @@ DEFAULT_VAL_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """What a loader reads, in which order, and how: one config for every adapter (``make_loader`` for
-    PyTorch, ``keras_dataset``, ``tf_dataset``, the trainer).  ``FeedConfig`` is the same class.
+    """What a loader reads, in which order, and how: one config for every adapter (``make_loader``, ``keras_dataset``,
+    ``tf_dataset``, the trainer; ``FeedConfig`` is the same class).  docs/api.md's table says more of each field.
 
     Attributes:
         batch_size: samples per batch (default 4096).
-        split: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded, stratified
-            split ``lmdbstore train`` uses (``val_fraction`` of every class, by ``seed``).
-        val_fraction: the validation share of every class for ``split`` (default 0.1).
-        shuffle: ``"random"`` (a full permutation per epoch, one lookup per sample), ``"block"``
-            (whole packed values in shuffled order, mixed within a buffer of batches; fewer lookups),
-            ``"window"`` (random batches from a window of large consecutive runs: stores bigger than RAM),
-            ``"auto"`` (``random`` if the store fits in the page cache, else ``window``) or ``"none"`` (index
-            order); ``None`` (default): ``"none"`` for ``split="val"``, ``"auto"`` otherwise.
-        balanced: draw classes equally, with replacement, instead of going over every sample once.
-        weights: per store of a set, its share of every epoch (default ``None``: every sample once per
-            epoch); e.g. ``(0.7, 0.3)``: 70 % of each epoch's samples from the first store, 30 % from the
-            second, exactly (:mod:`lmdbstore.loader.mixing`).  Random order only: with ``shuffle``
-            ``"block"``/``"window"`` or ``balanced`` it is a ``ValueError``; ``None`` and ``"auto"`` mean
-            ``"random"``.
-        window_mb: window size of ``"window"`` in MiB (default ``None``: an eighth of available memory).
-        block_buffer: in block mode, over how many batches each value's samples are spread (default 2):
-            1 keeps a value's samples in one batch (one lookup and one copy per value: fastest, most
-            correlated); larger mixes more at the cost of more lookups and shorter copies per batch.
-        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere, so runs and ranks agree; a batch's
-            transform draws from generators seeded by it, the epoch and the batch.
-        workers: reader processes (default 2; 0 reads in the consuming thread).
-        prefetch: batches each reader works ahead (default 2).
-        persistent_workers: readers wait between passes (default ``True``; they stop after a while without
-            one); ``False``: they stop at the end of every pass.
-        multiprocessing_context: start method of the readers: ``None`` (default: ``fork``, or ``forkserver``
-            once TensorFlow's or JAX's runtime runs in this process), ``"fork"``, ``"spawn"`` or
-            ``"forkserver"``.
-        channels: where the batch's channel axis goes: ``"first"`` ((N, 1, H, W), PyTorch's), ``"last"`` ((N,
-            H, W, 1), Keras' and TensorFlow's) or ``"stored"`` ((N, H, W)); ``None`` (default): the
-            adapter's convention.
-        drop_last: leave out the last, short batch (default ``False``).
-        pin_memory: page-lock the batch slots for asynchronous host-to-GPU copies (PyTorch); ``None`` means
-            "when CUDA is used" (the trainer), ``False`` in ``make_loader``.
+        split, val_fraction: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded,
+            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1).
+        shuffle: ``"random"`` (a permutation per epoch), ``"block"`` (whole packed values in shuffled order, fewer
+            lookups), ``"window"`` (random batches from a window of large runs: stores bigger than RAM), ``"auto"``
+            (``random`` if the store fits in the page cache, else ``window``) or ``"none"``; ``None`` (default):
+            ``"none"`` for ``split="val"``, else ``"auto"``.
+        balanced: draw classes equally, with replacement.
+        weights: per store of a set, its exact share of every epoch, e.g. ``(0.7, 0.3)``
+            (:mod:`lmdbstore.loader.mixing`; random order only).
+        window_mb: window of ``"window"`` in MiB (default ``None``: an eighth of available memory).
+        block_buffer: block order: over how many batches each value's samples are spread (default 2).
+        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere; each batch's transform draws from generators
+            seeded by it, the epoch and the batch.
+        workers: reader processes (default 2; 0 reads in the consuming thread); prefetch: batches each works
+            ahead (default 2).
+        persistent_workers: readers wait between passes (default ``True``); ``False``: they stop after each.
+        multiprocessing_context: the readers' start method (``None``: ``fork``, or ``forkserver`` once TensorFlow's
+            or JAX's runtime runs; ``spawn`` off Linux).
+        channels: ``"first"`` ((N, 1, H, W)), ``"last"`` ((N, H, W, 1)) or ``"stored"``; ``None``: the adapter's.
+        drop_last: leave out the last, short batch.
+        pin_memory: page-lock the slots for asynchronous host-to-GPU copies; ``None``: when CUDA is used (the
+            trainer), ``False`` in ``make_loader``.
     """
 
     batch_size: int = 4096

@@ -1,16 +1,8 @@
-"""Reader processes that stop when nobody asks them for batches: what lets a feed keep its readers across the
-epochs of a training (no start-up per epoch) and still leave nothing running for nobody -- when a framework
-keeps the dataset for good (Keras on TensorFlow keeps every dataset it fitted on, and TensorFlow the functions
-of a ``tf.data`` pipeline, for as long as the process lives), and when a loop breaks out of a pass and keeps
-the loader.
-
-A feed calls :meth:`IdleStop.wake` when a pass begins, :meth:`IdleStop.touch` whenever it hands out a batch
-and :meth:`IdleStop.rest` when a pass ends (its last batch handed out, Keras' ``on_epoch_end``), the first and
-last with its lock held.  No batch asked for in :func:`idle_seconds` -- at least :data:`IDLE_MIN_SECONDS`, and
-half of the pass so far, so that a validation pass between two epochs (or inside one) does not outlast it --
-calls the owner's stop (the feed's ``close``: readers stopped, shared memory freed; the pass, if one was
-running, stays where it was, and the next batch starts the readers again).  One thread per feed waits for
-that (started at the first pass); it holds the feed weakly and ends when the feed is collected.
+"""Reader processes that stop when nobody asks them for batches: the feed keeps its readers across epochs (no
+start-up per epoch) and still leaves nothing running for nobody -- a framework that keeps the dataset for good
+(Keras on TensorFlow, ``tf.data``'s functions), a loop that broke out of a pass and keeps the loader.  No batch
+asked for in :func:`idle_seconds` (at least :data:`IDLE_MIN_SECONDS`, and half the pass so far) calls the feed's
+``close`` from one thread per feed (holding the feed weakly); a pass stopped that way resumes at its next batch.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""How the samples of a store lie in a batch the feed hands out: the one place that knows the three layouts.
-
-* ``"first"``: a channel axis after the batch axis, as PyTorch's convolutions take it -- ``(N, 1, H, W)`` for
-  (H, W) samples, ``(N, 1, L)`` for (L,), and (C, H, W) samples as stored, ``(N, C, H, W)``;
-* ``"last"``: channels last, as Keras and TensorFlow take it -- ``(N, H, W, 1)`` for (H, W) samples,
-  ``(N, H, W, C)`` for (C, H, W) samples (moved on the way: the one layout that costs a copy);
-* ``"stored"``: ``(N, *shape)``, the samples as the store holds them.
-
-numpy only.
-"""
+"""Where a batch's channel axis goes: ``"first"`` (PyTorch: ``(N, 1, H, W)`` for (H, W) samples, (C, H, W) as
+stored), ``"last"`` (Keras, TensorFlow: ``(N, H, W, 1)``, (C, H, W) moved to ``(N, H, W, C)`` on the way) or
+``"stored"`` (``(N, *shape)``).  numpy only."""
 
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """Reader processes of a feed: each reads whole batches straight into a shared-memory slot
-(:mod:`lmdbstore.feed.slots`) and answers with the slot number only.  numpy only, no torch.
+(:mod:`lmdbstore.feed.slots`) and answers with the slot number.  numpy only.  Processes, not threads: a warm
+batch is thousands of small GIL-bound copies.
 
-Why processes: a warm batch is thousands of small copies out of the page cache, Python-driven and
-GIL-bound, so reader *threads* in one process serialize.  Processes read in parallel; the slot protocol keeps
-the samples from being pickled.
-
-What a reader reads is a *source* (:class:`StoreSource`: a store's samples in a layout, their labels, a
-transform; the PyTorch adapter's source runs a dataset's ``__getitem__`` instead).  It travels to the readers
-once, when they start (inherited by ``fork``, pickled for ``forkserver``/``spawn``: then it must be picklable,
-checked before any process starts, one line naming what is not).
-
-Protocol: a reader maps the slots and says ``("ready",)``; once all have, the slots' file name is removed.
-For its ``k``-th batch the feed writes the sample numbers into the slot's label area (int64, as many as the
-labels) and sends ``(slot, rows, seed)`` to reader ``k % workers`` -- a few bytes, whatever the batch size;
-the reader takes the numbers from there before it writes the labels over them.  ``seed`` is ``None``, or the
-batch's ``(run seed, epoch, batch)``: the reader then seeds ``random``, numpy's global generator and torch's
-(when imported) from it before the source's user code runs (:mod:`lmdbstore.feed.seeding`), so augmentation
-draws differ between batches and readers and repeat on a rerun.  Each reader works its queue in order, so the
-answers, read back reader by reader in the same round, come in batch order.  An answer is ``("slot", slot,
-rows)`` (the batch is in the slot), ``("fresh", slot, item)`` (a transform or a dataset returned something
-else: it travels pickled) or ``("error", ...)`` (:func:`failure`: raised in the consumer as the original
-exception, the reader's traceback attached).  Readers ignore Ctrl-C (the consumer's process handles it and
-stops them) and die with the consumer's process whatever kills it (:mod:`lmdbstore.util.lifeline`); one that
-dies is a one-line :class:`~lmdbstore.errors.LmdbStoreError`.  The start method is chosen explicitly
-(:func:`~lmdbstore.util.procs.start_method`).
+A reader reads a *source* (:class:`StoreSource`: a store in a layout, its labels, a transform; the PyTorch
+adapter's dataset is one too), inherited by ``fork`` or pickled for ``forkserver``/``spawn`` (checked before
+any process starts: :func:`check_sendable`).  Protocol: a reader maps the slots and says ``("ready",)``; for
+its ``k``-th batch the feed writes the sample numbers into the slot's label area and sends ``(slot, rows,
+seed)`` to reader ``k % workers`` (a few bytes whatever the batch size; ``seed``: the batch's generators,
+:mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)``, ``("fresh", slot, item)``
+(something else than the slot's batch, pickled) or an error (:func:`failure`: raised in the consumer as the
+original exception, the reader's traceback its cause).  Readers ignore Ctrl-C and die with the consumer's
+process (:mod:`lmdbstore.util.lifeline`); one that dies is a one-line :class:`~lmdbstore.errors.LmdbStoreError`.
 """
 
 from __future__ import annotations
@@ -142,7 +129,7 @@ class RemoteTraceback(Exception):
 
 
 def serve_reads(
-    conn: Connection, source: StoreSource, segment: SegmentFd | str, shape: tuple[int, int, int], lifeline: Lifeline
+    conn: Connection, source: StoreSource, segment: SegmentFd, shape: tuple[int, int, int], lifeline: Lifeline
 ) -> None:
     """A reader process: answer ``(slot, rows, seed)`` requests on ``conn`` until ``None`` or end of input.
     ``shape`` is ``(slots, rows per slot, bytes per sample)`` of the shared ``segment``; the process ends
@@ -241,7 +228,7 @@ class ReaderPool:
 
     Args:
         source: what they read (its reader is closed here: no open environment crosses into them).
-        slots: the shared slots (created by the caller, which unlinks them).
+        slots: the shared slots (the caller's).
         workers: processes (at least 1).
         context: the start method (``None``: :func:`~lmdbstore.util.procs.start_method`'s choice).
 
@@ -277,7 +264,6 @@ class ReaderPool:
             if ready[0] == "error":
                 self.close()
                 raise_failure(ready, f"reader process {k}")
-        slots.unlink()  # every reader has mapped them: nothing is left behind, whatever happens next
         self.sent = 0  # requests sent
         self.answered = 0  # answers read
 

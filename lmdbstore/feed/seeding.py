@@ -1,15 +1,8 @@
-"""The random generators a batch's user code sees (a transform, a dataset's ``__getitem__``): seeded per batch
-from the run's seed, the batch's epoch and its number in the epoch.
-
-Forked reader processes start with a copy of the consumer's generators, so without this every reader draws
-the same "random" augmentation (a transform drawing from ``np.random`` repeated 20 of 40 draws across two
-readers).  Seeding per batch rather than per reader also makes the draws independent of how many readers
-there are and of where a run was resumed: batch ``b`` of epoch ``e`` draws the same in every run with the same
-seed.  ``random``, numpy's global generator and -- only where the process has imported it -- torch's CPU
-generator are seeded (``np.random.default_rng()`` without a seed takes fresh entropy, as always).
-
-In a reader process the generators are the feed's own; in the consumer's process (no readers) they are the
-program's, so there they are put back after the batch (:func:`seeded` with ``restore=True``).
+"""The generators a batch's user code sees (a transform, a dataset's ``__getitem__``): ``random``, numpy's global
+generator and torch's CPU one (where imported), seeded from the run's seed, the batch's epoch and its number in
+the epoch -- different in every batch and reader (forked readers used to share the consumer's state and repeat
+its draws), the same on a rerun, after a resume and with any number of readers.  In the consumer's own process
+(no readers) they are put back after the batch (:func:`seeded` with ``restore=True``).
 """
 
 from __future__ import annotations

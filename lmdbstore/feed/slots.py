@@ -1,30 +1,15 @@
-"""Batch slots in shared memory for the reader processes of a feed, handed to the consumer without a copy
-and reused only when nothing references them any more; how many fit.  numpy only, no torch.
+"""Batch slots in shared memory, handed to the consumer without a copy and reused only when nothing references
+them any more; how many fit.  numpy only.
 
-One memory-mapped segment holds ``n`` slots; a slot holds one batch: the samples (``x``), then the labels
-(``y``, int64).  Slots start on 4 KiB boundaries (TensorFlow makes tensors of 64-byte-aligned numpy memory
-without copying it).  Nothing of it can be left behind, whatever kills the processes: on Linux the segment
-is an anonymous ``memfd`` (no name anywhere; the readers get its descriptor, by inheritance or passed by
-``multiprocessing``), freed by the kernel when the last process mapping it ends.  Elsewhere it is a file in
-:data:`SHM_DIR` (else the temporary directory) named with the owner's pid and start time, removed once the
-readers have mapped it (:meth:`SharedSlots.unlink`); one whose owner is gone (killed before that) is
-removed by the next process that makes a segment (:func:`reclaim`).  The space is reserved with
-``posix_fallocate``, so that no room is an error here rather than a ``SIGBUS`` in a reader later.  Without
-reader processes the slots are private memory.
-
-Knowing when a slot is free again: each slot has one base array here (``uint8``, the slot's bytes), and
-the consumer gets views of it.  numpy collapses every view of a view onto that base array (it stops at the
-first base that is not an ndarray, and the base's base is a memoryview), ``torch.from_numpy`` tensors and
-zero-copy TensorFlow tensors hold the array they were made from, so the base array's reference count says
-whether anything still uses the slot (:meth:`SharedSlots.unreferenced`), whichever framework consumes it.
-(A memoryview's own reference count would not: ``np.frombuffer`` references the buffer behind it, not the
-memoryview object.)  A consumer that copies lets the slot go at once.
-
-How many: a slot holds the largest batch the sampler can yield (never more rows than the store or set has,
-unless the sampler draws with replacement), and the pool is checked against what the machine can give before
-anything is touched (:func:`pool_slots`: the memory available, :func:`available_bytes`): fewer slots than
-asked for, said once, or a one-line ``ValueError`` naming ``batch_size``, ``workers`` and ``prefetch`` when not
-even one batch per reader fits.
+One segment holds ``n`` slots of one batch each: the samples (``x``), then the labels (``y``, int64), on 4 KiB
+boundaries (TensorFlow wraps aligned numpy memory without a copy).  The segment has no name anywhere -- an
+anonymous ``memfd`` on Linux, elsewhere a file in :data:`SHM_DIR` removed as soon as it is open -- so nothing is
+left behind whatever kills the processes; readers get its descriptor; its space is reserved up front
+(``posix_fallocate``: no room is an error here, not a ``SIGBUS`` later).  A slot has one base array and every
+array or tensor handed out views it (numpy collapses views onto it; ``torch.from_numpy`` and TensorFlow hold
+their array), so the base's reference count says whether anything still uses the slot, whatever framework.
+How many (:func:`pool_slots`): the pool is checked against the memory available before anything is touched --
+fewer slots with a warning, or a one-line ``ValueError`` when not even one batch per reader fits.
 """
 
 from __future__ import annotations
@@ -41,18 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.util.lifeline import process_alive, process_start_time
-
 __all__ = [
     "ALIGN",
-    "PREFIX",
     "SHM_DIR",
     "SLOT_MEMORY_SHARE",
     "SegmentFd",
     "SharedSlots",
     "available_bytes",
     "pool_slots",
-    "reclaim",
     "slot_bytes",
 ]
 
@@ -129,10 +110,6 @@ def pool_slots(wanted: int, least: int, stride: int, *, workers: int, rows: int)
     return fit
 
 
-#: Name prefix of the named segments (platforms without ``memfd_create``).
-PREFIX = "lmdbstore-slots-"
-
-
 def _reserve(fd: int, size: int) -> None:
     if hasattr(os, "posix_fallocate"):
         os.posix_fallocate(fd, 0, size)
@@ -140,63 +117,32 @@ def _reserve(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
-def reclaim(directory: str) -> int:
-    """Remove the named segments in ``directory`` whose owner process is gone; how many were removed."""
-    removed = 0
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            parts = name[len(PREFIX) :].split("-") if name.startswith(PREFIX) else []
-            if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()):
-                continue
-            if process_alive(int(parts[0]), int(parts[1]) or None):
-                continue  # its owner still runs
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
-                removed += 1
-    return removed
-
-
-def _create_named(size: int) -> tuple[str, int]:
-    """A new named segment of ``size`` reserved bytes in :data:`SHM_DIR` (else the temporary directory),
-    named with this process's pid and start time: its path and an open descriptor.
-
-    Raises:
-        OSError: no room for it in either place.
-    """
-    dirs = [d for d in (SHM_DIR, tempfile.gettempdir()) if os.path.isdir(d)]
-    error: OSError | None = None
-    pid = os.getpid()
-    for d in dirs:
-        reclaim(d)
-        fd, path = tempfile.mkstemp(prefix=f"{PREFIX}{pid}-{process_start_time(pid) or 0}-", dir=d)
-        try:
-            _reserve(fd, size)
-            return path, fd
-        except OSError as exc:
-            os.close(fd)
-            os.unlink(path)
-            error = exc
-    raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in {' or '.join(dirs)}: {error}")
-
-
-def _create_memfd(size: int) -> int | None:
-    """A new anonymous shared segment of ``size`` reserved bytes (Linux), or ``None`` where there is none.
+def _create_segment(size: int) -> int:
+    """A new shared segment of ``size`` reserved bytes with no name anywhere: its descriptor.
 
     Raises:
         OSError: no room for it.
     """
-    if not hasattr(os, "memfd_create"):
-        return None
-    try:
-        fd = os.memfd_create("lmdbstore-slots")
-    except OSError:
-        return None
-    try:
-        _reserve(fd, size)
-    except OSError as exc:
-        os.close(fd)
-        raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in shared memory: {exc}") from None
-    return fd
+    fds = []
+    with contextlib.suppress(AttributeError, OSError):
+        fds.append(os.memfd_create("lmdbstore-slots"))
+    if not fds:  # not Linux: a file removed at once
+        for d in (SHM_DIR, tempfile.gettempdir()):
+            with contextlib.suppress(OSError):
+                fd, path = tempfile.mkstemp(prefix="lmdbstore-slots-", dir=d)
+                os.unlink(path)
+                fds.append(fd)
+    error: OSError | None = None
+    for k, fd in enumerate(fds):
+        try:
+            _reserve(fd, size)
+            for other in fds[k + 1 :]:
+                os.close(other)
+            return fd
+        except OSError as exc:
+            os.close(fd)
+            error = exc
+    raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in shared memory: {error}")
 
 
 class SegmentFd:
@@ -222,42 +168,25 @@ class SharedSlots:
     Args:
         n, rows, item_bytes: slots, samples per slot, bytes per sample.
         shared: in a shared segment, for reader processes (default ``True``); ``False``: private memory.
-        segment: map this existing segment (a reader process: its :class:`SegmentFd`, or its name where
-            segments are named) instead of creating one.
+        segment: map this existing segment (a reader process: its :class:`SegmentFd`) instead of making one.
 
     Raises:
         OSError: no room for the segment.
     """
 
-    def __init__(
-        self, n: int, rows: int, item_bytes: int, *, shared: bool = True, segment: SegmentFd | str | None = None
-    ):
+    def __init__(self, n: int, rows: int, item_bytes: int, *, shared: bool = True, segment: SegmentFd | None = None):
         self.n, self.rows = n, rows
         self.y_offset, self.stride = slot_bytes(rows, item_bytes)
         size = self.stride * n
-        self.name: str | None = None
-        self.fd: int | None = None  # the memfd, kept open for readers started later (the creator only)
-        if segment is None and not shared:
-            self._map = mmap.mmap(-1, size)
+        self.fd: int | None = None  # the segment, kept open for readers started later (the creator only)
+        if segment is not None:
+            self._map = mmap.mmap(segment.fd, size)
+            os.close(segment.fd)
+        elif shared:
+            self.fd = _create_segment(size)
+            self._map = mmap.mmap(self.fd, size)
         else:
-            if isinstance(segment, SegmentFd):
-                fd, keep = segment.fd, False
-            elif isinstance(segment, str):
-                fd, keep = os.open(segment, os.O_RDWR), False
-            else:
-                memfd = _create_memfd(size)
-                if memfd is not None:
-                    fd, keep = memfd, True
-                else:
-                    self.name, fd = _create_named(size)
-                    keep = False
-            try:
-                self._map = mmap.mmap(fd, size)
-            finally:
-                if keep:
-                    self.fd = fd
-                else:
-                    os.close(fd)
+            self._map = mmap.mmap(-1, size)
         buf = memoryview(self._map)
         # one base array per slot: every array handed out is a view of it (its reference count tells)
         self.bases = [np.frombuffer(buf[k * self.stride : (k + 1) * self.stride], np.uint8) for k in range(n)]
@@ -278,19 +207,10 @@ class SharedSlots:
         return sys.getrefcount(self.bases[slot]) <= self._refs[slot]
 
     @property
-    def segment(self) -> SegmentFd | str:
-        """What a reader process maps these slots by (:class:`SegmentFd`, or the name of a named segment)."""
-        if self.fd is not None:
-            return SegmentFd(self.fd)
-        assert self.name is not None, "private slots have no segment"
-        return self.name
-
-    def unlink(self) -> None:
-        """Remove the shared segment's name, if it has one (the memory stays while mapped); once every
-        reader has mapped it."""
-        if self.name is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.name)
+    def segment(self) -> SegmentFd:
+        """What a reader process maps these slots by."""
+        assert self.fd is not None, "private slots have no segment"
+        return SegmentFd(self.fd)
 
     @property
     def closed(self) -> bool:
@@ -308,14 +228,13 @@ class SharedSlots:
         return self.stride * self.n
 
     def close(self, before_unmap: Callable[[], None] | None = None) -> None:
-        """Remove the name and let go of the memory (it stays mapped while a consumer holds arrays of it);
-        ``before_unmap`` is called first (what page-locked it undoes it)."""
+        """Let go of the memory (it stays mapped while a consumer holds arrays of it); ``before_unmap`` is
+        called first (what page-locked it undoes it)."""
         if self._closed:
             return
         if before_unmap is not None:
             before_unmap()
         self._closed = True
-        self.unlink()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -1,18 +1,13 @@
-"""The way to the GPU for :func:`~lmdbstore.frameworks.torch_data.make_loader`: page-locked slots, fences, and
-batches staged on the device while the loop computes.
+"""The way to the GPU for :func:`~lmdbstore.frameworks.torch_data.make_loader` (design.md, "The feed"):
 
-* **Page-locked slots** (``pin_memory=True``): each set of the feed's slots is registered page-locked once
-  (``cudaHostRegister``, its return code checked; unregistered before the memory is unmapped), so a batch is
-  a pinned view of its slot and ``x.to("cuda", non_blocking=True)`` copies it asynchronously -- no per-batch
-  copy into fresh pinned memory.
-* **Fences**: a slot is written again only after the copy that read it has finished.  When the consumer lets
-  a batch go, the feed records a CUDA event on the stream the copies run on (:func:`page_locking`) and
-  reuses the slot once the event has completed (:class:`~lmdbstore.feed.feed.BatchFeed`).
-* **Staging** (``device="cuda"``): batch ``k + 1`` is copied on a side stream while the loop computes on
-  batch ``k`` (:func:`stage`); the loop's stream waits for each batch's own copy only.
-* **Where registration fails** (no permission to lock that much, an old driver): batches are copied by a
-  thread of their own into a few page-locked buffers allocated once and reused the same way
-  (:class:`PinnedCopies`), never a fresh pinned tensor per batch.
+* ``pin_memory=True``: each set of the feed's slots is registered page-locked once (``cudaHostRegister``,
+  checked; unregistered before it is unmapped): batches are pinned views, copied with ``non_blocking=True``;
+* a slot is written again only after the copy that read it: the feed records a CUDA event on the copies'
+  stream when a batch is let go (:func:`page_locking`) and reuses the slot once it has completed;
+* ``device="cuda"``: batch ``k + 1`` is copied on a side stream while the loop computes on batch ``k``
+  (:func:`stage`);
+* where registration fails, a thread copies each batch into a few page-locked buffers allocated once and
+  reused the same way (:class:`PinnedCopies`), never a fresh pinned tensor per batch.
 """
 
 from __future__ import annotations
@@ -34,13 +29,11 @@ from lmdbstore.feed.slots import SharedSlots
 
 __all__ = ["PageLock", "PinnedCopies", "Staging", "page_locking", "stage"]
 
-#: Page-locked buffers of the copy thread (:class:`PinnedCopies`): the batch the loop works on, the one
-#: waiting for it, the one being copied, and one more the loop still holds while it asks for the next.
+#: Page-locked buffers of :class:`PinnedCopies`: the loop's batch, the one waiting, the one being copied, and
+#: the one the loop still holds while it asks for the next.
 PINNED_BUFFERS = 4
-#: Seconds the copy thread sleeps while every buffer is still in use.
-BUFFER_POLL_S = 0.0005
-#: Seconds it waits for one before it copies the batch into fresh memory instead (a loop that keeps batches).
-BUFFER_WAIT_S = 0.1
+#: Seconds the copy thread sleeps while every buffer is in use, and waits at most before fresh memory instead.
+BUFFER_POLL_S, BUFFER_WAIT_S = 0.0005, 0.1
 
 
 class Staging:
@@ -52,8 +45,7 @@ class Staging:
 
 
 class PageLock:
-    """Registers slot memory page-locked (``pin``), and remembers whether that failed (then the loader copies
-    into :class:`PinnedCopies` instead)."""
+    """The feed's ``pin``: registers slot memory page-locked; ``failed`` (then :class:`PinnedCopies` copies)."""
 
     def __init__(self) -> None:
         self.failed = False

@@ -1,29 +1,14 @@
-"""Keras: a ``keras.utils.PyDataset`` over a store, for ``model.fit`` on every Keras backend (TensorFlow,
-JAX, torch).  Imports keras (with whatever backend ``KERAS_BACKEND`` names), never torch or TensorFlow
-itself.
+"""Keras: a ``keras.utils.PyDataset`` over a feed, for ``model.fit`` on every backend (imports keras, never torch
+or TensorFlow itself).
 
-How it meets Keras:
-
-* Keras calls ``on_epoch_begin`` before every epoch: a new pass of the feed begins, so every epoch has a
-  new order (the sampler's next epoch), with no ``set_epoch`` anywhere.
-* Keras asks for batches by number, in an order it may shuffle itself (``fit(shuffle=True)``, the
-  default).  The dataset answers the ``k``-th distinct number asked for in an epoch with the ``k``-th batch
-  of its own order, so its reader processes always read the right batches ahead whatever order Keras asks
-  in, and every sample still comes once per epoch.  A number asked for twice in an epoch gets the same
-  batch again.  Outside an epoch (Keras' first look at a dataset, or you indexing it), ``ds[i]`` is batch
-  ``i`` of the next epoch's order, and no epoch begins.
-* Keras' own ``workers``/``use_multiprocessing`` stay off (1, ``False``): the dataset's reader processes
-  do the work, and Keras' thread or process pool would only add copies.
-* Iterating it directly (``for x, y in ds``) is one epoch, in order.
-* The reader processes start with the first epoch and wait between epochs (no start-up per epoch); once
-  no epoch began for a while after one ended (Keras' ``on_epoch_end``, the end of a ``for``) they stop
-  (:mod:`lmdbstore.feed.idle`: at least 5 s, half an epoch when longer), since Keras on the
-  TensorFlow backend keeps every dataset it fitted on for as long as the process lives; the next epoch
-  starts them again.  ``close()`` and garbage collection stop them at once, and they die with the process
-  whatever kills it (:mod:`lmdbstore.util.lifeline`).
-
-Batches are channels-last numpy arrays in the store's dtype (``(N, H, W, 1)`` for (H, W) samples) and
-int64 labels, as ``model.fit`` with ``sparse_categorical_crossentropy`` takes them.
+* ``on_epoch_begin`` begins a pass: every epoch has the sampler's next order, no ``set_epoch`` needed.
+* Keras asks for batch numbers in an order it may shuffle itself; the dataset answers the ``k``-th distinct
+  number asked in an epoch with the ``k``-th batch of its own order, so the readers always read ahead the right
+  batches (a number asked twice gets the same batch again).  Outside an epoch ``ds[i]`` is batch ``i`` of the
+  next epoch's order (Keras' first look); iterating it directly is one epoch.
+* Keras' own ``workers``/``use_multiprocessing`` stay off: its pools would only add copies.
+* The readers wait between epochs and stop once idle (:mod:`lmdbstore.feed.idle`): Keras on TensorFlow keeps
+  every dataset it fitted on.  Batches are channels-last, in the store's dtype, with int64 labels.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
-"""TensorFlow: a ``tf.data.Dataset`` over a store, with known length, reads in parallel reader processes
-that work ahead (the prefetch), and a new order every time it is iterated.  Imports TensorFlow, never
-torch.
+"""TensorFlow: a ``tf.data.Dataset`` over a feed, with a known length and a new order every time it is iterated
+(imports TensorFlow, never torch).
 
-The pipeline hands TensorFlow whole batches with as little per batch as TensorFlow allows (measured,
-docs/benchmarks.md: ``from_generator`` costs about 0.3 ms of CPU per batch, 2x this): a one-element
-dataset whose ``numpy_function`` begins a pass of the feed (:class:`~lmdbstore.feed.feed.BatchFeed`)
-each time the dataset is iterated -- so every epoch of ``model.fit`` or every ``for`` over it has the
-sampler's next order -- and returns the pass's number, then ``flat_map`` to ``len(ds)`` calls of a second
-``numpy_function`` that returns the pass's next batch: a synchronous map (never parallelized, so batches
-stay in order) whose function runs in the calling thread, without inter-op hand-offs.  The dataset's
-options turn off the prefetch TensorFlow would inject after it (a thread hand-off per batch, and batches
-held): the reader processes already work ``workers * prefetch`` batches ahead; add a ``.prefetch()``
-yourself where the consumer should run apart from the data (``model.fit`` on a GPU).
-
-No copy on the way: a batch lies in a 4 KiB-aligned shared-memory slot, and TensorFlow makes a tensor of
-aligned numpy memory without copying it, holding the array while the tensor lives; the slot is reused
-only after that (:mod:`lmdbstore.feed.slots`).
-
-Iterating the dataset again while an earlier iterator is unfinished abandons the earlier one: its next
-batch is an error.
-
-Lifetime: TensorFlow keeps the functions of a dataset for as long as the process lives (its graph
-functions are cached), so they hold the feed only weakly; the dataset object (and every dataset made from
-it, and every iterator of them) holds it strongly.  Once the dataset and its iterators are gone, the feed
-is collected and its reader processes stop; between iterations, or when a loop broke out of one and keeps
-the dataset, they wait, and stop once no batch was asked for a while (:mod:`lmdbstore.feed.idle`).
-
-Errors: an error in the readers reaches the consumer as a TensorFlow ``UnknownError`` carrying a
-traceback; iterated in Python (``for x, y in ds``), the dataset raises the original one-line
-:class:`~lmdbstore.errors.LmdbStoreError` (or ``ValueError`` of a transform) instead.
+Each batch crosses with as little per batch as TensorFlow allows (``from_generator`` costs about 0.3 ms of CPU
+per batch, 2x this): a one-element dataset whose ``numpy_function`` begins a pass and returns its number, then
+``flat_map`` to ``len(ds)`` calls of a second ``numpy_function`` returning the pass's next batch, a synchronous
+map running in the calling thread; TensorFlow's injected prefetch is off (the readers already work ahead; add
+``.prefetch()`` yourself where the consumer should run apart).  No copy: a slot is 4 KiB-aligned and TensorFlow
+wraps aligned numpy memory, holding the array while the tensor lives.  Iterating again abandons an unfinished
+iterator (its next batch is an error).  TensorFlow keeps a dataset's functions for good, so they hold the feed
+weakly; the dataset and its iterators hold it, and its readers stop with them, or once idle.  An error in the
+readers reaches TensorFlow's iterators as an ``UnknownError``; iterated in Python, the dataset raises the
+original error.
 """
 
 from __future__ import annotations
@@ -99,10 +81,10 @@ class _Passes:
 
     @contextlib.contextmanager
     def _noting_errors(self) -> Iterator[None]:
-        """Keep the one-line error of the readers (or a transform) for the Python iterator to raise."""
+        """Keep the error of the readers (the store's, or a transform's own) for the Python iterator to raise."""
         try:
             yield
-        except (LmdbStoreError, ValueError) as exc:
+        except Exception as exc:
             self.error = exc
             raise
 
@@ -190,9 +172,9 @@ class _Iterator:
         with self.passes.lock:
             try:
                 self.mine = int(self.passes.begin())
-            except (LmdbStoreError, ValueError) as exc:
+            except Exception as exc:
                 self.passes.error = None
-                raise exc from None  # one line, as from a batch (__next__)
+                raise exc from exc.__cause__  # as from a batch (__next__): the readers' traceback its cause
         self.left = len(self.passes.feed)
 
     def __iter__(self) -> _Iterator:
@@ -212,7 +194,7 @@ class _Iterator:
                 error, passes.error = passes.error, None
                 if error is None:
                     raise
-                raise error from None
+                raise error from error.__cause__  # the readers' traceback, not TensorFlow's wrapping
             self.left -= 1
             if self.left == 0:
                 passes.feed.rest()  # the readers wait for the next iteration (and stop if none comes)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
+from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
@@ -146,14 +147,11 @@ def split_sizes(placement: Placement, n_train: int, n_val: int, info: DistInfo) 
     return round(sum(t / w for t, _, w in every)), round(sum(v / w for _, v, w in every))
 
 
-class EqualSteps:
+class EqualSteps(EpochPasses):
     """The batches of ``inner``, cut to exactly ``steps`` per epoch: its largest batches are halved until there
-    are as many (every sample still exactly once).  ``len``, ``set_epoch`` and ``batch_size`` as ``inner``'s.
-
-    A pass begins at its first batch, as the inner sampler's do (a DataLoader asks for two iterators and
-    draws from the second only).  Positions count these batches: :meth:`state_at` / :meth:`load_state_dict`
-    resume inside an epoch by drawing the inner sampler's whole epoch again and skipping the first
-    ``position`` of the cut batches (what :class:`~lmdbstore.loader.delivered.Delivered` asks of a sampler).
+    are as many (every sample still exactly once).  Its passes, epochs and states are those of any sampler of
+    :mod:`lmdbstore.loader.passes` (positions count the cut batches; a state also says ``steps``, and one
+    without it -- an older checkpoint -- is taken for these steps); ``batch_size`` and ranks are ``inner``'s.
 
     Raises (when iterated):
         ValidationError: fewer samples than ``steps`` this epoch (a shard far smaller than the others).
@@ -161,14 +159,17 @@ class EqualSteps:
 
     def __init__(self, inner: Any, steps: int) -> None:
         self.inner, self.steps = inner, steps
-        self.skip = 0  # batches the next pass skips (a restored position)
+        self.init_passes(None, None)
 
-    def __iter__(self) -> Iterator[np.ndarray]:
-        return self._pass()
+    def __len__(self) -> int:
+        return self.steps
 
-    def _pass(self) -> Iterator[np.ndarray]:
-        skip, self.skip = self.skip, 0
-        batches = [np.asarray(b) for b in self.inner]
+    @property
+    def world_size(self) -> int:  # type: ignore[override]
+        return int(self.inner.world_size)
+
+    def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
+        batches = [np.asarray(b) for b in self.inner.batches_from(epoch, 0)]
         if sum(len(b) for b in batches) < self.steps:
             raise ValidationError(
                 f"this rank's shard holds fewer samples than the {self.steps} steps the largest shard needs",
@@ -178,53 +179,18 @@ class EqualSteps:
             k = max(range(len(batches)), key=lambda i: len(batches[i]))
             half = len(batches[k]) // 2
             batches[k : k + 1] = [batches[k][:half], batches[k][half:]]
-        yield from batches[skip:]
+        return iter(batches[start:])
 
-    def __len__(self) -> int:
-        return self.steps
+    def fingerprint(self) -> dict[str, Any]:
+        return {**self.inner.fingerprint(), "steps": self.steps}
 
-    def set_epoch(self, epoch: int) -> None:
-        """The inner sampler's order of ``epoch`` (a restored position in it is kept)."""
-        keep = self.skip if self.inner.upcoming_pass()[0] == epoch else 0
-        self.inner.set_epoch(epoch)
-        self.skip = keep
-
-    def upcoming_pass(self) -> tuple[int, int]:
-        """``(epoch, first batch)`` of the next pass."""
-        return self.inner.upcoming_pass()[0], self.skip
-
-    def pinned_pass(self) -> tuple[int, int] | None:
-        """The pass pinned since the last one began (``None``: none)."""
-        pin = self.inner.pinned_pass()
-        return None if pin is None else (pin[0], self.skip)
-
-    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
-        """The state of a pass of ``epoch`` that has yielded ``position`` of the ``steps`` batches."""
-        return {**self.inner.state_at(epoch, 0), "position": int(position), "steps": self.steps}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state of the next pass."""
-        return self.state_at(*self.upcoming_pass())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_at` (a state without ``steps``: one of these steps, as older checkpoints).
-
-        Raises:
-            ValueError: malformed, of another sampler or of another number of steps.
-        """
-        if not isinstance(state, dict):
-            raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
-        position, steps = state.get("position"), state.get("steps", self.steps)
-        if steps != self.steps:
-            raise ValueError(f"sampler state is for {steps!r} steps an epoch, this sampler has {self.steps}")
-        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= self.steps:
-            raise ValueError(f"sampler state: position must be an integer in 0..{self.steps}, got {position!r}")
-        finished = position == self.steps
-        self.inner.load_state_dict({**state, "position": len(self.inner) if finished else 0})
-        self.skip = 0 if finished else position
+    def check_state(self, state: dict[str, Any]) -> tuple[int, int]:
+        if isinstance(state, dict) and state.get("steps", self.steps) != self.steps:
+            raise ValueError(f"sampler state is for {state['steps']!r} steps an epoch, this sampler has {self.steps}")
+        return super().check_state(state)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "steps", "skip"):
+        if name in ("inner", "steps"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
