@@ -328,3 +328,30 @@ def test_a_pass_begun_in_time_keeps_the_readers_and_a_collected_feed_leaves_noth
     while (_alive(pids) or thread.is_alive()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pids) and not thread.is_alive()  # collected: readers and the idle thread gone at once
+
+
+def test_readers_of_a_pass_left_midway_stop_and_the_pass_goes_on_where_it_was(
+    small_store: StoreInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 #11: a loop that breaks out after 3 batches and keeps the dataset (tf_dataset, a Keras dataset, a
+    loader) held its readers for good.  Now they stop once no batch was asked for in the idle time, also inside a
+    pass; the pass stays where it was, and its next batch starts new readers: the rest of the epoch, in order,
+    every sample once (the batches read ahead are read again, not lost)."""
+    monkeypatch.setattr(idle, "IDLE_MIN_SECONDS", 0.5)
+    feed = _feed(small_store, workers=2)
+    feed.begin()
+    head = [_ids(feed.next()[0]) for _ in range(3)]  # then the loop breaks out, keeping the feed
+    pids = [p.pid for p in feed.pool.procs]  # type: ignore[union-attr]
+    deadline = time.monotonic() + 30
+    while (feed.pool is not None or _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert feed.pool is None and not _alive(pids)  # stopped mid-pass, nothing left running
+    rest = []
+    while True:
+        try:
+            rest.append(_ids(feed.next()[0]))
+        except StopIteration:
+            break
+    assert head + rest == [b.tolist() for b in feed.sampler.batches_from(0, 0)]
+    assert feed.state_dict()["position"] == len(feed)
+    feed.close()

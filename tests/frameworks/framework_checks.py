@@ -80,6 +80,32 @@ def check_tf(store: str) -> None:
     )
     assert sum(len(y) for _, y in loader) == len(labels)
     assert type(loader.multiprocessing_context).__name__ == "ForkServerContext"
+    check_tf_left_midway(store, labels)
+
+
+def check_tf_left_midway(store: str, labels: np.ndarray) -> None:
+    """Issue 35 #11: a loop that breaks out after 3 batches and keeps the dataset no longer keeps its readers:
+    they stop once idle (they lived >= 40 s); iterated again, the dataset is whole."""
+    import time
+
+    from lmdbstore.feed import idle
+    from lmdbstore.util.lifeline import process_start_time
+
+    idle.IDLE_MIN_SECONDS = 1.0
+    ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    for k, _ in enumerate(ds):
+        if k == 2:
+            break
+    feed = ds._lmdbstore_passes.feed
+    pids = [p.pid for p in feed.pool.procs]
+    deadline = time.monotonic() + 30
+    while (
+        feed.pool is not None or any(process_start_time(p) is not None for p in pids)
+    ) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert feed.pool is None, "the readers of a pass left midway were not stopped"
+    assert all(process_start_time(p) is None for p in pids), [open(f"/proc/{p}/stat").read() for p in pids]
+    assert [ids(x) for x, _ in ds] == expected(labels, "train", 1)  # the next pass, whole, by new readers
 
 
 def check_tf_abandoned(ds: Any, derived: Any) -> None:
