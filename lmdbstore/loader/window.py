@@ -15,7 +15,6 @@ it does not; :func:`default_window_bytes` sizes the window from available memory
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from lmdbstore.config import LoaderConfig
 from lmdbstore.loader.orders import STREAM_WINDOW, epoch_rng
 from lmdbstore.loader.plans import WindowSequence, batch_bounds
 from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.util.memory import available_memory  # re-exported: the one reading of the machine's memory
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -52,18 +52,6 @@ MIN_CHUNKS_PER_WINDOW = 256
 CACHE_SHARE = 0.8
 
 Prefetch = Callable[[np.ndarray, np.ndarray], None]
-
-
-def available_memory() -> int:
-    """Bytes of memory available to this process now (``MemAvailable``; physical memory if unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def default_window_bytes(available: int | None = None) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 
 from lmdbstore.format.meta import StoreMeta
 
-__all__ = ["MetaView", "sample_indices"]
+__all__ = ["MetaView", "check_in_range", "check_out", "sample_indices", "whole_number"]
 
 
 def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
@@ -28,6 +28,56 @@ def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
             raise ValueError(f"indices must be integer sample indices, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     return arr.reshape(-1) if flat else arr
+
+
+def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
+    """Refuse an index of ``idx`` (int64, from :func:`sample_indices`) outside ``0..count-1`` (no wrap-around:
+    ``-1`` is not the last sample).  Two passes over ``idx`` (min and max): ~2 us for 4,096 indices.
+
+    Raises:
+        IndexError: naming the first such index.
+    """
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= count):
+        bad = int(idx[(idx < 0) | (idx >= count)][0])
+        raise IndexError(f"indices: sample index {bad} out of range for a {what} of {count} samples")
+
+
+def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
+    """``out`` (``None``: a new array will be made) if it can take ``n`` samples of the store described by
+    ``meta``: a numpy array, C-contiguous, writable, of the store's dtype and of shape ``(n, *shape)`` (a few
+    attribute checks: well under a microsecond).
+
+    Raises:
+        ValueError: naming ``out``, what it must be and what it is.
+    """
+    if out is None:
+        return None
+    want = (n, *meta.shape)
+    dt = meta.np_dtype
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy array of shape {want} and dtype {dt.name}, got {type(out).__name__}")
+    if out.shape != want or out.dtype != dt or not out.flags.c_contiguous or not out.flags.writeable:
+        flags = ("" if out.flags.c_contiguous else " not C-contiguous") + ("" if out.flags.writeable else " read-only")
+        raise ValueError(
+            f"out must be a writable C-contiguous array of shape {want} and dtype {dt.name} (the store's), "
+            f"got shape {out.shape} dtype {out.dtype.name}{flags}"
+        )
+    return out
+
+
+def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> int:
+    """``value`` as an int in ``lo..hi`` (``hi`` ``None``: no upper bound); bools, floats and strings are refused,
+    not cast.
+
+    Raises:
+        ValueError: naming ``name``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {str(value)[:40]!r}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be in {lo}..{'' if hi is None else hi}, got {v}")
+    return v
 
 
 class MetaView:

@@ -28,13 +28,14 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.layout import DB_SAMPLES, encode_key
+from lmdbstore.format.layout import ALL_DBS, DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
-from lmdbstore.store.metaview import MetaView, sample_indices
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, sample_indices, whole_number
 from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
+from lmdbstore.util.memory import clip_count
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
@@ -139,23 +140,20 @@ class StoreReader(PinnedReader, MetaView):
         ``out``: no per-sample arrays, no collate.
 
         Args:
-            indices: integer sample indices.
-            out: optional C-contiguous array of shape ``(N, *shape)`` and the store's dtype (or any
-                dtype of the same item size, e.g. a shared-memory tensor's numpy view) to fill.
+            indices: integer sample indices in ``0..len-1`` (no wrap-around; not floats, not a boolean mask).
+            out: optional array to fill: C-contiguous, writable, of shape ``(N, *shape)`` and the store's dtype
+                (a shared-memory tensor's numpy view is one).
 
         Raises:
             IndexError: an index outside ``0..len-1``.
+            ValueError: indices that are not integers, or an ``out`` that is not as above.
             CorruptStoreError / ChecksumError: a value is missing, short, or fails its checksum.
         """
         m = self._handle().meta
         idx = sample_indices(indices)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.count):
-            bad = int(idx[(idx < 0) | (idx >= m.count)][0])
-            raise IndexError(f"sample index {bad} out of range for a store of {m.count} samples")
-        n, sb = len(idx), m.sample_bytes
-        if out is not None and (out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous):
-            raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
-        if n == 0:
+        check_in_range(idx, m.count)
+        out = check_out(out, len(idx), m)
+        if len(idx) == 0:
             return np.empty((0, *m.shape), m.np_dtype) if out is None else out
         return self._guarded("read", lambda h: self._read_into(h, idx, out))
 
@@ -165,15 +163,32 @@ class StoreReader(PinnedReader, MetaView):
         return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
 
     def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
-        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``."""
+        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``.
+
+        Arguments as :meth:`read_batch` (``out`` required), checked the same way before anything is read.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`.
+        """
+        m = self._handle().meta
         idx, whole = sample_indices(indices), self.check_whole_values
+        check_in_range(idx, m.count)
+        if check_out(out, len(idx), m) is None:
+            raise ValueError("out must be a numpy array to fill (read_if_cached reads into it)")
         if not self.positions or self.verify_checksums:
             return False
+        if len(idx) == 0:
+            return True
         return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""
+        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
+
+        Raises:
+            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the store.
+        """
         m = self.meta
+        start, stop = whole_number(start, "start", -(1 << 62)), whole_number(stop, "stop", -(1 << 62))
         if not 0 <= start <= stop <= m.count:
             raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
         return self.read_batch(np.arange(start, stop))
@@ -186,21 +201,43 @@ class StoreReader(PinnedReader, MetaView):
         shuffle for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong
         bytes here would cost time, never a wrong sample.
         """
+        lo_a, hi_a = sample_indices(lo), sample_indices(hi)
+        if lo_a.shape != hi_a.shape:
+            raise ValueError(f"lo and hi must have one entry per range, got {lo_a.size} and {hi_a.size}")
         table = self._guarded("read", self._positions) if self.positions else None
-        if table is None:
+        if table is None or lo_a.size == 0:
             return
         h = self._take()
         try:
             if h.engine is not None:
-                h.engine.advise(*prefetch_ranges(table, lo, hi))
+                h.engine.advise(*prefetch_ranges(table, lo_a, hi_a))
         finally:
             self._give(h)
 
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk``."""
-        stop = len(self) if stop is None else stop
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
+        where ``chunk`` samples would take more memory than the machine can give: a
+        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so).
+
+        Raises:
+            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
+            IndexError: ``start..stop`` not inside the store.
+        """
+        n = len(self)
+        chunk = whole_number(chunk, "chunk", 1)
+        start = whole_number(start, "start", -(1 << 62))
+        stop = n if stop is None else whole_number(stop, "stop", -(1 << 62))
+        if not 0 <= start <= stop <= n:
+            raise IndexError(f"range {start}..{stop} outside a store of {n} samples")
+        chunk = clip_count(
+            min(chunk, max(stop - start, 1)),
+            self.meta.sample_bytes,
+            what="samples per chunk",
+            parameter="chunk",
+            stacklevel=3,
+        )
         labels = self.labels()
         for lo in range(start, stop, chunk):
             hi = min(lo + chunk, stop)
@@ -214,19 +251,31 @@ class StoreReader(PinnedReader, MetaView):
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices`` (from the cached label table)."""
-        return self.labels()[sample_indices(indices, flat=False)]
+        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+        """
+        idx = sample_indices(indices, flat=False)
+        check_in_range(idx.reshape(-1), len(self))
+        return self.labels()[idx]
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
+        c = whole_number(class_id, "class_id", -(1 << 62))
         n = len(self.classes)
-        if not 0 <= class_id < n:
+        if not 0 <= c < n:
             raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
-        return self._guarded("read class index", lambda h: read_class_indices(h, class_id))
+        return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
     def raw_value(self, first: int) -> bytes | None:
-        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked."""
+        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked (``None``: no such key).
+
+        Raises:
+            ValueError: ``first`` not an integer in ``0..2**64-1``.
+        """
+        first = whole_number(first, "first", 0, (1 << 64) - 1)
 
         def get(h: Handle) -> bytes | None:
             with h.lmdb():
@@ -241,9 +290,14 @@ class StoreReader(PinnedReader, MetaView):
         :data:`SCAN_BYTES`), each under the file's guard and checked protected before it is yielded.
 
         Raises:
+            ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.
             LmdbStoreError: a writer overwrote the snapshot during the scan (a lock-free reader): scan again.
             CorruptStoreError: the data file was truncated or is damaged.
         """
+        if db_name is not None and db_name not in ALL_DBS:
+            raise ValueError(
+                f"db_name must be None or one of {', '.join(d.decode() for d in ALL_DBS)}, got {db_name!r}"
+            )
         h = self._take()
         try:
             with translate_read_errors(self.path, "scan"), h.lmdb():

@@ -127,7 +127,12 @@ class StoreWriter:
 
         A producer that records its position with every append can resume after a crash by
         skipping what this returns: the ledger is committed atomically with the samples.
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string of at most 511 UTF-8 bytes (as ``append`` records).
         """
+        name = check_entry(name, 0, None)[0]
+        self._check_open()
         with self._env.begin() as txn:
             raw = txn.get(name.encode(), db=self._dbs[DB_PROGRESS])
         if raw is None:

@@ -47,10 +47,14 @@ def test_read_batch_into_out(small_store: StoreInfo) -> None:
         out = np.full((4, 25, 25), -1, np.float32)
         assert r.read_batch(idx, out=out) is out
         np.testing.assert_array_equal(out, x[idx])
-        raw = np.zeros((4, 25, 25), np.int32)  # same item size: filled with the raw bits
-        r.read_batch(idx, out=raw)
-        assert raw.tobytes() == x[idx].tobytes()
-        for bad in (np.empty((3, 25, 25), np.float32), np.empty((4, 25, 25), np.float64)):
+        bads = (
+            np.empty((3, 25, 25), np.float32),
+            np.empty((4, 25, 25), np.float64),
+            np.zeros((4, 25, 25), np.int32),  # the same item size: never its bits reinterpreted (issue 34 #10)
+            np.empty((4, 625), np.float32),  # the same bytes in another shape
+            np.empty((4, 25, 25), ">f4"),
+        )
+        for bad in bads:
             with pytest.raises(ValueError, match="out"):
                 r.read_batch(idx, out=bad)
         with pytest.raises(ValueError, match="out"):
