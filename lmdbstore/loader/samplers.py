@@ -235,7 +235,7 @@ class BalancedBatchSampler(EpochPasses):
                 yield batch
 
 
-def normalized_weights(weights: Sequence[float]) -> np.ndarray:
+def normalized_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
     """``weights`` as float64 shares summing to 1, computed without overflow: divided by their largest first, so
     that finite weights whose sum is not finite (``[1e308, 1e308]``) still give ``[0.5, 0.5]``.
 
