@@ -29,6 +29,7 @@ from lmdbstore.ingestion.parallel_runs import plan_run
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import ParallelReport, writing
 from lmdbstore.ingestion.task_identity import TaskIdentities
+from lmdbstore.ingestion.task_identity import task_list as ordered_tasks
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import progress_bar
@@ -236,7 +237,9 @@ def write_parallel(
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors (seeds, paths, ranges), listed up front; each must be identifiable
+        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order; a set
+            (or another unordered collection: a mapping, a dict's view) is written in the order of its tasks'
+            identities, so that a rerun in another process resumes it.  Each must be identifiable
             by content (None, bool, int, float, complex, str, bytes, range, tuples, lists, dicts, sets,
             numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
             ``task_id``.
@@ -267,7 +270,7 @@ def write_parallel(
         StoreExistsError, StoreLockedError, StoreFullError...: as :func:`~lmdbstore.open_writer`.
     """
     engine = _check_runner(workers, executor, in_flight)
-    task_list = list(tasks)
+    task_list = ordered_tasks(tasks, task_id)  # a set: in the order of its tasks' identities
     if workers or engine is not None:
         _check_picklable(produce)
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
