@@ -18,10 +18,14 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-__all__ = ["ENV_SWITCH", "FAST", "compiled"]
+__all__ = ["COPIED", "DEST", "ENV_SWITCH", "FAST", "OTHER", "SOURCE", "UNPROTECTED", "compiled"]
 
 #: The environment variable that turns the compiled copier off (``0``) in a process.
 ENV_SWITCH = "LMDBSTORE_FASTCOPY"
+#: What ``FAST.copy`` answers: every byte copied; a SIGBUS on a page of the source map, of the destination, of
+#: neither; nothing copied (another SIGBUS handler was installed over the copier's during a copy): the numbers of
+#: ``fastcopy.c``.
+COPIED, SOURCE, DEST, OTHER, UNPROTECTED = 0, 1, 2, 3, 4
 
 
 def _load() -> ModuleType | None:
@@ -30,6 +34,8 @@ def _load() -> ModuleType | None:
     try:
         from lmdbstore.store import fastcopy  # type: ignore[attr-defined]
     except ImportError:
+        return None
+    if not hasattr(fastcopy, "UNPROTECTED"):  # an older build (a bool answer): not used
         return None
     return fastcopy  # type: ignore[no-any-return]
 
