@@ -9,7 +9,9 @@ liblmdb would return for that key: page numbers inside the snapshot, page header
 type, node offsets and sizes inside their page, no page reached twice, levels no larger than the file,
 keys strictly increasing in tree order, every branch separator between the keys of the subtrees it
 separates (so liblmdb's binary search descends to the leaf this walk found), node flags a plain sub-database
-can have, overflow runs inside the file and disjoint from each other and from the tree's pages.  Any
+can have, overflow runs inside the file and disjoint from each other and from the tree's pages, and no page of the
+tree or its overflow runs reachable otherwise (another sub-database's, the main tree's, the free list's:
+:mod:`lmdbstore.format.owners`).  Any
 contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say
 is checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmdbstore.format.owners import Runs, foreign_runs
 from lmdbstore.format.pages import (
     F_BIGDATA,
     F_SUBDATA,
@@ -225,6 +228,28 @@ def _check_overflow_runs(pos: np.ndarray, sizes: np.ndarray, tree: np.ndarray, p
         )
 
 
+def _check_foreign(start: np.ndarray, count: np.ndarray, what: str, foreign: Runs, path: object) -> None:
+    """No page of the runs ``start[i] .. start[i] + count[i] - 1`` (the ``samples`` sub-database's tree pages and
+    overflow runs) may be one that the snapshot reaches otherwise (``foreign``: :func:`~lmdbstore.format.owners.
+    foreign_runs`): a page reachable twice would serve another owner's bytes as samples."""
+    if not len(start) or not len(foreign.start):
+        return
+    order = np.argsort(foreign.start, kind="stable")
+    fs, fe = foreign.start[order], foreign.start[order] + foreign.count[order]
+    reach = np.maximum.accumulate(fe)  # the furthest page any foreign run starting here or before covers
+    k = np.searchsorted(fs, start + count, side="left") - 1  # the last foreign run starting inside or before
+    bad = (k >= 0) & (reach[np.maximum(k, 0)] > start)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        a, b = int(start[i]), int(start[i] + count[i])
+        j = int(np.flatnonzero((foreign.start < b) & (foreign.start + foreign.count > a))[0])
+        page = max(a, int(foreign.start[j]))
+        raise damaged(
+            f"{what} reaches page {page}, which the {foreign.owner[j]} owns too: a page reachable twice",
+            path=path,  # type: ignore[arg-type]
+        )
+
+
 def samples_positions(
     fd: int,
     file_size: int,
@@ -242,7 +267,7 @@ def samples_positions(
         CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
     """
     pages = PageReader(fd, file_size, meta, path, pmap)
-    db = main_db_entry(pages, meta.main, name)
+    db, foreign = foreign_runs(pages, meta, name)  # every page that is not this sub-database's
     what = name.decode()
     if db.flags & 0x7FFF:
         raise damaged(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=path)
@@ -301,7 +326,12 @@ def samples_positions(
     ends = np.cumsum(per_leaf)
     if levels:
         _check_separators(levels, keys[ends - per_leaf], keys[ends - 1], what, path)
+    tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
     if big_all.any():
-        tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
         _check_overflow_runs(pos[big_all], sizes[big_all], np.sort(tree), ps, path)
+        first = (pos[big_all] - 16) // ps
+        _check_foreign(
+            first, np.asarray(overflow_pages(sizes[big_all], ps), np.int64), f"a {what} value", foreign, path
+        )
+    _check_foreign(tree, np.ones(len(tree), np.int64), f"the {what} B-tree", foreign, path)
     return BTreeValues(keys, sizes, pos, big_all)

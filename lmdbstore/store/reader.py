@@ -20,9 +20,9 @@ there now.  A reader may be shared by threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
 from lmdbstore.util.memory import clip_count
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
+
+T = TypeVar("T")
 
 #: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, under one lease.
 SCAN_VALUES = 64
@@ -158,8 +160,11 @@ class StoreReader(PinnedReader, MetaView):
         return self._guarded("read", lambda h: self._read_into(h, idx, out))
 
     def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array."""
-        table = self._positions(h) if self.positions and not self.verify_checksums else None
+        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array.
+        Read through liblmdb too, the snapshot is walked first (once): no page of the samples is another owner's."""
+        table = self._positions(h)
+        if not self.positions or self.verify_checksums:
+            table = None
         return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
 
     def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
@@ -247,7 +252,7 @@ class StoreReader(PinnedReader, MetaView):
     def labels(self) -> np.ndarray:
         """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
         if self._labels is None:
-            self._labels = self._guarded("read labels", read_labels)
+            self._labels = self._guarded("read labels", lambda h: _walked(self, h, read_labels))
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
@@ -266,7 +271,7 @@ class StoreReader(PinnedReader, MetaView):
         n = len(self.classes)
         if not 0 <= c < n:
             raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
-        return self._guarded("read class index", lambda h: read_class_indices(h, c))
+        return self._guarded("read class index", lambda h: _walked(self, h, lambda h: read_class_indices(h, c)))
 
     # ------------------------------------------------------------------ internals for stats/verify
     def raw_value(self, first: int) -> bytes | None:
@@ -334,6 +339,14 @@ class StoreReader(PinnedReader, MetaView):
         finally:
             self._give(h)
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
+
+
+def _walked(reader: StoreReader, h: Handle, read: Callable[[Handle], T]) -> T:
+    """``read(h)`` (a liblmdb read of labels or a class index) once the snapshot's pages were walked: no page that
+    liblmdb follows is reachable twice (:mod:`lmdbstore.format.owners`; once per snapshot, with the position
+    table)."""
+    reader._positions(h)
+    return read(h)
 
 
 def open_reader(
