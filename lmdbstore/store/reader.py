@@ -41,6 +41,8 @@ __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
 T = TypeVar("T")
 
+#: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
+MAX_READ_THREADS = 1024
 #: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, under one lease.
 SCAN_VALUES = 64
 #: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
@@ -62,8 +64,8 @@ class StoreReader(PinnedReader, MetaView):
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
             one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
             layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight per process for cold batches; ``None`` (default): adapted to the disk's
-            throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
+        io_threads: reads in flight per process for cold batches (1..1024: each is a thread); ``None`` (default):
+            adapted to the disk's throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
         check_whole_values: on the offset path, check the stored checksum of every value a batch reads
             whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
@@ -85,8 +87,8 @@ class StoreReader(PinnedReader, MetaView):
         io_threads: int | None = None,
         check_whole_values: bool = DEFAULT_CHECK_WHOLE_VALUES,
     ):
-        if io_threads is not None and io_threads < 1:
-            raise ValueError(f"io_threads must be >= 1, got {io_threads}")
+        if io_threads is not None:  # each one a thread of this process: a number of threads, not a wish
+            io_threads = whole_number(io_threads, "io_threads", 1, MAX_READ_THREADS)
         self.path = Path(path)
         self.lock = lock
         self.verify_checksums = verify_checksums

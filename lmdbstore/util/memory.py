@@ -32,6 +32,7 @@ __all__ = [
     "MemoryBoundWarning",
     "available_memory",
     "check_allocation",
+    "clip_bytes",
     "clip_count",
     "describe_bytes",
     "shm_available",
@@ -173,3 +174,28 @@ def clip_count(
         stacklevel=stacklevel,
     )
     return fits
+
+
+def clip_bytes(
+    nbytes: int,
+    *,
+    what: str,
+    parameter: str,
+    available: int | None = None,
+    share: float = DEFAULT_SHARE,
+    stacklevel: int = 2,
+) -> int:
+    """``nbytes`` (a size asked for, clipped to what the data needs first), at most ``share`` of the ``available``
+    bytes (default: :func:`available_memory` now); when it had to clip, a :class:`MemoryBoundWarning` names
+    ``parameter``, what was asked and what is used."""
+    avail = available_memory() if available is None else available
+    limit = max(1, int(avail * share))
+    if nbytes <= limit:
+        return nbytes
+    warnings.warn(
+        f"{parameter}: {what} of {describe_bytes(nbytes)} is more than this machine can give ({describe_bytes(limit)}: "
+        f"{share:.0%} of the {describe_bytes(avail)} available); using {describe_bytes(limit)}",
+        MemoryBoundWarning,
+        stacklevel=stacklevel,
+    )
+    return limit
