@@ -12,8 +12,10 @@ what the data needs (the caller clips to that first) and what the machine can gi
   than :func:`available_memory` (tmpfs pages are memory); a ``memfd`` lives on the kernel's internal tmpfs,
   which has no size of its own: its bound is :func:`available_memory`;
 * :func:`check_allocation` -- a one-line ``ValueError`` naming the parameter when ``nbytes`` exceed a share of
-  what is available; :func:`clip_count` -- the largest count of items of a given size that fits, with a
-  :class:`MemoryBoundWarning` naming the parameter when it had to clip.
+  what is available; :func:`clip_count` / :func:`clip_bytes` -- the largest count of items of a given size (the
+  largest size) that fits, with a :class:`MemoryBoundWarning` naming the parameter when it had to clip;
+* :func:`reserve` -- gives a shared-memory file (a ``memfd``, a ``/dev/shm`` segment) all its pages up front, so
+  that a full tmpfs is a one-line error now instead of a SIGBUS in the middle of a copy into it later.
 
 Both take ``available=`` (bytes; default: :func:`available_memory` read now) and ``share=`` (the fraction of it
 one allocation may take; default :data:`DEFAULT_SHARE`), so the rule is the same everywhere and a test can
@@ -23,6 +25,7 @@ never per batch.
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from pathlib import Path
@@ -35,6 +38,7 @@ __all__ = [
     "clip_bytes",
     "clip_count",
     "describe_bytes",
+    "reserve",
     "shm_available",
 ]
 
@@ -199,3 +203,25 @@ def clip_bytes(
         stacklevel=stacklevel,
     )
     return limit
+
+
+def reserve(fd: int, nbytes: int, *, what: str, parameter: str) -> None:
+    """Give the shared-memory file ``fd`` (``memfd_create``, ``shm_open``, a file on a tmpfs) its ``nbytes`` now
+    (``posix_fallocate``): a tmpfs that cannot hold them answers ENOSPC here, instead of a SIGBUS when a page is
+    first written.  The pages then count as used (tmpfs gives no page it has not got).
+
+    Raises:
+        ValueError: one line naming ``parameter`` when the tmpfs (or the memory behind it) cannot hold them.
+        OSError: any other error of ``posix_fallocate``.
+    """
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+            raise
+        raise ValueError(
+            f"{parameter}: {what} of {describe_bytes(nbytes)} do not fit in shared memory ({exc.strerror}; "
+            f"{describe_bytes(shm_available())} free in /dev/shm); lower {parameter}"
+        ) from None

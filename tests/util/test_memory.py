@@ -59,3 +59,35 @@ def test_a_count_beyond_the_machine_is_clipped_with_a_warning() -> None:
         "5.0 GiB",
         "1.5 TiB",
     ]
+
+
+def test_shared_memory_is_reserved_up_front(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A memfd gets its pages now; one on a tmpfs too small is a one-line error now, not a SIGBUS later."""
+    import subprocess
+    import sys
+
+    from lmdbstore.util.memory import reserve
+
+    fd = os.memfd_create("lmdbstore-test")
+    try:
+        reserve(fd, 1 << 20, what="batch slots", parameter="prefetch")
+        assert os.fstat(fd).st_size == 1 << 20
+    finally:
+        os.close(fd)
+    if os.geteuid() != 0 or sys.platform != "linux":
+        pytest.skip("mounting a tmpfs needs root on Linux")
+    mnt = tmp_path_factory.mktemp("tiny")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mount -t tmpfs refused here")
+    try:
+        fd = os.open(mnt / "slots", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(
+                ValueError, match=r"prefetch: batch slots of 8\.0 MiB do not fit in shared memory"
+            ) as exc:
+                reserve(fd, 8 << 20, what="batch slots", parameter="prefetch")
+            assert "\n" not in str(exc.value)
+        finally:
+            os.close(fd)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
