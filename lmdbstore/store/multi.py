@@ -240,8 +240,15 @@ class StoreSet(MetaView):
 
     # ------------------------------------------------------------------ samples
     def read(self, index: int) -> np.ndarray:
-        """One sample (a copy)."""
-        return self.read_batch(np.array([index]))[0]
+        """One sample (a copy).
+
+        Raises:
+            ValueError: ``index`` not an integer.  IndexError: outside the set.
+        """
+        i = whole_number(index, "index", -(1 << 63))
+        if not 0 <= i < len(self):
+            raise IndexError(f"index: sample {i} out of range for a set of {len(self)} samples")
+        return self.read_batch(np.array([i]))[0]
 
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like

@@ -134,7 +134,15 @@ class StoreReader(PinnedReader, MetaView):
 
     # ------------------------------------------------------------------ values
     def read(self, index: int) -> np.ndarray:
-        return self.read_batch(np.array([index]))[0]  # one sample of the store's shape and dtype (a copy)
+        """One sample of the store's shape and dtype (a copy).
+
+        Raises:
+            ValueError: ``index`` not an integer.  IndexError: outside ``0..len-1``.
+        """
+        i = whole_number(index, "index", -(1 << 63))
+        if not 0 <= i < len(self):
+            raise IndexError(f"index: sample {i} out of range for a store of {len(self)} samples")
+        return self.read_batch(np.array([i]))[0]
 
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
