@@ -10,8 +10,8 @@ type, node offsets and sizes inside their page, no page reached twice, levels no
 keys strictly increasing in tree order, every branch separator between the keys of the subtrees it
 separates (so liblmdb's binary search descends to the leaf this walk found), node flags a plain sub-database
 can have, overflow runs inside the file and disjoint from each other and from the tree's pages, and no page of the
-tree or its overflow runs reachable otherwise (another sub-database's, the main tree's, the free list's:
-:mod:`lmdbstore.format.owners`).  Any
+snapshot reachable twice (the samples tree and overflow runs, the other sub-databases', the main tree's, the free
+list's: :mod:`lmdbstore.format.owners`).  Any
 contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say
 is checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
 """
@@ -228,24 +228,25 @@ def _check_overflow_runs(pos: np.ndarray, sizes: np.ndarray, tree: np.ndarray, p
         )
 
 
-def _check_foreign(start: np.ndarray, count: np.ndarray, what: str, foreign: Runs, path: object) -> None:
-    """No page of the runs ``start[i] .. start[i] + count[i] - 1`` (the ``samples`` sub-database's tree pages and
-    overflow runs) may be one that the snapshot reaches otherwise (``foreign``: :func:`~lmdbstore.format.owners.
-    foreign_runs`): a page reachable twice would serve another owner's bytes as samples."""
-    if not len(start) or not len(foreign.start):
+def _check_reached_once(mine: Runs, foreign: Runs, path: object) -> None:
+    """No page of the snapshot may be reached twice: the ``samples`` sub-database's tree pages and overflow runs
+    (``mine``) and every other page the snapshot reaches (``foreign``: :func:`~lmdbstore.format.owners.foreign_runs`:
+    the other sub-databases', the main tree's, the free list's) together claim each page once.  A page claimed twice
+    would serve one owner's bytes as another's (a samples value pointed at a class-index chunk read it as samples;
+    a label chunk pointed at one would read it as labels)."""
+    runs = Runs.join([mine, foreign])
+    if not len(runs.start):
         return
-    order = np.argsort(foreign.start, kind="stable")
-    fs, fe = foreign.start[order], foreign.start[order] + foreign.count[order]
-    reach = np.maximum.accumulate(fe)  # the furthest page any foreign run starting here or before covers
-    k = np.searchsorted(fs, start + count, side="left") - 1  # the last foreign run starting inside or before
-    bad = (k >= 0) & (reach[np.maximum(k, 0)] > start)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        a, b = int(start[i]), int(start[i] + count[i])
-        j = int(np.flatnonzero((foreign.start < b) & (foreign.start + foreign.count > a))[0])
-        page = max(a, int(foreign.start[j]))
+    order = np.argsort(runs.start, kind="stable")
+    start, end = runs.start[order], runs.start[order] + runs.count[order]
+    reach = np.maximum.accumulate(end)  # the furthest page the runs up to each one cover
+    bad = np.flatnonzero(start[1:] < reach[:-1])
+    if bad.size:
+        i = int(bad[0]) + 1
+        j = int(np.flatnonzero(end[:i] > start[i])[0])  # an earlier run that covers run i's first page
+        a, b = runs.owner[int(order[j])], runs.owner[int(order[i])]
         raise damaged(
-            f"{what} reaches page {page}, which the {foreign.owner[j]} owns too: a page reachable twice",
+            f"page {int(start[i])} is reachable twice (from the {a} and the {b})",
             path=path,  # type: ignore[arg-type]
         )
 
@@ -327,11 +328,14 @@ def samples_positions(
     if levels:
         _check_separators(levels, keys[ends - per_leaf], keys[ends - 1], what, path)
     tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
+    first = (pos[big_all] - 16) // ps
+    counts = np.asarray(overflow_pages(sizes[big_all], ps), np.int64)
     if big_all.any():
         _check_overflow_runs(pos[big_all], sizes[big_all], np.sort(tree), ps, path)
-        first = (pos[big_all] - 16) // ps
-        _check_foreign(
-            first, np.asarray(overflow_pages(sizes[big_all], ps), np.int64), f"a {what} value", foreign, path
-        )
-    _check_foreign(tree, np.ones(len(tree), np.int64), f"the {what} B-tree", foreign, path)
+    mine = Runs(
+        np.concatenate([tree, first]),
+        np.concatenate([np.ones(len(tree), np.int64), counts]),
+        [f"{what} B-tree"] * len(tree) + [f"{what} value"] * len(first),
+    )
+    _check_reached_once(mine, foreign, path)
     return BTreeValues(keys, sizes, pos, big_all)

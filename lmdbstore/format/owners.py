@@ -6,9 +6,9 @@ page, has the overflow flag and enough pages -- and liblmdb follows it too.  Wha
 is reachable twice.  So the walk of the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`) is
 checked against every page the snapshot reaches otherwise: the two meta pages, the main B-tree, every other
 sub-database's tree and overflow runs, and the free list (its tree, its overflow runs and the free pages it lists).
-A page claimed twice is a :class:`~lmdbstore.errors.CorruptStoreError`, before any value is read, on every read
-path (the offset reader and, where lmdbstore calls it, liblmdb: the reader walks a snapshot before its first read
-either way).  What it costs: the other trees are small next to ``samples`` (a label chunk and a class-index chunk
+A page claimed twice -- by any two owners -- is a :class:`~lmdbstore.errors.CorruptStoreError`, before any sample
+is read, on every read path (the offset reader and, where lmdbstore calls it, liblmdb: the reader walks a snapshot
+before its first sample read either way; labels and class indices read before it are refused with it).  What it costs: the other trees are small next to ``samples`` (a label chunk and a class-index chunk
 hold 65,536 entries each: one leaf page covers a store of tens of millions of samples), so the walk reads a few
 more pages once per snapshot, and nothing per batch.
 
@@ -168,8 +168,7 @@ def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
 def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Runs]:
     """The record of the sub-database ``mine``, and every page of the snapshot that is *not* its own: the meta
     pages, the main B-tree, the other sub-databases (trees and overflow runs), the free list (tree, overflow runs
-    and the free pages it lists).  Those runs may overlap each other (that is ``verify``'s to report); ``mine``'s
-    pages must overlap none of them.
+    and the free pages it lists).  With ``mine``'s own, no two of them may share a page.
 
     Raises:
         CorruptStoreError: any tree contradicts itself or the file (see :func:`walk_tree`), or ``mine`` is missing.

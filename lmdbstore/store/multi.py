@@ -38,9 +38,8 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.metaview import MetaView, check_in_range, check_out, sample_indices, whole_number
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.util.memory import clip_count
 
 __all__ = ["StoreSet"]
 
@@ -63,6 +62,8 @@ class StoreSet(MetaView):
             ``classes``, or one store (its ``store_id``) given twice.
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError (on first use): a store.
     """
+
+    noun = "set"
 
     def __init__(
         self,
@@ -239,17 +240,6 @@ class StoreSet(MetaView):
         return "positions" if all(r.read_path == "positions" for r in self.readers) else "lmdb"
 
     # ------------------------------------------------------------------ samples
-    def read(self, index: int) -> np.ndarray:
-        """One sample (a copy).
-
-        Raises:
-            ValueError: ``index`` not an integer.  IndexError: outside the set.
-        """
-        i = whole_number(index, "index", -(1 << 63))
-        if not 0 <= i < len(self):
-            raise IndexError(f"index: sample {i} out of range for a set of {len(self)} samples")
-        return self.read_batch(np.array([i]))[0]
-
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like
         :meth:`StoreReader.read_batch`.  Indices grouped by store (each store's indices together, stores in
@@ -307,15 +297,9 @@ class StoreSet(MetaView):
         return self._threads
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order (each store's part read as its own range).
-
-        Raises:
-            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the set.
-        """
-        n = len(self)
-        start, stop = whole_number(start, "start", -(1 << 62)), whole_number(stop, "stop", -(1 << 62))
-        if not 0 <= start <= stop <= n:
-            raise IndexError(f"range {start}..{stop} outside a set of {n} samples")
+        """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
+        :meth:`StoreReader.read_range`."""
+        start, stop = self._range(start, stop)
         out = np.empty((stop - start, *self.shape), self.dtype)
         for i, (lo, hi) in enumerate(self._pieces(start, stop)):
             if hi > lo:
@@ -331,9 +315,7 @@ class StoreSet(MetaView):
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of set ranges ``lo[i]..hi[i]-1`` in the background (each store its
         own part; see :meth:`StoreReader.prefetch`)."""
-        lo_a, hi_a = sample_indices(lo), sample_indices(hi)
-        if lo_a.shape != hi_a.shape:
-            raise ValueError(f"lo and hi must have one entry per range, got {lo_a.size} and {hi_a.size}")
+        lo_a, hi_a = range_bounds(lo, hi)
         off = self.offsets
         for i, r in enumerate(self.readers):
             a, b = np.maximum(lo_a, off[i]), np.minimum(hi_a, off[i + 1])
@@ -344,27 +326,9 @@ class StoreSet(MetaView):
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples
-        (a chunk never spans two stores; fewer where ``chunk`` samples would not fit in memory, as
-        :meth:`StoreReader.iter_chunks`).
-
-        Raises:
-            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
-            IndexError: ``start..stop`` not inside the set.
-        """
-        n = len(self)
-        chunk = whole_number(chunk, "chunk", 1)
-        start = whole_number(start, "start", -(1 << 62))
-        stop = n if stop is None else whole_number(stop, "stop", -(1 << 62))
-        if not 0 <= start <= stop <= n:
-            raise IndexError(f"range {start}..{stop} outside a set of {n} samples")
-        chunk = clip_count(
-            min(chunk, max(stop - start, 1)),
-            self.meta.sample_bytes,
-            what="samples per chunk",
-            parameter="chunk",
-            stacklevel=3,
-        )
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (a chunk
+        never spans two stores); arguments and errors as :meth:`StoreReader.iter_chunks`."""
+        chunk, start, stop = self._chunking(chunk, start, stop)
         labels = self.labels()
         for lo, hi in self._pieces(start, stop):
             for a in range(lo, hi, chunk):
@@ -384,11 +348,7 @@ class StoreSet(MetaView):
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices``, in their shape.
-
-        Raises:
-            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
-        """
+        """Class ids of ``indices``, in their shape (``IndexError``/``ValueError`` as :meth:`read_batch`'s)."""
         idx = sample_indices(indices, flat=False)
         check_in_range(idx.reshape(-1), len(self), "set")
         return self.labels()[idx]

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from lmdbstore.errors import CorruptStoreError, LmdbStoreError
+from lmdbstore.errors import CorruptStoreError
 from lmdbstore.store import copies
 from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
-from lmdbstore.store.mapguard import MapGuard, truncated, vm_available, vm_copy, vm_readable
+from lmdbstore.store.mapguard import MapGuard, vm_available, vm_copy
 from lmdbstore.store.residency import Residency, major_faults
 
 __all__ = ["DEFAULT_IO_THREADS", "GATHER_MAX_BYTES", "PreadEngine"]
@@ -42,16 +42,6 @@ DEFAULT_IO_THREADS = 16
 GATHER_MAX_BYTES = 16384
 #: Bytes one gather into a given output copies at a time (its temporary stays in the CPU cache).
 GATHER_CHUNK_BYTES = 320 << 10
-
-
-def destination_fault() -> LmdbStoreError:
-    """The one-line error for a copy whose *destination* could not be written (a bus error on its pages: an
-    ``out=`` that maps a file which was truncated, a shared-memory segment on a full tmpfs): the store is fine."""
-    return LmdbStoreError(
-        "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
-        "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
-        hint="read into ordinary memory, or make room where the destination lives",
-    )
 
 
 def _shifted(bufs_of: Callable[[int], list[memoryview]], a: int, j: int) -> list[memoryview]:
@@ -137,34 +127,10 @@ class PreadEngine:
         return list(self.pool().map(fn, list(items)))
 
     # ------------------------------------------------------------------ reads
-    def _copy_failed(self, dst: np.ndarray | None = None) -> LmdbStoreError:
-        """The error for a copy that stopped short (the kernel's, or the compiled copier's SIGBUS on the map): the
-        file shrank, or its pages could not be read -- unless it was the destination ``dst`` that could not be
-        written (:func:`destination_fault`)."""
-        if dst is not None and not vm_readable(dst.ctypes.data, dst.nbytes):
-            return destination_fault()
-        size = os.fstat(self.fd).st_size
-        if size < self.file_size:
-            return truncated(size, self.file_size, self.path)
-        return CorruptStoreError("the data file's pages could not be copied", path=self.path, hint="check the disk")
-
     def _fast_copy(self, dst: np.ndarray, at: np.ndarray, offs: np.ndarray, lens: np.ndarray | int) -> bool:
-        """The compiled copier's copy; ``False``: nothing copied (another SIGBUS handler was installed over the
-        copier's during a copy: copy without it).
-
-        Raises:
-            LmdbStoreError: the copy met a page that could not be touched: the data file's (CorruptStoreError, as
-                :meth:`_copy_failed`) or the destination's (:func:`destination_fault`), told by the address.
-        """
+        """The compiled copier's copy (:func:`~lmdbstore.store.copies.fast_copy`); ``False``: copy without it."""
         assert self.fast is not None
-        status = self.fast.copy(dst, at, self._base, self.file_size, offs, lens)
-        if status == copies.COPIED:
-            return True
-        if status == copies.UNPROTECTED:
-            return False
-        if status == copies.DEST:
-            raise destination_fault()
-        raise self._copy_failed(None if status == copies.SOURCE else dst)
+        return copies.fast_copy(self.fast, dst, at, self._base, offs, lens, self.fd, self.file_size, self.path)
 
     def _pread(self, bufs_of: Callable[[int], list[memoryview]], offs: list[int], want: list[int]) -> None:
         fd, preadv = self.fd, os.preadv
@@ -199,7 +165,7 @@ class PreadEngine:
             if vm_copy(dst, dsts, self._base + offs, lens):
                 return
             if vm_available():
-                raise self._copy_failed(dst)
+                raise copies.copy_failed(self.fd, self.file_size, self.path, dst)
             out = memoryview(dst)  # type: ignore[arg-type]
             dl, nl = dsts.tolist(), lens.tolist()
             self._pread(lambda j: [out[dl[j] : dl[j] + nl[j]]], offs.tolist(), nl)
@@ -289,7 +255,7 @@ class PreadEngine:
         if vm_copy(flat, self._row_offsets(n, width), self._base + offs, np.full(n, width, np.int64)):
             return rows
         if vm_available():
-            raise self._copy_failed(rows)
+            raise copies.copy_failed(self.fd, self.file_size, self.path, rows)
         mv = memoryview(flat)  # type: ignore[arg-type]  # no lease and no kernel copy: read the rows
         self._pread(lambda j: [mv[j * width : (j + 1) * width]], offs.tolist(), [width] * n)
         return rows

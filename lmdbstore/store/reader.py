@@ -20,9 +20,9 @@ there now.  A reader may be shared by threads.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -33,13 +33,10 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
-from lmdbstore.store.metaview import MetaView, check_in_range, check_out, sample_indices, whole_number
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
-from lmdbstore.util.memory import clip_count
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
-
-T = TypeVar("T")
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
@@ -133,17 +130,6 @@ class StoreReader(PinnedReader, MetaView):
         return self._handle().meta
 
     # ------------------------------------------------------------------ values
-    def read(self, index: int) -> np.ndarray:
-        """One sample of the store's shape and dtype (a copy).
-
-        Raises:
-            ValueError: ``index`` not an integer.  IndexError: outside ``0..len-1``.
-        """
-        i = whole_number(index, "index", -(1 << 63))
-        if not 0 <= i < len(self):
-            raise IndexError(f"index: sample {i} out of range for a store of {len(self)} samples")
-        return self.read_batch(np.array([i]))[0]
-
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
 
@@ -202,10 +188,7 @@ class StoreReader(PinnedReader, MetaView):
         Raises:
             ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the store.
         """
-        m = self.meta
-        start, stop = whole_number(start, "start", -(1 << 62)), whole_number(stop, "stop", -(1 << 62))
-        if not 0 <= start <= stop <= m.count:
-            raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
+        start, stop = self._range(start, stop)
         return self.read_batch(np.arange(start, stop))
 
     def prefetch(self, lo: Any, hi: Any) -> None:
@@ -216,9 +199,7 @@ class StoreReader(PinnedReader, MetaView):
         shuffle for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong
         bytes here would cost time, never a wrong sample.
         """
-        lo_a, hi_a = sample_indices(lo), sample_indices(hi)
-        if lo_a.shape != hi_a.shape:
-            raise ValueError(f"lo and hi must have one entry per range, got {lo_a.size} and {hi_a.size}")
+        lo_a, hi_a = range_bounds(lo, hi)
         table = self._guarded("read", self._positions) if self.positions else None
         if table is None or lo_a.size == 0:
             return
@@ -240,19 +221,7 @@ class StoreReader(PinnedReader, MetaView):
             ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
             IndexError: ``start..stop`` not inside the store.
         """
-        n = len(self)
-        chunk = whole_number(chunk, "chunk", 1)
-        start = whole_number(start, "start", -(1 << 62))
-        stop = n if stop is None else whole_number(stop, "stop", -(1 << 62))
-        if not 0 <= start <= stop <= n:
-            raise IndexError(f"range {start}..{stop} outside a store of {n} samples")
-        chunk = clip_count(
-            min(chunk, max(stop - start, 1)),
-            self.meta.sample_bytes,
-            what="samples per chunk",
-            parameter="chunk",
-            stacklevel=3,
-        )
+        chunk, start, stop = self._chunking(chunk, start, stop)
         labels = self.labels()
         for lo in range(start, stop, chunk):
             hi = min(lo + chunk, stop)
@@ -262,7 +231,7 @@ class StoreReader(PinnedReader, MetaView):
     def labels(self) -> np.ndarray:
         """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
         if self._labels is None:
-            self._labels = self._guarded("read labels", lambda h: _walked(self, h, read_labels))
+            self._labels = self._guarded("read labels", read_labels)
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
@@ -281,7 +250,7 @@ class StoreReader(PinnedReader, MetaView):
         n = len(self.classes)
         if not 0 <= c < n:
             raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
-        return self._guarded("read class index", lambda h: _walked(self, h, lambda h: read_class_indices(h, c)))
+        return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
     def raw_value(self, first: int) -> bytes | None:
@@ -349,14 +318,6 @@ class StoreReader(PinnedReader, MetaView):
         finally:
             self._give(h)
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
-
-
-def _walked(reader: StoreReader, h: Handle, read: Callable[[Handle], T]) -> T:
-    """``read(h)`` (a liblmdb read of labels or a class index) once the snapshot's pages were walked: no page that
-    liblmdb follows is reachable twice (:mod:`lmdbstore.format.owners`; once per snapshot, with the position
-    table)."""
-    reader._positions(h)
-    return read(h)
 
 
 def open_reader(
