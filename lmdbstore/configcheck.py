@@ -31,7 +31,8 @@ def check_int(name: str, value: Any, least: int | None) -> None:
 
 
 def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
-    """Refuse per-store ``weights`` that are not non-negative numbers with a positive sum, or that come with
+    """Refuse per-store ``weights`` that are not finite non-negative numbers, not all 0 (any such weights are
+    normalized without overflow: :func:`lmdbstore.loader.mixing.normalized_weights`), or that come with
     an order that cannot keep their shares exact.
 
     Raises:
@@ -43,8 +44,8 @@ def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
         w = [float(v) for v in weights]
     except (TypeError, ValueError):
         raise ValueError(f"weights must be a list of numbers, got {weights!r}") from None
-    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not sum(w) > 0:
-        raise ValueError(f"weights must be non-negative numbers with a positive sum, got {weights!r}")
+    if not w or any(not math.isfinite(v) or v < 0 for v in w) or not max(w) > 0:  # max: a sum may overflow
+        raise ValueError(f"weights must be finite non-negative numbers, not all 0, got {weights!r}")
     if balanced:
         raise ValueError("weights and balanced exclude each other (balanced draws by class, weights by store)")
     if shuffle not in (None, "auto", "random"):

@@ -216,6 +216,22 @@ def produce_job(job: Job) -> tuple[np.ndarray, np.ndarray]:
     return task_data((job.seed, job.n))
 
 
+def name_tasks(n_tasks: int) -> set[str]:
+    """A *set* of task names (``"task-<seed>"``): it iterates in hash order, which changes with the hash seed."""
+    return {f"task-{i}" for i in range(n_tasks)}
+
+
+#: A task :func:`produce_named` raises for (a run that stops part way), named in the environment.
+FAIL_AT_ENV = "LMDBSTORE_TEST_FAIL_AT"
+
+
+def produce_named(task: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`produce` of ``(seed, 5)`` for the task ``"task-<seed>"``; raises for the task ``$LMDBSTORE_TEST_FAIL_AT``."""
+    if task == os.environ.get(FAIL_AT_ENV):
+        raise RuntimeError(f"boom in {task}")
+    return task_data((int(task.split("-")[1]), 5))
+
+
 def main() -> int:
     from lmdbstore import write_parallel
 
@@ -223,6 +239,8 @@ def main() -> int:
     tasks: list[Any] = [(i, 50 + i % 7) for i in range(n_tasks)]
     if name == "produce_tagged":
         tasks = set_tasks(n_tasks)
+    if name.startswith("produce_named"):
+        tasks = name_tasks(n_tasks)  # type: ignore[assignment]
     fn = globals()[name]
     from lmdbstore import WriterConfig
 
@@ -242,6 +260,9 @@ def main() -> int:
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         return 130
+    except Exception as exc:  # a task's failure: one line, what a script's user sees
+        print(f"failed {type(exc).__name__}: {exc}", flush=True)
+        return 1
     print(f"done {report.added} {report.total} {report.skipped}", flush=True)
     return 0
 

@@ -111,7 +111,7 @@ class BatchFeed:
             batches = workers * prefetch
         depth = max(1, min(workers * prefetch, batches)) if workers else 1  # never more than a pass
         stride = slot_bytes(self.rows, source.layout.item_bytes)[1]
-        n = pool_slots(depth + held, max(workers, 1) + 1, stride, workers=workers, rows=self.rows)
+        n = pool_slots(depth + held, max(workers, 1) + 1, stride)
         self.depth = min(depth, max(1, n - 1))
         self.n_slots = n
         self.slots = self._new_slots()

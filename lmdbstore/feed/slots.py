@@ -19,23 +19,14 @@ import mmap
 import os
 import sys
 import tempfile
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "ALIGN",
-    "SHM_DIR",
-    "SLOT_MEMORY_SHARE",
-    "SegmentFd",
-    "SharedSlots",
-    "available_bytes",
-    "pool_slots",
-    "slot_bytes",
-]
+from lmdbstore.util.memory import check_allocation, clip_count, reserve
+
+__all__ = ["ALIGN", "SHM_DIR", "SegmentFd", "SharedSlots", "pool_slots", "slot_bytes"]
 
 #: Slots start on multiples of this many bytes.
 ALIGN = 4096
@@ -53,75 +44,24 @@ def slot_bytes(rows: int, item_bytes: int) -> tuple[int, int]:
     return x, x + _round_up(8 * max(1, rows))
 
 
-#: Share of the memory the machine has available that one feed's slots may take.
-SLOT_MEMORY_SHARE = 0.5
-
-
-def _meminfo_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room() -> int | None:
-    """What this process's cgroup (v2) still allows, where it sets a limit."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
-    except OSError:
-        return None
-    return None if limit == "max" else max(0, int(limit) - int(used))
-
-
-def available_bytes() -> int | None:
-    """Memory this process can still get: the kernel's ``MemAvailable``, less where its cgroup allows less
-    (``None`` where neither is known)."""
-    known = [v for v in (_meminfo_available(), _cgroup_room()) if v is not None]
-    return min(known) if known else None
-
-
-def pool_slots(wanted: int, least: int, stride: int, *, workers: int, rows: int) -> int:
-    """How many slots of ``stride`` bytes to make: ``wanted``, or fewer down to ``least`` where
-    :data:`SLOT_MEMORY_SHARE` of the available memory cannot hold them (said in a warning).
+def pool_slots(wanted: int, least: int, stride: int) -> int:
+    """How many slots of ``stride`` bytes to make: ``wanted``, or fewer down to ``least`` where half the memory
+    available cannot hold them (a warning naming ``prefetch``; :mod:`lmdbstore.util.memory`).
 
     Raises:
-        ValueError: not even ``least`` fit, naming ``batch_size``, ``workers`` and ``prefetch``.
+        ValueError: not even ``least`` fit, naming ``batch_size``.
     """
-    room = available_bytes()
-    if room is None or wanted * stride <= SLOT_MEMORY_SHARE * room:
-        return wanted
-    fit = int(SLOT_MEMORY_SHARE * room // stride)
-    if fit < least:
-        raise ValueError(
-            f"the batch slots need {least * stride / 2**30:.1f} GiB at least ({least} slots of {rows} samples: "
-            f"workers={workers} readers with one batch each and the consumer's), more than half of the "
-            f"{room / 2**30:.1f} GiB this machine has available: lower batch_size or workers"
-        )
-    warnings.warn(
-        f"lmdbstore: {fit} batch slots of {stride / 2**20:.1f} MiB instead of {wanted} fit in memory "
-        f"({room / 2**30:.1f} GiB available): fewer batches read ahead (lower batch_size or prefetch to silence)",
-        RuntimeWarning,
-        stacklevel=4,
+    check_allocation(
+        least * stride, what=f"{least} batch slots (one per reader and the consumer's)", parameter="batch_size"
     )
-    return fit
-
-
-def _reserve(fd: int, size: int) -> None:
-    if hasattr(os, "posix_fallocate"):
-        os.posix_fallocate(fd, 0, size)
-    else:  # pragma: no cover - not Linux
-        os.ftruncate(fd, size)
+    return clip_count(wanted, stride, what="batch slots", parameter="prefetch", minimum=least, stacklevel=4)
 
 
 def _create_segment(size: int) -> int:
     """A new shared segment of ``size`` reserved bytes with no name anywhere: its descriptor.
 
     Raises:
-        OSError: no room for it.
+        ValueError: no room for it (naming ``batch_size``).
     """
     fds = []
     with contextlib.suppress(AttributeError, OSError):
@@ -132,17 +72,14 @@ def _create_segment(size: int) -> int:
                 fd, path = tempfile.mkstemp(prefix="lmdbstore-slots-", dir=d)
                 os.unlink(path)
                 fds.append(fd)
-    error: OSError | None = None
-    for k, fd in enumerate(fds):
-        try:
-            _reserve(fd, size)
-            for other in fds[k + 1 :]:
-                os.close(other)
-            return fd
-        except OSError as exc:
-            os.close(fd)
-            error = exc
-    raise OSError(f"no room for {size / 2**20:.0f} MiB of batch slots in shared memory: {error}")
+    for other in fds[1:]:
+        os.close(other)
+    try:
+        reserve(fds[0], size, what="the batch slots", parameter="batch_size")
+    except BaseException:
+        os.close(fds[0])
+        raise
+    return fds[0]
 
 
 class SegmentFd:

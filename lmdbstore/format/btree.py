@@ -9,7 +9,9 @@ liblmdb would return for that key: page numbers inside the snapshot, page header
 type, node offsets and sizes inside their page, no page reached twice, levels no larger than the file,
 keys strictly increasing in tree order, every branch separator between the keys of the subtrees it
 separates (so liblmdb's binary search descends to the leaf this walk found), node flags a plain sub-database
-can have, overflow runs inside the file and disjoint from each other and from the tree's pages.  Any
+can have, overflow runs inside the file and disjoint from each other and from the tree's pages, and no page of the
+snapshot reachable twice (the samples tree and overflow runs, the other sub-databases', the main tree's, the free
+list's: :mod:`lmdbstore.format.owners`).  Any
 contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say
 is checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmdbstore.format.owners import Runs, foreign_runs
 from lmdbstore.format.pages import (
     F_BIGDATA,
     F_SUBDATA,
@@ -225,6 +228,29 @@ def _check_overflow_runs(pos: np.ndarray, sizes: np.ndarray, tree: np.ndarray, p
         )
 
 
+def _check_reached_once(mine: Runs, foreign: Runs, path: object) -> None:
+    """No page of the snapshot may be reached twice: the ``samples`` sub-database's tree pages and overflow runs
+    (``mine``) and every other page the snapshot reaches (``foreign``: :func:`~lmdbstore.format.owners.foreign_runs`:
+    the other sub-databases', the main tree's, the free list's) together claim each page once.  A page claimed twice
+    would serve one owner's bytes as another's (a samples value pointed at a class-index chunk read it as samples;
+    a label chunk pointed at one would read it as labels)."""
+    runs = Runs.join([mine, foreign])
+    if not len(runs.start):
+        return
+    order = np.argsort(runs.start, kind="stable")
+    start, end = runs.start[order], runs.start[order] + runs.count[order]
+    reach = np.maximum.accumulate(end)  # the furthest page the runs up to each one cover
+    bad = np.flatnonzero(start[1:] < reach[:-1])
+    if bad.size:
+        i = int(bad[0]) + 1
+        j = int(np.flatnonzero(end[:i] > start[i])[0])  # an earlier run that covers run i's first page
+        a, b = runs.owner[int(order[j])], runs.owner[int(order[i])]
+        raise damaged(
+            f"page {int(start[i])} is reachable twice (from the {a} and the {b})",
+            path=path,  # type: ignore[arg-type]
+        )
+
+
 def samples_positions(
     fd: int,
     file_size: int,
@@ -242,7 +268,7 @@ def samples_positions(
         CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
     """
     pages = PageReader(fd, file_size, meta, path, pmap)
-    db = main_db_entry(pages, meta.main, name)
+    db, foreign = foreign_runs(pages, meta, name)  # every page that is not this sub-database's
     what = name.decode()
     if db.flags & 0x7FFF:
         raise damaged(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=path)
@@ -301,7 +327,15 @@ def samples_positions(
     ends = np.cumsum(per_leaf)
     if levels:
         _check_separators(levels, keys[ends - per_leaf], keys[ends - 1], what, path)
+    tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
+    first = (pos[big_all] - 16) // ps
+    counts = np.asarray(overflow_pages(sizes[big_all], ps), np.int64)
     if big_all.any():
-        tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
         _check_overflow_runs(pos[big_all], sizes[big_all], np.sort(tree), ps, path)
+    mine = Runs(
+        np.concatenate([tree, first]),
+        np.concatenate([np.ones(len(tree), np.int64), counts]),
+        [f"{what} B-tree"] * len(tree) + [f"{what} value"] * len(first),
+    )
+    _check_reached_once(mine, foreign, path)
     return BTreeValues(keys, sizes, pos, big_all)

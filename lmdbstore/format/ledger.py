@@ -61,13 +61,20 @@ def check_entry(name: object, done: object, total: object) -> tuple[str, int, in
     Raises:
         ValueError: naming ``progress`` (the name and position) or ``progress_total``.
     """
-    if not isinstance(name, str) or not name or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_KEY_BYTES:
-        raise ValueError(f"progress: the name must be a non-empty string of at most {MAX_NAME_KEY_BYTES} bytes")
+    try:
+        size = len(name.encode("utf-8")) if isinstance(name, str) else -1  # a lone surrogate cannot be stored
+    except UnicodeEncodeError:
+        size = -1
+    if not 0 < size <= MAX_NAME_KEY_BYTES:
+        raise ValueError(
+            f"progress: the name must be a non-empty string of at most {MAX_NAME_KEY_BYTES} UTF-8 bytes, "
+            f"got {str(name)[:40]!r}"
+        )
     if not _is_count(done):
         raise ValueError(f"progress: the position must be an integer in 0..2**63-1, got {str(done)[:40]!r}")
     if total is not None and not _is_count(total):
         raise ValueError(f"progress_total must be None or an integer in 0..2**63-1, got {str(total)[:40]!r}")
-    return name, int(done), None if total is None else int(total)  # type: ignore[call-overload]
+    return str(name), int(done), None if total is None else int(total)  # type: ignore[call-overload]
 
 
 def source_key(kind: str, digest: str, file_name: str) -> str:

@@ -202,6 +202,14 @@ class PageReader:
             )
         return arr
 
+    def read_bytes(self, offset: int, n: int, what: str) -> bytes:
+        """``n`` bytes at ``offset`` of the snapshot's pages (a value in an overflow run).
+
+        Raises:
+            CorruptStoreError: the range lies outside the snapshot's pages or the file is shorter.
+        """
+        return _pread_exact(self.fd, n, offset, min(self.file_size, self.n_pages * self.psize), what, self.path)
+
     def nodes(self, page: np.ndarray, pgno: int) -> tuple[np.ndarray, np.ndarray]:
         """Node offsets of one B-tree page and its 16-bit words, bounds-checked."""
         ps = self.psize

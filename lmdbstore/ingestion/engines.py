@@ -30,7 +30,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lmdbstore.ingestion.pool import TaskFailure, pickled_task
+from lmdbstore.ingestion.pool import ResultBudget, TaskFailure, pickled_task
 from lmdbstore.util.allocator import keep_large_blocks
 
 __all__ = [
@@ -248,7 +248,8 @@ def as_failure(exc: BaseException, index: int) -> TaskFailure | TaskLost:
 class EnginePool:
     """``fn(task)`` on ``engine``, results in task order, at most a window of tasks submitted and not yet consumed.
 
-    The window is ``in_flight * workers`` tasks; ``workers=None`` takes the engine's own count
+    The window is ``in_flight * workers`` tasks (fewer where their results would not fit in memory:
+    :class:`~lmdbstore.ingestion.pool.ResultBudget`); ``workers=None`` takes the engine's own count
     (:meth:`Engine.workers`, asked again every :data:`RESIZE_SECONDS` while the run goes on, so a cluster that
     grows gets a larger window; 1 while it tells nothing).
 
@@ -293,9 +294,12 @@ class EnginePool:
         """
         window: deque[tuple[int, Any]] = deque()
         nxt, refused = start, None
+        budget: ResultBudget | None = None
         try:
             while nxt < len(tasks) or window:
                 limit = self.limit
+                budget = budget or ResultBudget(max(1, limit // self.in_flight))
+                limit = budget.window(limit)
                 while refused is None and nxt < len(tasks) and len(window) < limit:
                     blob = pickled_task(tasks, nxt)
                     try:
@@ -311,6 +315,7 @@ class EnginePool:
                 except Exception as exc:
                     raise as_failure(exc, index) from exc
                 del handle
+                budget.observe(out)
                 yield index, out
         finally:
             self.engine.cancel([h for _, h in window])

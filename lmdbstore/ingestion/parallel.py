@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +30,22 @@ from lmdbstore.ingestion.parallel_runs import plan_run
 from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import ParallelReport, writing
 from lmdbstore.ingestion.task_identity import TaskIdentities
+from lmdbstore.ingestion.task_identity import task_list as ordered_tasks
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
+from lmdbstore.util.memory import MemoryBoundWarning, clip_count
 from lmdbstore.util.progress import progress_bar
 
-__all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
+__all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "local_workers", "write_parallel"]
 
 #: Results each worker may have produced and not yet had committed (back-pressure bound).  Four, not two: while
 #: the writer commits (64 MiB, then fsync: 0.1-0.2 s on a virtio disk) it takes no result, and two per worker --
 #: one running, one done -- left the workers of a 2-worker run idle for 15-25 % of it on ~100 ms tasks.
 DEFAULT_IN_FLIGHT = 4
+#: Worker processes of the local pool per core, at most (:func:`local_workers`).
+WORKERS_PER_CORE = 4
+#: Memory one worker process of the local pool is counted at (:func:`local_workers`).
+WORKER_BYTES = 256 << 20
 #: Characters of a task's repr quoted in error messages.
 REPR_CHARS = 80
 
@@ -236,11 +243,14 @@ def write_parallel(
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors (seeds, paths, ranges), listed up front; each must be identifiable
+        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order; a set
+            (or another unordered collection: a mapping, a dict's view) is written in the order of its tasks'
+            identities, so that a rerun in another process resumes it.  Each must be identifiable
             by content (None, bool, int, float, complex, str, bytes, range, tuples, lists, dicts, sets,
             numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
             ``task_id``.
         workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
+            At most 4 per core and what memory holds (:func:`local_workers`: clipped with a warning).
             With ``executor``: the tasks it runs at once, to size the window (default: what the executor
             tells -- ``max_workers``, a Dask cluster's threads, ``RayExecutor.workers`` -- else 1).
         executor: run the tasks on an engine you already run instead of local processes: any
@@ -253,7 +263,8 @@ def write_parallel(
         task_id: ``task -> value`` naming each task (e.g. ``lambda t: t.key`` for tasks of your own class),
             identified instead of the task's content; called here only (default ``None``: the content).
         in_flight: results per worker produced and not yet committed (memory: about
-            ``workers * in_flight`` task results; with an executor, also on the cluster).
+            ``workers * in_flight`` task results; with an executor, also on the cluster); fewer where that many
+            results would not fit in half the available memory (with a warning naming ``in_flight``).
         cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
         progress: show a tqdm bar (tasks, samples/s) on stderr.
 
@@ -267,7 +278,7 @@ def write_parallel(
         StoreExistsError, StoreLockedError, StoreFullError...: as :func:`~lmdbstore.open_writer`.
     """
     engine = _check_runner(workers, executor, in_flight)
-    task_list = list(tasks)
+    task_list = ordered_tasks(tasks, task_id)  # a set: in the order of its tasks' identities
     if workers or engine is not None:
         _check_picklable(produce)
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
@@ -291,8 +302,9 @@ def write_parallel(
             bar.update(1)
             bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
 
+        local = local_workers(workers or 0)
         pool: ResultSource = (
-            OrderedPool(producer, workers or 0, max(1, workers or 0) * in_flight)
+            OrderedPool(producer, local, max(1, local) * in_flight)
             if engine is None
             else EnginePool(producer, engine, in_flight, workers)
         )
@@ -302,6 +314,26 @@ def write_parallel(
         finally:
             bar.close()
     return ParallelReport(str(path), n, start, outcome.added, outcome.total, outcome.seconds)
+
+
+def local_workers(workers: int, cores: int | None = None, available: int | None = None) -> int:
+    """The worker processes the local pool starts for ``workers`` asked: at most :data:`WORKERS_PER_CORE` per core
+    (more only contend for the cores) and what the machine's memory holds at :data:`WORKER_BYTES` each (a spawned
+    Python with numpy and a result or two), with a :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming
+    ``workers`` when it clips (``workers=100000`` started that many processes).  The pool starts no more than there
+    are tasks left, too."""
+    cap = WORKERS_PER_CORE * (cores or os.cpu_count() or 1)
+    if workers > cap:
+        warnings.warn(
+            f"workers: {workers:,} worker processes on {cap // WORKERS_PER_CORE} cores would only contend for them; "
+            f"using {cap} ({WORKERS_PER_CORE} per core)",
+            MemoryBoundWarning,
+            stacklevel=3,
+        )
+        workers = cap
+    return clip_count(
+        workers, WORKER_BYTES, what="worker processes", parameter="workers", available=available, stacklevel=3
+    )
 
 
 def _check_runner(workers: int | None, executor: Any, in_flight: int) -> Engine | None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order
+from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order, local_workers
 from lmdbstore.ingestion.plan import IngestPlan
 from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import IngestReport, SourceReport
@@ -85,6 +85,7 @@ def ingest_parallel(plan: IngestPlan, *, workers: int, progress: ProgressFactory
         TaskError: a worker died; chunks before it stay committed (rerun to resume).
     """
     srcs, batch = plan.sources, plan.batch
+    workers = local_workers(workers)  # no more processes than the cores and the memory hold (warned)
     chunks = [
         (i, lo, min(lo + batch, len(src))) for i, src in enumerate(srcs) for lo in range(plan.done[i], len(src), batch)
     ]

@@ -25,6 +25,7 @@ import signal
 import struct
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Generator, Sequence
 from multiprocessing.connection import wait
 from typing import Any
@@ -32,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.util.allocator import keep_large_blocks
+from lmdbstore.util.memory import DEFAULT_SHARE, MemoryBoundWarning, available_memory, describe_bytes
 
-__all__ = ["LOAD_FAILED", "OrderedPool", "TaskFailure", "WorkerDied", "pickled_task"]
+__all__ = ["LOAD_FAILED", "OrderedPool", "ResultBudget", "TaskFailure", "WorkerDied", "pickled_task", "result_bytes"]
 
 #: How often (seconds) a waiting side checks that the other side is still alive.
 POLL_SECONDS = 0.5
@@ -41,6 +43,55 @@ POLL_SECONDS = 0.5
 LOAD_FAILED = -1
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE = 2.0
+
+
+def result_bytes(result: Any) -> int:
+    """The bytes of a task's result held in memory: its numpy arrays (and those of a tuple or list of them)."""
+    if isinstance(result, np.ndarray):
+        return int(result.nbytes)
+    if isinstance(result, (tuple, list)):
+        return sum(result_bytes(r) for r in result)
+    return 0
+
+
+class ResultBudget:
+    """How many task results a run may hold at once, by their bytes: ``share`` of the memory available when it
+    starts (:func:`~lmdbstore.util.memory.available_memory`).  Results produced and not yet committed are held in
+    this process (the local pool reads them off the pipes while it waits for the next in order; an executor's
+    futures keep theirs), so the count asked for (``in_flight`` per worker) is lowered to what the budget holds at
+    the largest result seen so far -- with a :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming
+    ``in_flight`` -- and, until a first result says how large they are, to two per worker.
+
+    Args:
+        workers: the tasks that run at once (at least one each is always allowed).
+        available: bytes available (default: read now).
+    """
+
+    def __init__(self, workers: int, available: int | None = None, share: float = DEFAULT_SHARE) -> None:
+        self.workers = max(1, workers)
+        self.budget = int((available_memory() if available is None else available) * share)
+        self.largest = 0
+        self._warned = False
+
+    def observe(self, result: Any) -> None:
+        """Note a result received (its size bounds the window from now on)."""
+        self.largest = max(self.largest, result_bytes(result))
+
+    def window(self, limit: int) -> int:
+        """The tasks that may be submitted and not yet consumed now, of the ``limit`` asked for."""
+        if self.largest == 0:
+            return min(limit, 2 * self.workers)
+        fits = max(1, self.budget // self.largest)
+        if fits < limit and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"in_flight: {limit:,} task results of up to {describe_bytes(self.largest)} in flight would take "
+                f"{describe_bytes(limit * self.largest)}, more than this machine can give ({describe_bytes(self.budget)}); "
+                f"keeping {fits:,} in flight",
+                MemoryBoundWarning,
+                stacklevel=4,
+            )
+        return min(limit, fits)
 
 
 class TaskFailure(Exception):
@@ -220,7 +271,8 @@ class OrderedPool:
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
         """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
 
-        At most ``limit`` tasks are submitted and not yet yielded.  Leaving the generator for any
+        At most ``limit`` tasks are submitted and not yet yielded, fewer where their results would take more
+        memory than the machine can give (:class:`ResultBudget`).  Leaving the generator for any
         reason (exhausted, an exception, ``close()``, KeyboardInterrupt) stops every worker.
 
         Raises:
@@ -251,8 +303,9 @@ class OrderedPool:
                 self._conns.append(rx)
                 self._feeders.append(_Feeder(task_tx))
             nxt, head, ready = start, start, {}
+            budget = ResultBudget(n_procs)
             while head < len(tasks):
-                while nxt < len(tasks) and nxt - head < self.limit:
+                while nxt < len(tasks) and (nxt == head or nxt - head < budget.window(self.limit)):
                     feeder = min(self._feeders, key=lambda f: f.busy)  # the least busy worker takes it
                     feeder.put((nxt, pickled_task(tasks, nxt)))
                     feeder.busy += 1
@@ -261,6 +314,7 @@ class OrderedPool:
                     w, (index, ok, payload) = self._receive()
                     self._feeders[w].busy -= 1
                     ready[index] = (ok, payload)
+                    budget.observe(payload)
                 if LOAD_FAILED in ready:
                     raise TaskFailure(LOAD_FAILED, *ready[LOAD_FAILED][1])
                 ok, payload = ready.pop(head)

@@ -29,14 +29,16 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import itertools
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, MappingView, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import PurePath
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ENCODING", "MAX_DEPTH", "TaskIdentities", "Unidentifiable", "digest_of", "task_digest"]
+__all__ = ["ENCODING", "MAX_DEPTH", "TaskIdentities", "Unidentifiable", "digest_of", "task_digest", "task_list"]
 
 #: Version of the canonical encoding, part of every ledger key it makes (a change is a new version).
 ENCODING = "c1"
@@ -201,6 +203,36 @@ def task_digest(task: Any, index: int = 0, task_id: Callable[[Any], Any] | None 
         raise ValueError(f"{said} has no stable identity ({exc.what} cannot be identified by content); {fix}") from None
     except RecursionError:
         raise ValueError(f"tasks[{index}] (type {type(task).__qualname__}) is nested too deeply to identify") from None
+
+
+def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None) -> list[Any]:
+    """The tasks in the order a run writes them: an ordered collection (list, tuple, range, generator...) as given;
+    an *unordered* one -- a ``set``/``frozenset`` or any other set-like, a mapping (its keys) or a dict's view --
+    in the order of its tasks' digests (:func:`task_digest`), the same in every process and under every hash
+    seed (a set iterates in hash order, which changes with each process: the identical script rerun was taken
+    for another run, and renaming it wrote the committed tasks twice).
+
+    Raises:
+        ValueError: a task without identity, or two tasks of an unordered collection with one identity (their
+            order could differ in a rerun): one line naming them.
+    """
+    if not isinstance(tasks, (AbstractSet, Mapping, MappingView)):
+        return list(tasks)
+    items = list(tasks)
+    digests = [task_digest(t, i, task_id) for i, t in enumerate(items)]
+    order = sorted(range(len(items)), key=digests.__getitem__)
+    for a, b in itertools.pairwise(order):
+        if digests[a] == digests[b]:
+            raise ValueError(
+                f"tasks: {type(tasks).__name__} holds two tasks with one identity ({_short(items[a])} and "
+                f"{_short(items[b])}): an unordered collection of them has no order a rerun repeats; pass a list"
+            )
+    return [items[i] for i in order]
+
+
+def _short(task: Any) -> str:
+    r = " ".join(repr(task).split())
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 class TaskIdentities:

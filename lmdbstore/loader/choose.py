@@ -26,7 +26,7 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
-from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle
+from lmdbstore.loader.window import WindowBatchSampler, bound_window_bytes, choose_shuffle
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
@@ -123,7 +123,9 @@ def make_sampler_for(
             lcfg.batch_size,
             samples_per_value=meta.samples_per_value,
             sample_bytes=meta.sample_bytes,
-            window_bytes=None if lcfg.window_mb is None else lcfg.window_mb << 20,
+            window_bytes=None
+            if lcfg.window_mb is None
+            else bound_window_bytes(lcfg.window_mb << 20, len(idx) * meta.sample_bytes, "window_mb"),
             prefetch=_prefetch(store),
             **kw,
         )

@@ -6,7 +6,8 @@ The semantics, exactly (:class:`MixedBatchSampler`):
 * **Epoch length** ``N``: the number of samples the sampler was given (all the parts together), or
   ``epoch_samples``.  An epoch has ``ceil(N / batch_size)`` batches (per rank: as
   :class:`~lmdbstore.loader.samplers.EpochBatchSampler`).
-* **Shares**: the weights are normalized to sum 1; part ``i`` gives exactly ``k_i`` samples to every epoch,
+* **Shares**: the weights are normalized to sum 1 (divided by the largest first: finite weights whose sum would
+  overflow, ``[1e308, 1e308]``, are ``[0.5, 0.5]``); part ``i`` gives exactly ``k_i`` samples to every epoch,
   ``k_i = w_i * N`` rounded by largest remainder (so the ``k_i`` sum to ``N``; a weight of 0 gives none).
 * **Which samples**: each part's samples are drawn from a stream of successive random permutations of them
   (permutation ``c`` of part ``i`` seeded by ``(seed, i, c)``); epoch ``e`` takes the stream's items
@@ -32,31 +33,30 @@ import numpy as np
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.loader.orders import epoch_rng
-from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.loader.samplers import EpochBatchSampler, normalized_weights
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
 
-__all__ = ["STREAM_MIX", "MixedBatchSampler", "mix_counts", "store_parts"]
+__all__ = ["STREAM_MIX", "MixedBatchSampler", "mix_counts", "normalized_weights", "store_parts"]
 
 #: Seed stream of the per-part permutations (apart from the epoch orders' streams).
 STREAM_MIX = 11
 
 
 def mix_counts(weights: Sequence[float], total: int) -> np.ndarray:
-    """``total`` split by ``weights`` (normalized) into integer counts by largest remainder; they sum to
-    ``total`` exactly.
+    """``total`` split by ``weights`` (normalized without overflow: :func:`normalized_weights`) into integer
+    counts by largest remainder; they sum to ``total`` exactly.
 
     Raises:
-        ValueError: weights that are not finite, are negative or sum to 0.
+        ValueError: weights that are not finite, are negative or are all 0.
     """
-    w = np.asarray(weights, dtype=np.float64).reshape(-1)
-    if not w.size or not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0:
-        raise ValueError(f"weights must be finite non-negative numbers with a positive sum, got {list(weights)!r}")
-    share = w / w.sum() * total
+    share = normalized_weights(weights) * total
     counts = np.floor(share).astype(np.int64)
     rest = total - int(counts.sum())
     if rest:
         counts[np.argsort(-(share - counts), kind="stable")[:rest]] += 1
+    if int(counts.sum()) != total:  # the shares sum to total within rounding: rest < len(weights)
+        raise AssertionError(f"mix_counts: {counts.tolist()} do not sum to {total}")
     return counts
 
 
@@ -105,8 +105,7 @@ class MixedBatchSampler(EpochBatchSampler):
         if total < 1:
             raise ValueError(f"epoch_samples must be positive, got {total}")
         self.counts = mix_counts(weights, total)
-        w = np.asarray(weights, dtype=np.float64)
-        self.weights = w / w.sum()
+        self.weights = normalized_weights(weights)
         for i, (part, k) in enumerate(zip(self.parts, self.counts, strict=True)):
             if k and not len(part):
                 raise ValueError(f"weights: store {i} has weight {weights[i]} but no samples to draw from")

@@ -87,8 +87,12 @@ class BlockPlan:
             self.bounds = np.array([0, len(gs)], np.int64)
             self.pos = np.r_[0, np.cumsum(gl)][:-1]
             return
-        # piece k of a run of L samples: its samples j with j * block_buffer // L == k
-        cuts = -(-(np.arange(block_buffer + 1, dtype=np.int64)[None, :] * gl[:, None]) // block_buffer)
+        # piece k of a run of L samples: its samples j with j * block_buffer // L == k.  A value has at most
+        # samples_per_value samples: from that many pieces on, every piece is one sample, so the pieces are cut
+        # for at most that many (the same pieces, in the same order; a block_buffer of 10**9 allocated a table of
+        # 10**9 columns per value); the windows below keep the block_buffer asked for.
+        cols = min(block_buffer, samples_per_value)
+        cuts = -(-(np.arange(cols + 1, dtype=np.int64)[None, :] * gl[:, None]) // cols)
         lo = cuts[:, :-1]
         plen = np.diff(cuts, axis=1).ravel()
         psrc = (gs[:, None] + lo).ravel()
@@ -96,7 +100,7 @@ class BlockPlan:
         keep = plen > 0
         self.src, self.lens, self.pos = psrc[keep], plen[keep], ppos[keep]
         self.keys = rng.random(len(self.pos))
-        window = self.pos // max(1, block_buffer * batch_size)  # non-decreasing
+        window = self.pos // max(1, min(block_buffer * batch_size, n))  # non-decreasing (one window: at most n)
         self.bounds = np.r_[np.flatnonzero(np.r_[True, window[1:] != window[:-1]]), len(window)].astype(np.int64)
 
     def __len__(self) -> int:

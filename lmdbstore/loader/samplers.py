@@ -29,6 +29,7 @@ __all__ = [
     "BalancedBatchSampler",
     "EpochBatchSampler",
     "block_order",
+    "normalized_weights",
     "shard_batches",
     "stratified_split",
 ]
@@ -197,13 +198,14 @@ class BalancedBatchSampler(EpochPasses):
         self.class_indices = [np.asarray(c, dtype=np.int64) for c in class_indices]
         k = len(self.class_indices)
         w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
-        if w.shape != (k,) or (w < 0).any() or not w.sum() > 0:
-            raise ValueError(f"weights must be {k} non-negative numbers with a positive sum, got {weights!r}")
+        if w.shape != (k,):
+            raise ValueError(f"weights must be {k} numbers, one per class, got {weights!r}")
+        w = normalized_weights(w)  # without overflow; finite, non-negative, not all 0
         names = list(class_names) if class_names is not None else [str(i) for i in range(k)]
         for c in range(k):
             if w[c] > 0 and len(self.class_indices[c]) == 0:
                 raise ValueError(f"class {names[c]!r} has no samples to draw from; balanced sampling needs every class")
-        self.weights = w / w.sum()
+        self.weights = w
         self.batch_size = batch_size
         self.seed = seed
         self.init_passes(rank, world_size)
@@ -234,6 +236,20 @@ class BalancedBatchSampler(EpochPasses):
             rng.shuffle(batch)
             if i >= start:  # the skipped ones are drawn all the same: the stream must advance
                 yield batch
+
+
+def normalized_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``weights`` as float64 shares summing to 1, computed without overflow: divided by their largest first, so
+    that finite weights whose sum is not finite (``[1e308, 1e308]``) still give ``[0.5, 0.5]``.
+
+    Raises:
+        ValueError: weights that are not finite, are negative, or are all 0.
+    """
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if not w.size or not np.isfinite(w).all() or (w < 0).any() or not w.max() > 0:
+        raise ValueError(f"weights must be finite non-negative numbers, not all 0, got {list(weights)!r}")
+    w = w / w.max()  # in [0, 1]: the sum is at most len(w)
+    return w / w.sum()
 
 
 def stratified_split(

@@ -15,7 +15,6 @@ it does not; :func:`default_window_bytes` sizes the window from available memory
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +25,14 @@ from lmdbstore.config import LoaderConfig
 from lmdbstore.loader.orders import STREAM_WINDOW, epoch_rng
 from lmdbstore.loader.plans import WindowSequence, batch_bounds
 from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.util.memory import available_memory, clip_bytes  # available_memory re-exported: one reading
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "ShuffleChoice",
     "WindowBatchSampler",
     "available_memory",
+    "bound_window_bytes",
     "choose_shuffle",
     "default_window_bytes",
     "window_order",
@@ -54,16 +55,23 @@ CACHE_SHARE = 0.8
 Prefetch = Callable[[np.ndarray, np.ndarray], None]
 
 
-def available_memory() -> int:
-    """Bytes of memory available to this process now (``MemAvailable``; physical memory if unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+def bound_window_bytes(
+    window_bytes: int, data_bytes: int, parameter: str = "window_bytes", available: int | None = None
+) -> int:
+    """``window_bytes`` bounded by the machine: a window (its pages read ahead into the page cache, the next one
+    beside it) that holds more of the data than half the available memory would evict itself while it is read, so
+    it is clipped to that, with a :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming ``parameter``.  A window
+    larger than the data (``data_bytes``) only holds all of it: kept as asked (the order depends on it), and
+    bounded by what the data needs.
+
+    Raises:
+        ValueError: ``window_bytes`` not positive.
+    """
+    if window_bytes < 1:
+        raise ValueError(f"{parameter} must be positive, got {window_bytes}")
+    holds = min(window_bytes, max(data_bytes, 1))
+    fits = clip_bytes(holds, what="a window", parameter=parameter, available=available, stacklevel=4)
+    return window_bytes if fits == holds else fits
 
 
 def default_window_bytes(available: int | None = None) -> int:
@@ -127,7 +135,8 @@ class WindowBatchSampler(EpochBatchSampler):
         indices, batch_size, seed, rank, world_size, drop_last: as for
             :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
         samples_per_value, sample_bytes: the store's packing and sample size.
-        window_bytes: sample bytes per window (default :func:`default_window_bytes`).
+        window_bytes: sample bytes per window (default :func:`default_window_bytes`); one that would hold more of
+            the data than the machine can give is clipped (:func:`bound_window_bytes`, with a warning).
         chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window,
             at most 256 MiB, would hold fewer than 256 chunks).
         prefetch: called as ``prefetch(lo, hi)`` with the sample ranges of the next window when a window
@@ -157,12 +166,15 @@ class WindowBatchSampler(EpochBatchSampler):
             indices, batch_size, shuffle="none", seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
         )
         self.shuffle = "window"  # type: ignore[assignment]
-        window_bytes = default_window_bytes() if window_bytes is None else window_bytes
         for name, v in (("samples_per_value", samples_per_value), ("sample_bytes", sample_bytes)):
             if v < 1:
                 raise ValueError(f"{name} must be positive, got {v}")
-        if window_bytes < 1 or chunk_bytes < 1:
+        if chunk_bytes < 1 or (window_bytes is not None and window_bytes < 1):
             raise ValueError(f"window_bytes and chunk_bytes must be positive, got {window_bytes}, {chunk_bytes}")
+        if window_bytes is None:
+            window_bytes = default_window_bytes()
+        else:
+            window_bytes = bound_window_bytes(window_bytes, len(self.indices) * sample_bytes)
         self.samples_per_value = samples_per_value
         self.window_samples = max(1, window_bytes // sample_bytes)
         self.first_window_samples = max(1, min(window_bytes, FIRST_WINDOW_BYTES) // sample_bytes)

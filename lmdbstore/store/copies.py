@@ -16,12 +16,34 @@ and tests compare the two that way.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import ModuleType
 
-__all__ = ["ENV_SWITCH", "FAST", "compiled"]
+import numpy as np
+
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError
+from lmdbstore.store.mapguard import truncated, vm_readable
+
+__all__ = [
+    "COPIED",
+    "DEST",
+    "ENV_SWITCH",
+    "FAST",
+    "OTHER",
+    "SOURCE",
+    "UNPROTECTED",
+    "compiled",
+    "copy_failed",
+    "destination_fault",
+    "fast_copy",
+]
 
 #: The environment variable that turns the compiled copier off (``0``) in a process.
 ENV_SWITCH = "LMDBSTORE_FASTCOPY"
+#: What ``FAST.copy`` answers: every byte copied; a SIGBUS on a page of the source map, of the destination, of
+#: neither; nothing copied (another SIGBUS handler was installed over the copier's during a copy): the numbers of
+#: ``fastcopy.c``.
+COPIED, SOURCE, DEST, OTHER, UNPROTECTED = 0, 1, 2, 3, 4
 
 
 def _load() -> ModuleType | None:
@@ -30,6 +52,8 @@ def _load() -> ModuleType | None:
     try:
         from lmdbstore.store import fastcopy  # type: ignore[attr-defined]
     except ImportError:
+        return None
+    if not hasattr(fastcopy, "UNPROTECTED"):  # an older build (a bool answer): not used
         return None
     return fastcopy  # type: ignore[no-any-return]
 
@@ -41,3 +65,54 @@ FAST: ModuleType | None = _load()
 def compiled() -> bool:
     """Whether this process copies with the compiled copier."""
     return FAST is not None
+
+
+def destination_fault() -> LmdbStoreError:
+    """The one-line error for a copy whose *destination* could not be written (a bus error on its pages: an
+    ``out=`` that maps a file which was truncated, a shared-memory segment on a full tmpfs): the store is fine."""
+    return LmdbStoreError(
+        "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
+        "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
+        hint="read into ordinary memory, or make room where the destination lives",
+    )
+
+
+def copy_failed(fd: int, file_size: int, path: str | Path | None, dst: np.ndarray | None = None) -> LmdbStoreError:
+    """The error for a copy out of the map of the data file ``fd`` that stopped short (the kernel's, or the compiled
+    copier's SIGBUS on the map): the file shrank below ``file_size``, or its pages could not be read -- unless it was
+    the destination ``dst`` that could not be written (probed: :func:`destination_fault`)."""
+    if dst is not None and not vm_readable(dst.ctypes.data, dst.nbytes):
+        return destination_fault()
+    size = os.fstat(fd).st_size
+    if size < file_size:
+        return truncated(size, file_size, path)
+    return CorruptStoreError("the data file's pages could not be copied", path=path, hint="check the disk")
+
+
+def fast_copy(
+    fast: ModuleType,
+    dst: np.ndarray,
+    at: np.ndarray,
+    base: int,
+    offs: np.ndarray,
+    lens: np.ndarray | int,
+    fd: int,
+    file_size: int,
+    path: str | Path | None,
+) -> bool:
+    """``fast.copy`` of the runs ``offs``/``lens`` of the map at ``base`` (the data file ``fd``'s, ``file_size``
+    bytes) to ``dst[at:]``; ``False``: nothing copied (another SIGBUS handler was installed over the copier's during
+    a copy: copy without it).
+
+    Raises:
+        LmdbStoreError: the copy met a page that could not be touched, told by its address: the data file's
+            (CorruptStoreError, as :func:`copy_failed`) or the destination's (:func:`destination_fault`).
+    """
+    status = fast.copy(dst, at, base, file_size, offs, lens)
+    if status == COPIED:
+        return True
+    if status == UNPROTECTED:
+        return False
+    if status == DEST:
+        raise destination_fault()
+    raise copy_failed(fd, file_size, path, None if status == SOURCE else dst)

@@ -3,13 +3,21 @@
  * copy(dst, at, src, size, offs, lens) copies lens[i] bytes (or lens bytes for every i, when lens is an int)
  * from address src + offs[i] to dst[at[i]:].  It checks every range against the map's size and the
  * destination's length first (ValueError otherwise: nothing is copied), releases the GIL while it copies, and
- * survives SIGBUS: a page of the map that lies past the end of its file (another process shrank the file)
- * ends the copy, and copy() returns False instead of killing the process.  True: every byte was copied.
+ * survives SIGBUS: a page that cannot be touched ends the copy, and copy() says whose page it was, by the
+ * fault's address, instead of the process dying: COPIED (every byte), SOURCE (a page of the map past the end of
+ * its file: another process shrank it), DEST (a page of dst: an out= that maps a truncated file, a full tmpfs
+ * under a shared-memory segment), OTHER (neither), or UNPROTECTED (nothing copied: see below).
  *
- * The SIGBUS handler is installed by the first copy() (and again by any later one that finds another handler
- * installed, e.g. faulthandler's); a SIGBUS outside a copy goes to the handler that was there before (or
- * kills the process as it would have).  It is the optional compiled part of lmdbstore: without it, the
- * library copies with numpy under a read lease, or with process_vm_readv (lmdbstore.store.copies).
+ * The program's SIGBUS handler stays the program's: the copier's handler is installed only while a copy runs
+ * (the first of concurrent copies installs it, the last puts back the handler that was there, exactly) and
+ * chains to that handler for a SIGBUS that is not a copy's (another thread's own map), or ends the process as
+ * the default action would.  It never saves itself as "previous" and never installs itself over a handler that
+ * was installed over it during a copy (faulthandler.enable() on another thread meanwhile: that handler chains
+ * back to the copier's, and installing the copier's over it again made the two call each other for ever);
+ * until that handler is gone, copy() answers UNPROTECTED and the caller copies without it (process_vm_readv).
+ * Cost: four sigaction calls per copy (about a microsecond), none per byte.
+ * It is the optional compiled part of lmdbstore: without it, the library copies with numpy under a read lease,
+ * or with process_vm_readv (lmdbstore.store.copies).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,42 +32,123 @@
 #define PREFETCH_AHEAD 4
 #endif
 
+enum { COPIED = 0, SOURCE = 1, DEST = 2, OTHER = 3, UNPROTECTED = 4 };
+
+/* A signal's disposition exactly as the kernel holds it, where the kernel's struct is known (x86-64, aarch64): saved
+ * and put back with the raw system call, so that the program finds every field as it left it (libc's sigaction()
+ * would add its own restorer to a disposition that never had one).  Elsewhere libc's struct sigaction. */
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#include <sys/syscall.h>
+#include <unistd.h>
+typedef struct {
+    void *handler;
+    unsigned long flags;
+    void *restorer;
+    uint64_t mask;
+} disp_t;
+static int get_disp(disp_t *d) { return (int)syscall(SYS_rt_sigaction, SIGBUS, NULL, d, sizeof d->mask); }
+static int set_disp(const disp_t *d) { return (int)syscall(SYS_rt_sigaction, SIGBUS, d, NULL, sizeof d->mask); }
+static void *disp_handler(const disp_t *d) { return d->handler; }
+static int disp_siginfo(const disp_t *d) { return (d->flags & SA_SIGINFO) != 0; }
+#else
+typedef struct sigaction disp_t;
+static int get_disp(disp_t *d) { return sigaction(SIGBUS, NULL, d); }
+static int set_disp(const disp_t *d) { return sigaction(SIGBUS, d, NULL); }
+static void *disp_handler(const disp_t *d) {
+    return (d->sa_flags & SA_SIGINFO) ? (void *)d->sa_sigaction : (void *)d->sa_handler;
+}
+static int disp_siginfo(const disp_t *d) { return (d->sa_flags & SA_SIGINFO) != 0; }
+#endif
+
 static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *volatile current_jump;
-static struct sigaction previous;
+static __thread __attribute__((tls_model("initial-exec"))) void *volatile fault_addr;
+static disp_t previous;     /* the disposition present when ours was installed (never ours) */
+static int copies_running; /* copies in progress, under install_lock */
+static int foreign;        /* a handler was installed over ours during a copy: it may chain to ours */
 static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx);
+
+static int is_ours(const disp_t *d) { return disp_siginfo(d) && disp_handler(d) == (void *)on_sigbus; }
+
+static int is_plain(const disp_t *d) { /* SIG_DFL or SIG_IGN: chains to nobody */
+    return !disp_siginfo(d) && (disp_handler(d) == (void *)SIG_DFL || disp_handler(d) == (void *)SIG_IGN);
+}
+
+/* What would have happened without the copier's handler: the previous handler runs, or the default action. */
+static void chain(int sig, siginfo_t *info, void *ctx) {
+    void *h = disp_handler(&previous);
+    int sent = info != NULL && info->si_code <= 0; /* kill(), sigqueue(), tgkill(): not a fault */
+    if (disp_siginfo(&previous)) {
+        ((void (*)(int, siginfo_t *, void *))h)(sig, info, ctx);
+        return;
+    }
+    if (h != (void *)SIG_DFL && h != (void *)SIG_IGN) {
+        ((void (*)(int))h)(sig);
+        return;
+    }
+    if (h == (void *)SIG_IGN && sent) return; /* ignored, as it was (a fault cannot be ignored) */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL); /* the process ends: a fault runs again under the default action */
+    if (sent) raise(sig);
+}
 
 static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
     sigjmp_buf *jump = current_jump;
     if (jump != NULL) {
         current_jump = NULL;
+        fault_addr = info != NULL ? info->si_addr : NULL;
         siglongjmp(*jump, 1);
     }
-    /* not one of ours: what would have happened without us */
-    if (previous.sa_flags & SA_SIGINFO) {
-        previous.sa_sigaction(sig, info, ctx);
-    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
-        previous.sa_handler(sig);
-    } else {
-        signal(sig, SIG_DFL); /* the faulting access runs again and the default action ends the process */
-    }
+    chain(sig, info, ctx); /* not one of ours */
 }
 
-static int ensure_handler(void) {
-    struct sigaction now;
-    if (sigaction(SIGBUS, NULL, &now) != 0) return -1;
-    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus) return 0;
-    pthread_mutex_lock(&install_lock);
+/* Before a copy: 0 with the copier's handler installed (the first copy installs it), UNPROTECTED when it must not
+ * be (see the top), -1 on error (errno). */
+static int enter(void) {
     int rc = 0;
-    if (sigaction(SIGBUS, NULL, &now) == 0 && !((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_sigbus)) {
+    pthread_mutex_lock(&install_lock);
+    if (copies_running == 0) {
+        disp_t now;
         struct sigaction ours;
         memset(&ours, 0, sizeof ours);
         ours.sa_sigaction = on_sigbus;
         ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK; /* NODEFER: siglongjmp leaves SIGBUS unblocked */
         sigemptyset(&ours.sa_mask);
-        if (sigaction(SIGBUS, &ours, &previous) != 0) rc = -1;
+        if (get_disp(&now) != 0) {
+            rc = -1;
+        } else if (is_ours(&now)) {
+            foreign = 0; /* put back by the handler that was over it: `previous` is still the one before ours */
+        } else if (foreign && !is_plain(&now)) {
+            rc = UNPROTECTED;
+        } else if (sigaction(SIGBUS, &ours, NULL) != 0) {
+            rc = -1;
+        } else {
+            previous = now;
+            foreign = 0;
+        }
     }
+    if (rc == 0) copies_running++;
     pthread_mutex_unlock(&install_lock);
     return rc;
+}
+
+/* After a copy: the last one puts back the handler that was there, unless another was installed over ours. */
+static void leave(void) {
+    pthread_mutex_lock(&install_lock);
+    if (--copies_running == 0) {
+        disp_t now;
+        if (get_disp(&now) == 0) {
+            if (is_ours(&now))
+                set_disp(&previous);
+            else
+                foreign = 1;
+        }
+    }
+    pthread_mutex_unlock(&install_lock);
 }
 
 /* A contiguous int64 array's data and length, from any object exporting a buffer of 8-byte items. */
@@ -74,9 +163,9 @@ static int int64_buffer(PyObject *obj, Py_buffer *view, const char *name) {
     return 0;
 }
 
-/* Copy every run; 0 when done, 1 when a SIGBUS ended it.  The first and last cache lines of the run
- * PREFETCH_AHEAD runs ahead are asked for early: a random gather waits on memory (and on the page walks of the
- * two pages a sample may span) more than it copies. */
+/* Copy every run; 0 when done, 1 when a SIGBUS ended it (its address in fault_addr).  The first and last cache
+ * lines of the run PREFETCH_AHEAD runs ahead are asked for early: a random gather waits on memory (and on the page
+ * walks of the two pages a sample may span) more than it copies. */
 static int copy_runs(char *dst, const int64_t *at, const char *src, const int64_t *offs, const int64_t *lens,
                      int64_t width, Py_ssize_t n) {
     sigjmp_buf jump;
@@ -134,15 +223,29 @@ static PyObject *fastcopy_copy(PyObject *self, PyObject *args) {
             goto done_lens;
         }
     }
-    if (ensure_handler() != 0) {
+    int status = enter();
+    if (status < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done_lens;
     }
-    int bus;
-    Py_BEGIN_ALLOW_THREADS
-    bus = copy_runs(dst.buf, a, (const char *)(uintptr_t)src_addr, o, l, width, n);
-    Py_END_ALLOW_THREADS
-    result = PyBool_FromLong(!bus);
+    if (status == 0) {
+        const char *s0 = (const char *)(uintptr_t)src_addr;
+        int bus;
+        Py_BEGIN_ALLOW_THREADS
+        bus = copy_runs(dst.buf, a, s0, o, l, width, n);
+        leave();
+        Py_END_ALLOW_THREADS
+        if (bus) { /* whose page: by the fault's address */
+            const char *at_fault = (const char *)fault_addr, *d0 = (const char *)dst.buf;
+            if (at_fault >= s0 && at_fault < s0 + size)
+                status = SOURCE;
+            else if (at_fault >= d0 && at_fault < d0 + dst.len)
+                status = DEST;
+            else
+                status = OTHER;
+        }
+    }
+    result = PyLong_FromLong(status);
 done_lens:
     if (have_lens) PyBuffer_Release(&lens);
 done_offs:
@@ -257,9 +360,9 @@ done_pages:
 
 static PyMethodDef methods[] = {
     {"copy", fastcopy_copy, METH_VARARGS,
-     "copy(dst, at, src, size, offs, lens) -> bool: copy lens[i] (or lens) bytes from address src + offs[i] of a "
-     "map of size bytes into dst[at[i]:], the GIL released; False if a page of the map was past the end of its "
-     "file (SIGBUS caught)."},
+     "copy(dst, at, src, size, offs, lens) -> int: copy lens[i] (or lens) bytes from address src + offs[i] of a "
+     "map of size bytes into dst[at[i]:], the GIL released: COPIED, or whose page a SIGBUS ended it on (SOURCE, "
+     "DEST, OTHER), or UNPROTECTED (nothing copied: another SIGBUS handler was installed over the copier's)."},
     {"locate", fastcopy_locate, METH_VARARGS,
      "locate(idx, offsets, checked, spv, sb, out) -> int: each sample's file offset into out; -1, or the first "
      "sample whose value is unchecked or has no offset."},
@@ -271,4 +374,14 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fastcopy", "Copies out of a file map (see copy).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit_fastcopy(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_fastcopy(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "COPIED", COPIED) || PyModule_AddIntConstant(m, "SOURCE", SOURCE) ||
+        PyModule_AddIntConstant(m, "DEST", DEST) || PyModule_AddIntConstant(m, "OTHER", OTHER) ||
+        PyModule_AddIntConstant(m, "UNPROTECTED", UNPROTECTED)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

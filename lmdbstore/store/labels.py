@@ -43,7 +43,8 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
 
     Raises:
         ValueError: ``class_id`` is not in ``0..len(classes)-1``.
-        CorruptStoreError: a chunk of the class's list is missing or of the wrong length.
+        CorruptStoreError: a chunk of the class's list is missing or of the wrong length, or the list is not
+            ascending sample indices of the store.
     """
     m = h.meta
     if not 0 <= class_id < len(m.classes):
@@ -61,4 +62,10 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
                     key=pos,
                 )
             out[pos : pos + n] = np.frombuffer(raw, INDEX_DTYPE)
+    if n_c and (int(out[0]) < 0 or int(out[-1]) >= m.count or (n_c > 1 and not (out[1:] > out[:-1]).all())):
+        raise CorruptStoreError(  # one pass: the list is ascending sample indices of the store
+            f"the class index of class {m.classes[class_id]!r} is not ascending sample indices below {m.count}",
+            path=h.path,
+            hint="run `lmdbstore verify` on the store",
+        )
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from lmdbstore.errors import LmdbStoreError, StoreLockedError
@@ -57,9 +58,7 @@ def acquire_writer_lock(path: Path) -> int:
             path=path,
             hint="a writer needs to create and write this file in the store directory",
         ) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not _exclusive(fd):
         os.close(fd)
         raise StoreLockedError(
             "another writer is using this store (or `lmdbstore verify` is checking its file structure)",
@@ -67,6 +66,26 @@ def acquire_writer_lock(path: Path) -> int:
             hint="wait for it to finish",
         ) from None
     return fd
+
+
+#: How long a writer tries for the lock while it is held shared (a reader's probe holds it for microseconds:
+#: :func:`writer_active`), in seconds, and how often.
+PROBE_WAIT, PROBE_RETRY = 0.25, 0.005
+
+
+def _exclusive(fd: int) -> bool:
+    """Take the exclusive ``flock`` on ``fd`` without blocking; again for :data:`PROBE_WAIT` while someone holds
+    it (a reader of this or another process probing for a writer holds it shared for microseconds: a writer
+    opened just then used to be refused).  Whether it was taken."""
+    deadline = time.monotonic() + PROBE_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(PROBE_RETRY)
 
 
 def hold_off_writers(path: Path) -> int:

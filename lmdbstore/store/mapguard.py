@@ -9,9 +9,14 @@ truncate the file in between).  Two things close that window:
   or truncates it (until the lease is released, for at most ``/proc/sys/fs/lease-break-time`` seconds, 45 by
   default), so the size checked after taking it holds until it is released.  Taking and releasing one costs
   about 3 us; it is taken once per batch (by the first of the threads reading through one file descriptor)
-  and released at once.  When someone waits for a lease the kernel signals its holder: the signal is set to
-  SIGURG, which is ignored by default, before every lease (the default SIGIO would kill the process, and
-  Linux resets the file's signal to it whenever a lease is released).
+  and released at once.  When someone waits for a lease the kernel signals its holder, this process: the signal
+  is set to SIGURG, whose default action is to ignore it, before every lease (the default SIGIO would kill the
+  process, and Linux resets the file's signal to it whenever a lease is released).  That signal must never reach
+  a handler of the program's (asyncio's ``add_signal_handler``, out-of-band socket data, runtimes that use
+  SIGURG): a lease is taken only while SIGURG's disposition is the default or ignore (one ``sigaction`` query,
+  ~1 us, per lease), and where the program handles SIGURG the reads take the no-lease path below.  Not a
+  real-time signal nobody handles: their default action ends the process, so one would need a handler of
+  ours, which the program could notice.
 * **A copy by the kernel** where no lease can be had (a writer holds the file open for writing, the file
   belongs to another user and the process lacks CAP_LEASE, a file system without leases):
   ``process_vm_readv(2)`` on this process (:func:`vm_copy`) copies from the map and answers EFAULT for a page
@@ -40,7 +45,16 @@ import numpy as np
 
 from lmdbstore.errors import CorruptStoreError
 
-__all__ = ["IOV_MAX", "LEASE_SIGNAL", "MapGuard", "truncated", "vm_available", "vm_copy"]
+__all__ = [
+    "IOV_MAX",
+    "LEASE_SIGNAL",
+    "MapGuard",
+    "lease_signal_free",
+    "truncated",
+    "vm_available",
+    "vm_copy",
+    "vm_readable",
+]
 
 #: The signal the kernel sends a lease holder when someone waits for the lease (ignored by default).
 LEASE_SIGNAL = signal.SIGURG
@@ -80,7 +94,7 @@ class MapGuard:
         self.leases = _leases_possible()  # False once the kernel refuses leases on this file for good
 
     def _take(self) -> bool:
-        if not self.leases:
+        if not self.leases or not lease_signal_free():
             return False
         try:
             # Every release resets the file's signal to SIGIO (Linux's lease_modify): set it again each time.
@@ -144,6 +158,37 @@ class _Hold:
         self.guard._exit()
 
 
+class _SigactionBuffer(ctypes.Structure):
+    """Room for libc's ``struct sigaction`` (152 bytes on x86-64 and aarch64 glibc), whose first member is the
+    handler (``SIG_DFL`` 0, ``SIG_IGN`` 1) on the Linux ABIs lmdbstore runs on."""
+
+    _fields_ = [("handler", ctypes.c_void_p), ("rest", ctypes.c_char * 504)]
+
+
+@functools.lru_cache(maxsize=1)
+def _sigaction() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """libc's ``sigaction``, where it can be called (``None`` elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sigaction
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+def lease_signal_free() -> bool:
+    """Whether the lease's signal (:data:`LEASE_SIGNAL`) is the program's to nobody: its disposition in this
+    process is the default or ignore (not a handler of the program's, Python's or C's).  ``False`` where it
+    cannot be told: then no lease is taken."""
+    fn = _sigaction()
+    if fn is None:
+        return False
+    buf = _SigactionBuffer()
+    if fn(int(LEASE_SIGNAL), None, ctypes.byref(buf)) != 0:
+        return False
+    return (buf.handler or 0) in (0, 1)  # SIG_DFL, SIG_IGN
+
+
 def _leases_possible() -> bool:
     """Whether read leases may be tried here (Linux: ``F_SETLEASE`` and ``F_SETSIG``)."""
     return hasattr(fcntl, "F_RDLCK") and os.uname().sysname == "Linux"
@@ -195,5 +240,27 @@ def vm_copy(dst: np.ndarray, at: np.ndarray, src: np.ndarray, lens: np.ndarray) 
         else:
             got = fn(pid, local.ctypes.data + a * step, b - a, remote.ctypes.data + a * step, b - a, 0)
         if got != want:
+            return False
+    return True
+
+
+#: Bytes :func:`vm_readable` reads at a time.
+PROBE_BYTES = 1 << 20
+
+
+def vm_readable(address: int, nbytes: int) -> bool:
+    """Whether the ``nbytes`` of this process's memory at ``address`` can be read (``process_vm_readv``: a page
+    of a map past the end of its file, or of a tmpfs that could not give it, is ``False``, never SIGBUS); ``True``
+    where it cannot be told.  Only for telling whose page a failed copy met: it reads every page."""
+    fn = _vm_readv()
+    if fn is None or nbytes <= 0:
+        return True
+    scratch = np.empty(min(nbytes, PROBE_BYTES), np.uint8)
+    iov = np.zeros(2, _IOV)
+    pid = os.getpid()
+    for a in range(0, nbytes, PROBE_BYTES):
+        k = min(PROBE_BYTES, nbytes - a)
+        iov[0], iov[1] = (scratch.ctypes.data, k), (address + a, k)
+        if fn(pid, iov[:1].ctypes.data, 1, iov[1:].ctypes.data, 1, 0) != k:
             return False
     return True

@@ -38,7 +38,7 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.metaview import MetaView, sample_indices
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -62,6 +62,8 @@ class StoreSet(MetaView):
             ``classes``, or one store (its ``store_id``) given twice.
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError (on first use): a store.
     """
+
+    noun = "set"
 
     def __init__(
         self,
@@ -238,34 +240,24 @@ class StoreSet(MetaView):
         return "positions" if all(r.read_path == "positions" for r in self.readers) else "lmdb"
 
     # ------------------------------------------------------------------ samples
-    def _check_indices(self, idx: np.ndarray) -> None:
-        outside = (idx < 0) | (idx >= len(self))
-        if outside.any():
-            raise IndexError(f"sample index {int(idx[outside][0])} out of range for a set of {len(self)} samples")
-
-    def read(self, index: int) -> np.ndarray:
-        """One sample (a copy)."""
-        return self.read_batch(np.array([index]))[0]
-
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like
         :meth:`StoreReader.read_batch`.  Indices grouped by store (each store's indices together, stores in
         order) are read straight into ``out``; others are read store by store and put in place with one copy.
 
         Raises:
-            IndexError: an index outside the set.  ValueError: a bad ``out``.
+            IndexError: an index outside the set.  ValueError: indices that are not integers, a bad ``out``
+                (as :meth:`StoreReader.read_batch`).
             CorruptStoreError / ChecksumError: as the store read.
         """
         m = self.meta
         idx = sample_indices(indices)
-        store = self.store_of(idx)  # -1 below the set, len(readers) beyond it
-        if idx.size and (store.min() < 0 or store.max() >= len(self.readers)):
-            self._check_indices(idx)
-        n, sb = len(idx), m.sample_bytes
+        check_in_range(idx, m.count, "set")
+        store = self.store_of(idx)
+        n = len(idx)
+        out = check_out(out, n, m)
         if out is None:
             out = np.empty((n, *m.shape), m.np_dtype)
-        elif out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
         if n == 0:
             return out
         if (store[1:] >= store[:-1]).all():  # grouped: each store's part is a slice of out
@@ -305,10 +297,9 @@ class StoreSet(MetaView):
         return self._threads
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order (each store's part read as its own range)."""
-        n = len(self)
-        if not 0 <= start <= stop <= n:
-            raise IndexError(f"range {start}..{stop} outside a set of {n} samples")
+        """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
+        :meth:`StoreReader.read_range`."""
+        start, stop = self._range(start, stop)
         out = np.empty((stop - start, *self.shape), self.dtype)
         for i, (lo, hi) in enumerate(self._pieces(start, stop)):
             if hi > lo:
@@ -324,7 +315,7 @@ class StoreSet(MetaView):
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of set ranges ``lo[i]..hi[i]-1`` in the background (each store its
         own part; see :meth:`StoreReader.prefetch`)."""
-        lo_a, hi_a = np.asarray(lo, np.int64).reshape(-1), np.asarray(hi, np.int64).reshape(-1)
+        lo_a, hi_a = range_bounds(lo, hi)
         off = self.offsets
         for i, r in enumerate(self.readers):
             a, b = np.maximum(lo_a, off[i]), np.minimum(hi_a, off[i + 1])
@@ -335,9 +326,9 @@ class StoreSet(MetaView):
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples
-        (a chunk never spans two stores)."""
-        stop = len(self) if stop is None else stop
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (a chunk
+        never spans two stores); arguments and errors as :meth:`StoreReader.iter_chunks`."""
+        chunk, start, stop = self._chunking(chunk, start, stop)
         labels = self.labels()
         for lo, hi in self._pieces(start, stop):
             for a in range(lo, hi, chunk):
@@ -357,15 +348,22 @@ class StoreSet(MetaView):
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices``."""
-        return self.labels()[sample_indices(indices, flat=False)]
+        """Class ids of ``indices``, in their shape (``IndexError``/``ValueError`` as :meth:`read_batch`'s)."""
+        idx = sample_indices(indices, flat=False)
+        check_in_range(idx.reshape(-1), len(self), "set")
+        return self.labels()[idx]
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Set indices of class ``class_id`` in ascending order, from each store's class-index table (of the
-        samples the layout counted)."""
-        if not 0 <= class_id < len(self.classes):
+        samples the layout counted).
+
+        Raises:
+            ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
+        """
+        c = whole_number(class_id, "class_id", -(1 << 62))
+        if not 0 <= c < len(self.classes):
             raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
-        name = self.classes[class_id]
+        name = self.classes[c]
         parts = []
         for r, off, n in zip(self.readers, self.offsets[:-1].tolist(), self.counts, strict=True):
             if name in r.classes:

@@ -30,7 +30,7 @@ from numpy.lib.stride_tricks import as_strided
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.store import copies
 from lmdbstore.store.inflight import MAX_IO_THREADS, InFlight
-from lmdbstore.store.mapguard import MapGuard, truncated, vm_available, vm_copy
+from lmdbstore.store.mapguard import MapGuard, vm_available, vm_copy
 from lmdbstore.store.residency import Residency, major_faults
 
 __all__ = ["DEFAULT_IO_THREADS", "GATHER_MAX_BYTES", "PreadEngine"]
@@ -127,12 +127,10 @@ class PreadEngine:
         return list(self.pool().map(fn, list(items)))
 
     # ------------------------------------------------------------------ reads
-    def _copy_failed(self) -> CorruptStoreError:
-        """The error for a copy by the kernel that stopped short: the file shrank, or it could not be read."""
-        size = os.fstat(self.fd).st_size
-        if size < self.file_size:
-            return truncated(size, self.file_size, self.path)
-        return CorruptStoreError("the data file's pages could not be copied", path=self.path, hint="check the disk")
+    def _fast_copy(self, dst: np.ndarray, at: np.ndarray, offs: np.ndarray, lens: np.ndarray | int) -> bool:
+        """The compiled copier's copy (:func:`~lmdbstore.store.copies.fast_copy`); ``False``: copy without it."""
+        assert self.fast is not None
+        return copies.fast_copy(self.fast, dst, at, self._base, offs, lens, self.fd, self.file_size, self.path)
 
     def _pread(self, bufs_of: Callable[[int], list[memoryview]], offs: list[int], want: list[int]) -> None:
         fd, preadv = self.fd, os.preadv
@@ -161,15 +159,13 @@ class PreadEngine:
         else, with the file's lease held, runs of one short length by a gather and the others by one slice copy
         each; without, by the kernel (or ``preadv``)."""
         self.mapped()
-        if self.fast is not None:
-            if not self.fast.copy(dst, dsts, self._base, self.file_size, offs, lens):
-                raise self._copy_failed()
+        if self.fast is not None and self._fast_copy(dst, dsts, offs, lens):
             return
         if not leased:
             if vm_copy(dst, dsts, self._base + offs, lens):
                 return
             if vm_available():
-                raise self._copy_failed()
+                raise copies.copy_failed(self.fd, self.file_size, self.path, dst)
             out = memoryview(dst)  # type: ignore[arg-type]
             dl, nl = dsts.tolist(), lens.tolist()
             self._pread(lambda j: [out[dl[j] : dl[j] + nl[j]]], offs.tolist(), nl)
@@ -242,7 +238,11 @@ class PreadEngine:
     def _copy_rows(self, offs: np.ndarray, width: int, rows: np.ndarray | None, leased: bool) -> np.ndarray:
         """The copy of :meth:`read_rows` (the map guarded, every byte cached)."""
         n = len(offs)
-        if self.fast is None and leased:
+        if self.fast is not None:
+            out = np.empty((n, width), np.uint8) if rows is None else rows
+            if self._fast_copy(out, self._row_offsets(n, width), offs, width):
+                return out
+        if leased:
             view = self._strided(width)
             if rows is None:
                 return view[offs]  # one gather into a new array
@@ -251,13 +251,13 @@ class PreadEngine:
                 rows[a : a + k] = view[offs[a : a + k]]
             return rows
         rows = np.empty((n, width), np.uint8) if rows is None else rows
-        at = self._row_offsets(n, width)
-        if self.fast is not None:
-            done = self.fast.copy(rows, at, self._base, self.file_size, offs, width)
-        else:
-            done = vm_copy(rows.reshape(-1), at, self._base + offs, np.full(n, width, np.int64))
-        if not done:
-            raise self._copy_failed()
+        flat = rows.reshape(-1)
+        if vm_copy(flat, self._row_offsets(n, width), self._base + offs, np.full(n, width, np.int64)):
+            return rows
+        if vm_available():
+            raise copies.copy_failed(self.fd, self.file_size, self.path, rows)
+        mv = memoryview(flat)  # type: ignore[arg-type]  # no lease and no kernel copy: read the rows
+        self._pread(lambda j: [mv[j * width : (j + 1) * width]], offs.tolist(), [width] * n)
         return rows
 
     def _run(

@@ -28,16 +28,18 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.layout import DB_SAMPLES, encode_key
+from lmdbstore.format.layout import ALL_DBS, DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
-from lmdbstore.store.metaview import MetaView, sample_indices
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
+#: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
+MAX_READ_THREADS = 1024
 #: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, under one lease.
 SCAN_VALUES = 64
 #: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
@@ -59,8 +61,8 @@ class StoreReader(PinnedReader, MetaView):
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
             one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
             layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight per process for cold batches; ``None`` (default): adapted to the disk's
-            throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
+        io_threads: reads in flight per process for cold batches (1..1024: each is a thread); ``None`` (default):
+            adapted to the disk's throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
         check_whole_values: on the offset path, check the stored checksum of every value a batch reads
             whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
@@ -82,8 +84,8 @@ class StoreReader(PinnedReader, MetaView):
         io_threads: int | None = None,
         check_whole_values: bool = DEFAULT_CHECK_WHOLE_VALUES,
     ):
-        if io_threads is not None and io_threads < 1:
-            raise ValueError(f"io_threads must be >= 1, got {io_threads}")
+        if io_threads is not None:  # each one a thread of this process: a number of threads, not a wish
+            io_threads = whole_number(io_threads, "io_threads", 1, MAX_READ_THREADS)
         self.path = Path(path)
         self.lock = lock
         self.verify_checksums = verify_checksums
@@ -128,9 +130,6 @@ class StoreReader(PinnedReader, MetaView):
         return self._handle().meta
 
     # ------------------------------------------------------------------ values
-    def read(self, index: int) -> np.ndarray:
-        return self.read_batch(np.array([index]))[0]  # one sample of the store's shape and dtype (a copy)
-
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
 
@@ -139,43 +138,57 @@ class StoreReader(PinnedReader, MetaView):
         ``out``: no per-sample arrays, no collate.
 
         Args:
-            indices: integer sample indices.
-            out: optional C-contiguous array of shape ``(N, *shape)`` and the store's dtype (or any
-                dtype of the same item size, e.g. a shared-memory tensor's numpy view) to fill.
+            indices: integer sample indices in ``0..len-1`` (no wrap-around; not floats, not a boolean mask).
+            out: optional array to fill: C-contiguous, writable, of shape ``(N, *shape)`` and the store's dtype
+                (a shared-memory tensor's numpy view is one).
 
         Raises:
             IndexError: an index outside ``0..len-1``.
+            ValueError: indices that are not integers, or an ``out`` that is not as above.
             CorruptStoreError / ChecksumError: a value is missing, short, or fails its checksum.
         """
         m = self._handle().meta
         idx = sample_indices(indices)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= m.count):
-            bad = int(idx[(idx < 0) | (idx >= m.count)][0])
-            raise IndexError(f"sample index {bad} out of range for a store of {m.count} samples")
-        n, sb = len(idx), m.sample_bytes
-        if out is not None and (out.shape[0] != n or out.nbytes != n * sb or not out.flags.c_contiguous):
-            raise ValueError(f"out must be a C-contiguous array of {n} samples of {sb} bytes")
-        if n == 0:
+        check_in_range(idx, m.count)
+        out = check_out(out, len(idx), m)
+        if len(idx) == 0:
             return np.empty((0, *m.shape), m.np_dtype) if out is None else out
         return self._guarded("read", lambda h: self._read_into(h, idx, out))
 
     def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array."""
-        table = self._positions(h) if self.positions and not self.verify_checksums else None
+        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array.
+        Read through liblmdb too, the snapshot is walked first (once): no page of the samples is another owner's."""
+        table = self._positions(h)
+        if not self.positions or self.verify_checksums:
+            table = None
         return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
 
     def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
-        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``."""
+        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``.
+
+        Arguments as :meth:`read_batch` (``out`` required), checked the same way before anything is read.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`.
+        """
+        m = self._handle().meta
         idx, whole = sample_indices(indices), self.check_whole_values
+        check_in_range(idx, m.count)
+        if check_out(out, len(idx), m) is None:
+            raise ValueError("out must be a numpy array to fill (read_if_cached reads into it)")
         if not self.positions or self.verify_checksums:
             return False
+        if len(idx) == 0:
+            return True
         return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order, reading each value once (sequential scans)."""
-        m = self.meta
-        if not 0 <= start <= stop <= m.count:
-            raise IndexError(f"range {start}..{stop} outside a store of {m.count} samples")
+        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
+
+        Raises:
+            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the store.
+        """
+        start, stop = self._range(start, stop)
         return self.read_batch(np.arange(start, stop))
 
     def prefetch(self, lo: Any, hi: Any) -> None:
@@ -186,21 +199,29 @@ class StoreReader(PinnedReader, MetaView):
         shuffle for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong
         bytes here would cost time, never a wrong sample.
         """
+        lo_a, hi_a = range_bounds(lo, hi)
         table = self._guarded("read", self._positions) if self.positions else None
-        if table is None:
+        if table is None or lo_a.size == 0:
             return
         h = self._take()
         try:
             if h.engine is not None:
-                h.engine.advise(*prefetch_ranges(table, lo, hi))
+                h.engine.advise(*prefetch_ranges(table, lo_a, hi_a))
         finally:
             self._give(h)
 
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk``."""
-        stop = len(self) if stop is None else stop
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
+        where ``chunk`` samples would take more memory than the machine can give: a
+        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so).
+
+        Raises:
+            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
+            IndexError: ``start..stop`` not inside the store.
+        """
+        chunk, start, stop = self._chunking(chunk, start, stop)
         labels = self.labels()
         for lo in range(start, stop, chunk):
             hi = min(lo + chunk, stop)
@@ -214,19 +235,31 @@ class StoreReader(PinnedReader, MetaView):
         return self._labels
 
     def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices`` (from the cached label table)."""
-        return self.labels()[sample_indices(indices, flat=False)]
+        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+        """
+        idx = sample_indices(indices, flat=False)
+        check_in_range(idx.reshape(-1), len(self))
+        return self.labels()[idx]
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
+        c = whole_number(class_id, "class_id", -(1 << 62))
         n = len(self.classes)
-        if not 0 <= class_id < n:
+        if not 0 <= c < n:
             raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
-        return self._guarded("read class index", lambda h: read_class_indices(h, class_id))
+        return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
     def raw_value(self, first: int) -> bytes | None:
-        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked."""
+        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked (``None``: no such key).
+
+        Raises:
+            ValueError: ``first`` not an integer in ``0..2**64-1``.
+        """
+        first = whole_number(first, "first", 0, (1 << 64) - 1)
 
         def get(h: Handle) -> bytes | None:
             with h.lmdb():
@@ -241,9 +274,14 @@ class StoreReader(PinnedReader, MetaView):
         :data:`SCAN_BYTES`), each under the file's guard and checked protected before it is yielded.
 
         Raises:
+            ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.
             LmdbStoreError: a writer overwrote the snapshot during the scan (a lock-free reader): scan again.
             CorruptStoreError: the data file was truncated or is damaged.
         """
+        if db_name is not None and db_name not in ALL_DBS:
+            raise ValueError(
+                f"db_name must be None or one of {', '.join(d.decode() for d in ALL_DBS)}, got {db_name!r}"
+            )
         h = self._take()
         try:
             with translate_read_errors(self.path, "scan"), h.lmdb():

@@ -254,7 +254,7 @@ class EnvRegistry:
         transactions at once).  Release with :meth:`release_env`.  Errors as ``opener`` and ``setup``."""
         self._after_fork()
         with self._mutex:
-            self.prepare(path, writable=True)
+            self.prepare(path, writable=True, own=True)
             env = self.open_making_room(path, opener)
             try:
                 if setup is not None:
@@ -307,10 +307,16 @@ class EnvRegistry:
                 e.close()
         return bool(stale)
 
-    def prepare(self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None) -> None:
+    def prepare(
+        self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None, own: bool = False
+    ) -> None:
         """Make room to open ``path`` in this mode: retire a shared environment of another data file than
         ``data_file`` (default: the one at the path now), close one of a weaker mode (its users see
-        :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one."""
+        :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one.
+
+        ``own``: for a writer, which opens its environment with its own options (map size, sync) and holds the
+        writer lock, so any writable environment still open is an earlier writer's that readers kept: it is
+        closed too (py-lmdb refused the second writer of a store beside a reader that outlived the first)."""
         self._after_fork()
         key = os.path.realpath(path)
         now = data_file if data_file is not None else data_file_id(path)
@@ -319,7 +325,7 @@ class EnvRegistry:
             if e is not None and now is not None and e.data_file is not None and e.data_file != now:
                 del self._entries[key]
                 self._retired.append(e)
-            elif e is not None and ((writable and not e.writable) or (lock and not e.lock)):
+            elif e is not None and (own or (writable and not e.writable) or (lock and not e.lock)):
                 del self._entries[key]
                 e.close()
 

@@ -38,6 +38,7 @@ from lmdbstore.store.locks import release_lock
 from lmdbstore.store.registry import ENVS
 from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
+from lmdbstore.util.memory import clip_bytes
 
 __all__ = ["StoreWriter", "utc_now"]
 
@@ -80,7 +81,8 @@ class StoreWriter:
     Only one writer may hold a store at a time (an exclusive ``flock`` on ``writer.lock``); a second
     one gets :class:`~lmdbstore.errors.StoreLockedError` at once rather than blocking.
 
-    Appended samples are buffered and committed when ``config.commit_bytes`` are pending, on
+    Appended samples are buffered and committed when ``config.commit_bytes`` are pending (no more than half the
+    memory available when the writer opens: a larger value is clipped, with a warning naming it), on
     :meth:`commit`, and when the writer is closed without an exception.  Leaving the ``with`` block
     with an exception discards what was not yet committed (like a rolled-back transaction).
     """
@@ -100,6 +102,10 @@ class StoreWriter:
         self._pending_progress: dict[str, dict[str, Any]] = {}
         self._tail = load_tail(env, self._dbs, meta, path)
         self._closed = False
+        #: what is buffered before a commit: the configured bytes, bounded by the machine (warned)
+        self._commit_bytes = clip_bytes(
+            config.commit_bytes, what="samples buffered before a commit", parameter="commit_bytes", stacklevel=4
+        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -127,7 +133,12 @@ class StoreWriter:
 
         A producer that records its position with every append can resume after a crash by
         skipping what this returns: the ledger is committed atomically with the samples.
+
+        Raises:
+            ValueError: ``name`` is not a non-empty string of at most 511 UTF-8 bytes (as ``append`` records).
         """
+        name = check_entry(name, 0, None)[0]
+        self._check_open()
         with self._env.begin() as txn:
             raw = txn.get(name.encode(), db=self._dbs[DB_PROGRESS])
         if raw is None:
@@ -205,7 +216,7 @@ class StoreWriter:
         if entry is not None:
             name, pos, total = entry
             self._pending_progress[name] = {"done": pos, "total": total}
-        if self._pending_bytes >= self.config.commit_bytes:
+        if self._pending_bytes >= self._commit_bytes:
             self.commit()
         return first
 

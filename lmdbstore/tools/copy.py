@@ -1,7 +1,8 @@
 """A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting.
 
 The copy reads one snapshot under a registered read transaction, so it is safe while readers and a writer
-run; it is made in a temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left
+run (a store whose reader table this process cannot write -- another user's dataset, a read-only mount -- is
+copied lock-free while writers are held off, or refused beside one); it is made in a temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left
 is removed by the next copy to the same destination), given a store id of its own, and renamed into place.
 """
 
@@ -13,11 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmdbstore.errors import LmdbStoreError, StoreExistsError, translate_lmdb_errors
+from lmdbstore.errors import LmdbStoreError, StoreExistsError, StoreLockedError, translate_lmdb_errors
 from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
-from lmdbstore.store.locks import LOCK_FILE
+from lmdbstore.store.locks import LOCK_FILE, hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.registry import ENVS
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
 from lmdbstore.util.paths import check_outside
@@ -68,19 +69,34 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     The copy shares this process's environment of ``store`` (py-lmdb refuses a second one): readers of it in
     this process keep working (lock-free ones re-open theirs with a reader table, as for a writer).
 
+    A store whose reader table this process cannot write (a shared dataset of another user, a read-only mount)
+    is copied lock-free: writers are kept from starting meanwhile (a shared lock on ``writer.lock``, as
+    ``verify`` takes), and a writer that committed during the copy anyway (one that does not take the lock) is an
+    error rather than a torn copy.
+
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
         LmdbStoreError: ``dest`` is ``store`` or lies inside it.
         LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
             no directories, a full disk).
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
+        StoreLockedError: the store's reader table cannot be written and a writer is appending to it.
+        LmdbStoreError: without the reader table, a writer committed during the copy (copy again).
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)
     check_outside(dst, [src], "destination")
     _check_dest(dst)
     t0 = time.perf_counter()
-    lease = ENVS.acquire(src, writable=False, lock=True, opener=lambda: open_env(src, readonly=True, lock=True))
+    registered = lock_table_writable(src)
+    held = -1 if registered else _hold_off_writers(src)
+    try:
+        lease = ENVS.acquire(
+            src, writable=False, lock=registered, opener=lambda: open_env(src, readonly=True, lock=registered)
+        )
+    except BaseException:
+        release_lock(held)
+        raise
     env = lease.env
     remove_stale_temps(dst, COPY_TAG, allowed=COPY_FILES)
     tmp = temp_beside(dst, COPY_TAG)
@@ -90,7 +106,18 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         except OSError as exc:
             raise LmdbStoreError(f"cannot create the copy ({exc.strerror or exc})", path=dst) from exc
         with translate_lmdb_errors(src, "copy"):
+            before = int(env.info()["last_txnid"])
             env.copy(str(tmp), compact=compact)
+            after = int(env.info()["last_txnid"])
+        if not registered and after > before + 1:
+            raise LmdbStoreError(
+                f"a writer committed {after - before} transactions during the lock-free copy (this process cannot "
+                "use the store's reader table, lock.mdb, to hold its snapshot)",
+                path=src,
+                hint="copy again once no writer runs, or from an account that can write the store directory",
+            )
+        release_lock(held)
+        held = -1
         lease.release()
         count = _give_own_id(tmp)
         fsync_path(tmp / DATA_FILE)
@@ -99,6 +126,7 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         os.replace(tmp, dst)
         fsync_path(dst.parent)
     finally:
+        release_lock(held)
         lease.release()
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -111,6 +139,24 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
         os.path.getsize(dst / DATA_FILE),
         time.perf_counter() - t0,
     )
+
+
+def _hold_off_writers(src: Path) -> int:
+    """For a copy without the reader table: keep writers from starting (a shared ``flock`` on ``writer.lock``, as
+    ``verify`` takes; ``-1`` where the store has none); the lock to release.
+
+    Raises:
+        StoreLockedError: a writer is appending now (one line, with what to do).
+    """
+    try:
+        return hold_off_writers(src)
+    except StoreLockedError:
+        raise StoreLockedError(
+            "a writer is appending to the store, and this process cannot use its reader table (lock.mdb: no "
+            "write permission, or a read-only file system) to copy a consistent snapshot beside it",
+            path=src,
+            hint="copy once the writer is done, or from an account that can write the store directory",
+        ) from None
 
 
 def _give_own_id(path: Path) -> int:

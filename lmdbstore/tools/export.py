@@ -33,6 +33,7 @@ from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
+from lmdbstore.util.memory import clip_count
 from lmdbstore.util.paths import check_output_file
 
 __all__ = ["SPLITS", "ExportReport", "export_store", "load_indices", "select_indices"]
@@ -184,7 +185,8 @@ def export_store(
         compress: deflate the ``.npz`` members / gzip the HDF5 samples (default: stored, as ``np.savez``).
         overwrite: replace existing output files (default: refuse).
         chunk: samples read and written per step (default ``DEFAULT_EXPORT_CHUNK``, 16 Ki; memory is
-            about ``chunk * sample_bytes``).
+            about ``chunk * sample_bytes``: at most the selection, and clipped with a
+            :class:`~lmdbstore.util.memory.MemoryBoundWarning` beyond half the available memory).
         progress: called with the number of samples written after each chunk.
 
     Raises:
@@ -205,6 +207,10 @@ def export_store(
     with as_reader(store) as r:
         idx, keep = select_indices(
             r, classes=classes, split=split, val_fraction=val_fraction, seed=seed, indices=indices
+        )
+        # one chunk in memory at a time: no more than the selection, nor than the machine can give (warned)
+        chunk = clip_count(
+            min(chunk, max(len(idx), 1)), r.meta.sample_bytes, what="samples per chunk", parameter="chunk", stacklevel=3
         )
         names = [r.classes[c] for c in keep]
         remap = np.full(len(r.classes), 0, r.meta.label_dtype)

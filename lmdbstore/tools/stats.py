@@ -22,27 +22,22 @@ __all__ = ["class_rows", "exact_values", "fmt_bytes", "fmt_num", "format_stats",
 
 
 def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
-    """Mean/std/min/max over ``sample`` random samples of a store or a set (read through the normal
-    random-access path)."""
+    """Mean/std/min/max over ``sample`` random samples of a store or a set (read through the normal random-access
+    path, :data:`SAMPLE_READ_CHUNK` at a time and folded into running statistics: memory is one chunk whatever
+    ``sample`` is, beside the indices drawn)."""
     n = len(reader)
     k = min(sample, n)
     idx = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
-    vals = (
-        np.concatenate(
-            [reader.read_batch(idx[i : i + SAMPLE_READ_CHUNK]).reshape(-1) for i in range(0, k, SAMPLE_READ_CHUNK)]
-        )
-        if k
-        else np.zeros(0)
-    )
-    f = vals.astype(np.float64)
-    finite = f[np.isfinite(f)]
+    vs = ValueStats()
+    for i in range(0, k, SAMPLE_READ_CHUNK):
+        vs.update(reader.read_batch(idx[i : i + SAMPLE_READ_CHUNK]))
     return {
         "method": f"random sample of {k} of {n} samples (seed {seed})",
-        "mean": float(finite.mean()) if finite.size else None,
-        "std": float(finite.std()) if finite.size else None,
-        "min": float(finite.min()) if finite.size else None,
-        "max": float(finite.max()) if finite.size else None,
-        "nonfinite": int(f.size - finite.size),
+        "mean": vs.mean,
+        "std": vs.std,
+        "min": vs.min,
+        "max": vs.max,
+        "nonfinite": vs.nonfinite,
     }
 
 

@@ -103,6 +103,12 @@ def test_train_on_a_set_with_weights(three: SetInfo, tmp_path: Path) -> None:
     args = ["--batch", "128", "--epochs", "1", "--workers", "0", "--no-progress", "--out", out, "--device", "cpu"]
     r = run_cli("train", *three.paths, *args, "--weights", "0.2,0.3,0.5", "--max-steps", "2", "--width", "4")
     assert r.exit_code == 0, r.output
+    # finite weights whose sum overflows: every training sample once per epoch, not 1 per store (issue 34 #2)
+    big = tmp_path / "big"
+    r = run_cli("train", *three.paths, *args[:-4], "--out", big, "--weights", "1e308,1e308,1e308", "--width", "4")
+    assert r.exit_code == 0, r.output
+    metrics = [json.loads(line) for line in (big / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["train_samples"] == len(stratified_split(np.searchsorted(SET_CLASSES, three.names), 0.1, 0)[0])
     for bad, msg in ((["--weights", "1,x"], "--weights must be comma-separated numbers"),
                      (["--weights", "1,1"], "weights: 2 numbers for 3 stores"),
                      (["--weights", "1,1,1", "--shuffle", "block"], "shuffle must be 'random' or 'auto'")):  # fmt: skip

@@ -17,6 +17,7 @@ from lmdbstore.config import LoaderConfig
 from lmdbstore.feed import slots as slots_module
 from lmdbstore.feed.feed import largest_batch
 from lmdbstore.feed.opening import MAX_READERS_PER_CORE, loader_config, open_feed
+from lmdbstore.util import memory
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -56,19 +57,19 @@ def test_slots_that_do_not_fit_in_memory_are_fewer_or_refused(
 ) -> None:
     cfg = loader_config(None, {"batch_size": 200, "workers": 2, "prefetch": 8})
     stride = slots_module.slot_bytes(200, 2500)[1]
-    monkeypatch.setattr(slots_module, "available_bytes", lambda: 12 * stride)  # room for 6 slots (half of it)
-    with pytest.warns(RuntimeWarning, match=r"6 batch slots of [\d.]+ MiB instead of 13 fit in memory"):
+    monkeypatch.setattr(memory, "available_memory", lambda: 12 * stride)  # room for 6 slots (half of it)
+    with pytest.warns(memory.MemoryBoundWarning, match=r"prefetch: 13 batch slots of .* using 6"):
         feed = open_feed(small_store.path, cfg)
     assert feed.slots.n == 6 and feed.depth == 5
     feed.begin()
     assert sum(len(feed.next()[1]) for _ in range(len(feed))) == 2000
     feed.close()
-    monkeypatch.setattr(slots_module, "available_bytes", lambda: 4 * stride)  # room for 2: not one per reader
-    with pytest.raises(ValueError, match=r"batch slots need .* GiB at least .* lower batch_size or workers"):
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * stride)  # room for 2: not one per reader
+    with pytest.raises(ValueError, match=r"^batch_size: 3 batch slots .* would take .* lower batch_size$"):
         open_feed(small_store.path, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        monkeypatch.setattr(slots_module, "available_bytes", lambda: None)  # unknown: as asked
+        monkeypatch.setattr(memory, "available_memory", lambda: 2**40)  # plenty: as asked
         assert open_feed(small_store.path, cfg).slots.n == 10 + 3  # a pass of 10 batches read ahead at most
 
 

@@ -5,6 +5,7 @@ one-line CorruptStoreError naming ``lmdbstore verify``, while undamaged values s
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +195,120 @@ def test_a_page_reached_twice_is_refused(deep: tuple[Path, np.ndarray]) -> None:
         first_child = f.read(6)
     _poke(path, nodes[1], first_child)
     _refused(path, [0], "twice|out of order")
+
+
+# --------------------------------------------------------------- pages another sub-database owns (issue 34 #1)
+
+
+def _runs_of(path: Path, name: bytes, free: bool = False) -> list[tuple[int, int]]:
+    """``(first page, pages)`` of the overflow runs of sub-database ``name``'s values, or with ``free`` the runs of
+    free pages the free list lists (consecutive page numbers)."""
+    from lmdbstore.format.owners import walk_tree
+
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
+        pages = PageReader(fd, size, meta, path, None)
+        if free:
+            _, leaves = walk_tree(pages, meta.free, "free", values=True)
+            ids = sorted(int(p) for raw in leaves.values for p in np.frombuffer(raw, "<u8")[1:])
+            runs: list[tuple[int, int]] = []
+            for p in ids:
+                if runs and runs[-1][0] + runs[-1][1] == p:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                else:
+                    runs.append((p, 1))
+            return runs
+        _, main = walk_tree(pages, meta.main, "main")
+        _, leaves = walk_tree(pages, main.subdbs[name], name.decode())
+        return list(zip(leaves.runs.start.tolist(), leaves.runs.count.tolist(), strict=True))
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def classidx_store(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """2 samples a value (2 overflow pages each) and 2 classes (~1,500 class-index entries each: 3-page runs with a
+    valid overflow header), committed in 6 batches (the class-index chunks rewritten: old runs on the free list)."""
+    x, y = make_data(3000, seed=4, n_classes=2)
+    path = build_store(
+        tmp_path / "s", x, y, classes=["a", "b"], config=WriterConfig(samples_per_value=2, sync=False), batch=500
+    )
+    return path, x
+
+
+def _reads_refused(path: Path, x: np.ndarray, monkeypatch: pytest.MonkeyPatch, match: str) -> None:
+    """Every read path lmdbstore has raises one line naming ``lmdbstore verify`` (labels and a class index read first
+    through liblmdb may pass; the first batch refuses): never the other owner's bytes."""
+    from lmdbstore.store import copies
+
+    ways = {
+        "offset, compiled copier": ({}, copies.FAST),
+        "offset, numpy": ({}, None),
+        "liblmdb": ({"positions": False}, copies.FAST),
+        "liblmdb, checksums": ({"verify_checksums": True}, copies.FAST),
+    }
+    for what, (kw, fast) in ways.items():
+        monkeypatch.setattr(copies, "FAST", fast)
+        for first in (None, "labels", "class_indices"):  # what a loader reads before its first batch, too
+            with StoreReader(path, **kw) as r, pytest.raises(CorruptStoreError) as exc:  # type: ignore[arg-type]
+                if first is not None:  # read through liblmdb before the walk: it may pass or refuse
+                    r.labels() if first == "labels" else r.class_indices(1)
+                r.read_batch([0, 1, 2999])  # never another owner's bytes as samples
+            assert "\n" not in str(exc.value) and "lmdbstore verify" in str(exc.value), what
+            assert first is not None or re.search(match, str(exc.value)), str(exc.value)
+
+
+@pytest.mark.parametrize("owner", ["classidx", "free"])
+def test_an_overflow_page_number_of_another_owner_is_refused_on_every_read_path(
+    classidx_store: tuple[Path, np.ndarray], owner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Value 0's overflow page number flipped to the first page of a run another sub-database owns (a class-index
+    chunk: a valid overflow header and enough pages), or of a free run that held an older class-index chunk: the
+    value's own checks all pass and liblmdb follows it, so plain reads returned that owner's bytes as samples,
+    exit 0.  The page is reachable twice: every read path refuses the snapshot."""
+    path, x = classidx_store
+    nodes, _, ps = _tree(path)
+    need = 2  # a samples value's pages
+    if owner == "free":
+        runs = [r for r in _runs_of(path, b"", free=True) if r[1] >= need]
+    else:
+        runs = [r for r in _runs_of(path, owner.encode()) if r[1] >= need]
+    assert runs, f"the fixture has no {owner} run of {need} pages"
+    start = runs[0][0]
+    if owner != "free":  # a valid overflow header there: what made the value's own checks pass
+        with open(path / "data.mdb", "rb") as f:
+            f.seek(start * ps)
+            head = f.read(16)
+        assert int.from_bytes(head[:8], "little") == start and head[10] & 0x04
+    _poke(path, nodes[0].at + 16, struct.pack("<Q", start))
+    _reads_refused(path, x, monkeypatch, "reachable twice")
+
+
+def test_a_page_of_the_samples_tree_reachable_from_another_owner_is_refused(
+    classidx_store: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other way round: a class-index chunk's overflow page number flipped onto a samples value's run (the
+    class index read through liblmdb would return samples as indices)."""
+    path, x = classidx_store
+    nodes, _, _ = _tree(path)
+    fd = os.open(path / "data.mdb", os.O_RDONLY)
+    try:
+        from lmdbstore.format.owners import walk_tree
+
+        size = os.fstat(fd).st_size
+        meta = max((read_meta_page(fd, size, i) for i in (0, 1)), key=lambda m: m.txnid)
+        pages = PageReader(fd, size, meta, path, None)
+        _, main = walk_tree(pages, meta.main, "main")
+        db = main.subdbs[b"classidx"]
+        assert db.depth == 1
+        leaf = pages.read([db.root], P_LEAF)[0]
+        ptr, words = pages.nodes(leaf, db.root)
+        o = int(ptr[0])
+        ksize = int(words[o // 2 + 3])
+        at = db.root * meta.psize + o + 8 + ksize  # the first chunk's overflow page number
+    finally:
+        os.close(fd)
+    _poke(path, at, struct.pack("<Q", nodes[5].ov))
+    _reads_refused(path, x, monkeypatch, "reachable twice")

@@ -321,3 +321,32 @@ def test_statistics_of_huge_values_from_workers_stay_finite(tmp_path: Path) -> N
     assert stats.n == f.size
     assert stats.mean == pytest.approx(f.mean() * 1e300, rel=1e-9)
     assert stats.std == pytest.approx(f.std() * 1e300, rel=1e-9)
+
+
+def test_workers_and_results_in_flight_are_bounded_by_the_machine(tmp_path: Path) -> None:
+    """``workers=100000`` started that many processes, ``in_flight=10**9`` let every result pile up (issue 34,
+    memory): the local pool starts at most 4 per core and what memory holds (a warning names ``workers``), and
+    holds as many results as half the available memory takes at the largest seen (a warning names ``in_flight``);
+    the store is the same."""
+    from lmdbstore.ingestion.parallel import WORKER_BYTES, local_workers
+    from lmdbstore.ingestion.pool import ResultBudget
+    from lmdbstore.util.memory import MemoryBoundWarning
+
+    gib = 1 << 30
+    assert local_workers(3, cores=2, available=64 * gib) == 3
+    with pytest.warns(MemoryBoundWarning, match="workers: 100,000 worker processes on 2 cores .* using 8"):
+        assert local_workers(100_000, cores=2, available=64 * gib) == 8
+    with pytest.warns(MemoryBoundWarning, match="workers: 8 worker processes"):
+        assert local_workers(8, cores=2, available=4 * WORKER_BYTES) == 2
+    budget = ResultBudget(4, available=8 * gib)  # 4 GiB for results
+    assert budget.window(10**9) == 8  # two per worker until a result says how large they are
+    budget.observe((np.empty(1 << 20, np.uint8), np.empty(0), None))
+    assert budget.window(16) == 16  # 16 MiB in flight: fits
+    budget.observe((np.empty(0), [np.empty(512 << 20, np.uint8)]))
+    with pytest.warns(MemoryBoundWarning, match=r"in_flight: 10,000 task results of up to 512\.0 MiB .* keeping 8"):
+        assert budget.window(10_000) == 8
+    tasks = _tasks(6)
+    with pytest.warns(MemoryBoundWarning, match="workers: 100,000"):
+        report = _write(tmp_path / "s", tasks=tasks, workers=100_000, in_flight=10**9)
+    assert report.added == len(pt.expected(tasks)[1])
+    _assert_holds(tmp_path / "s", tasks)

@@ -21,6 +21,7 @@ from conftest import TESTS, raw_env
 
 from lmdbstore import TaskError, WriterConfig, open_reader, write_parallel
 from lmdbstore.format.layout import DB_PROGRESS
+from lmdbstore.ingestion.task_identity import task_list
 
 SMALL = WriterConfig(commit_bytes=4096, sync=False)
 
@@ -95,14 +96,45 @@ def test_tasks_with_long_arrays_that_differ_in_the_middle_are_another_run(tmp_pa
     _holds(path, a)
 
 
-def _script(store: Path, n_tasks: int, producer: str, seed: str) -> str:
-    env = {**os.environ, "PYTHONHASHSEED": seed}
+def _script(store: Path, n_tasks: int, producer: str, seed: str, rc: int = 0, fail_at: str = "") -> str:
+    env = {**os.environ, "PYTHONHASHSEED": seed, pt.FAIL_AT_ENV: fail_at}
     proc = subprocess.run(
         [sys.executable, str(TESTS / "parallel_tasks.py"), str(store), str(n_tasks), "0", producer],
         capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == rc, proc.stderr[-2000:]
     return proc.stdout.strip()
+
+
+def test_a_set_of_tasks_is_written_in_the_order_of_their_identities(tmp_path: Path) -> None:
+    """A set of tasks iterates in hash order, which changes with each process: the identical script rerun was
+    refused as another run, and renaming it wrote the committed tasks twice (issue 34 #7).  Now a set is written
+    in the order of its tasks' identities: a stopped run resumes under any hash seed, every task once."""
+    order = task_list(pt.name_tasks(20))
+    assert order == task_list(frozenset(sorted(pt.name_tasks(20), reverse=True)))  # however it was built
+    store = tmp_path / "s"
+    out = _script(store, 20, "produce_named", "1", rc=1, fail_at="task-7")
+    assert out.startswith("failed TaskError: ") and "boom in task-7" in out and "\n" not in out
+    done = order.index("task-7")
+    for seed, want in (("2", f"done {5 * (20 - done)} 100 {done}"), ("3", "done 0 100 20")):
+        assert _script(store, 20, "produce_named", seed) == want
+    _holds(store, [(int(t.split("-")[1]), 5) for t in order])
+
+
+def test_unordered_collections_of_tasks(tmp_path: Path) -> None:
+    """frozensets, mappings and dict views are ordered by identity as sets are (the same store as the sorted
+    list); two tasks of one identity in an unordered collection are refused before the store exists."""
+    tasks = {(i, 5) for i in range(6)}
+    order = task_list(tasks)
+    for i, given in enumerate((frozenset(tasks), dict.fromkeys(tasks), dict.fromkeys(tasks).keys(),
+                               {t: t for t in tasks}.values(), order)):  # fmt: skip
+        path = tmp_path / f"s{i}"
+        _write(path, given, name="u")  # type: ignore[arg-type]
+        _holds(path, order)
+        assert _write(path, given, name="u").skipped == 6  # a rerun is the same run: nothing written again
+    with pytest.raises(ValueError, match="two tasks with one identity"):
+        _write(tmp_path / "dup", {(1, 5), (2, 5)}, task_id=lambda t: t[1])  # type: ignore[arg-type]
+    assert not (tmp_path / "dup").exists()
 
 
 def test_a_finished_run_of_tasks_with_sets_is_not_written_again_under_other_hash_seeds(tmp_path: Path) -> None:

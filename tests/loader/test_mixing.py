@@ -52,6 +52,41 @@ def test_every_epoch_takes_exactly_each_share(weights: list[float]) -> None:
     assert s.batches(0)[0].tolist() != s.batches(1)[0].tolist()
 
 
+@pytest.mark.parametrize(
+    "weights", [[1e308, 1e308, 1e308], [1e308, 5e307, 0], [5e-324, 5e-324, 1e-323], [1.7e308, 1, 0]]
+)
+def test_weights_whose_sum_overflows_keep_their_shares(weights: list[float]) -> None:
+    """Each weight finite, their sum not (or subnormal): normalized by the largest first, so every epoch still
+    has all its samples in their shares, and len() says what is drawn (issue 34 #2: 2 samples an epoch)."""
+    w = np.asarray(weights) / max(weights)
+    want = np.floor(w / w.sum() * 1780).astype(int)
+    counts = mix_counts(weights, 1780)
+    assert counts.sum() == 1780 and (np.abs(counts - want) <= 1).all()
+    s = MixedBatchSampler(PARTS, weights, 64, seed=3)
+    batches = s.batches(0)
+    assert len(batches) == len(s) == -(-1780 // 64) and sum(len(b) for b in batches) == 1780
+    assert _shares(np.concatenate(batches)) == counts.tolist()
+    assert np.isclose(s.weights.sum(), 1) and np.isfinite(s.weights).all()
+    assert LoaderConfig(weights=tuple(weights)).weights == tuple(weights)
+    for bad in ([float("inf"), 1.0], [1e308, float("nan")], [0.0, 0.0], [-1e308, 1e308]):
+        with pytest.raises(ValueError, match="weights"):
+            LoaderConfig(weights=tuple(bad))
+        with pytest.raises(ValueError, match="weights"):
+            mix_counts(bad, 10)
+
+
+def test_balanced_class_weights_whose_sum_overflows() -> None:
+    from lmdbstore.loader.samplers import BalancedBatchSampler
+
+    s = BalancedBatchSampler([np.arange(0, 10), np.arange(10, 20)], 1000, weights=[1e308, 1e308], num_batches=3)
+    assert s.weights.tolist() == [0.5, 0.5]
+    drawn = np.concatenate(list(s))
+    assert len(drawn) == 3000 and 1300 < (drawn < 10).sum() < 1700  # both classes, about half each
+    for bad in ([float("inf"), 1], [0, 0], [1, -1], [1]):
+        with pytest.raises(ValueError, match="weights"):
+            BalancedBatchSampler([np.arange(0, 10), np.arange(10, 20)], 10, weights=bad)
+
+
 def test_a_store_is_drawn_without_repeats_until_used_up() -> None:
     s = MixedBatchSampler(PARTS, [0.1, 0.1, 0.8], 100, epoch_samples=1000)
     k = s.counts.tolist()  # [100, 100, 800]: part 0 (1000) downsampled, part 2 (263) upsampled

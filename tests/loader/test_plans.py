@@ -158,3 +158,19 @@ def test_the_first_batch_does_not_wait_for_the_epoch() -> None:
     assert wframe is not None
     seq = wframe.f_locals["seq"]
     assert len(seq.chunk_lo) > 3 and list(seq._made) == [0]
+
+
+def test_a_huge_block_buffer_costs_what_the_data_needs() -> None:
+    """``block_buffer`` beyond a value's samples cuts every value into single samples: the plan is cut for that
+    many pieces, not for ``block_buffer`` (10**9 allocated a table of 10**9 columns per value), and orders the
+    same as any block_buffer whose windows already hold the whole epoch (issue 34, memory)."""
+    import tracemalloc
+
+    idx = np.arange(20_000)
+    tracemalloc.start()
+    huge = BlockPlan(idx, 18, 512, 10**18, np.random.default_rng(3)).take(0, len(idx))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 << 20  # a few arrays of 20,000 entries, not 10**18 columns
+    assert huge.tolist() == BlockPlan(idx, 18, 512, 40, np.random.default_rng(3)).take(0, len(idx)).tolist()
+    assert sorted(huge.tolist()) == idx.tolist()

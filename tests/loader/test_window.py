@@ -170,3 +170,34 @@ def test_first_window_is_capped_so_training_starts_at_once() -> None:
     assert sizes[0] <= (256 << 20) // SB < sizes[1]  # 256 MiB first, then full windows
     assert sizes[1] <= gib // SB
     assert all(len(lo) >= 240 for lo in plan.chunk_lo[:-1])  # ~256 chunks (whole values): a store-like class mix
+
+
+def test_a_window_is_bounded_by_the_machine_not_by_the_argument() -> None:
+    """``window_mb`` beyond the data only holds all of it (kept: the order depends on it); beyond what the machine
+    can give (half its available memory: the window and the next one read ahead) it is clipped with a warning
+    naming the parameter (issue 34, memory)."""
+    import warnings
+
+    from lmdbstore.loader.window import bound_window_bytes
+    from lmdbstore.util.memory import MemoryBoundWarning
+
+    gib = 1 << 30
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bound_window_bytes(10**15, 5 * gib, available=16 * gib) == 10**15  # holds all 5 GiB: fits in 8
+        assert bound_window_bytes(2 * gib, 100 * gib, available=16 * gib) == 2 * gib
+    with pytest.warns(MemoryBoundWarning, match=r"window_mb: a window of 20\.0 GiB .* using 8\.0 GiB"):
+        assert bound_window_bytes(20 * gib, 100 * gib, "window_mb", available=16 * gib) == 8 * gib
+    with pytest.warns(MemoryBoundWarning, match="window_bytes"):
+        assert bound_window_bytes(10**15, 100 * gib, available=16 * gib) == 8 * gib
+    with pytest.raises(ValueError, match="window_mb must be positive"):
+        bound_window_bytes(0, 1, "window_mb")
+    # a window far larger than a small store: no warning on this machine, the order of the default window
+    idx = np.arange(5000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        huge = WindowBatchSampler(idx, 512, samples_per_value=18, sample_bytes=SB, window_bytes=10**15)
+    assert (
+        huge.batches(0)[0].tolist()
+        == WindowBatchSampler(idx, 512, samples_per_value=18, sample_bytes=SB).batches(0)[0].tolist()
+    )

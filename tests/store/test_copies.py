@@ -5,7 +5,7 @@ a read lease, ``process_vm_readv`` without one), and compared with the samples w
 bytes: every sample size (tiny ones many to a page, odd ones, ones larger than a page), random, block and
 window batches, with and without ``out``, warm, cold and half-cached, a set of stores, and the file held open
 for writing (no lease).  The copier's own checks: ranges outside the map or the output are refused before
-anything is copied, and a page past the end of a shrunk file is ``False``, never SIGBUS.
+anything is copied, and a page past the end of a shrunk file is ``SOURCE`` (a destination's: ``DEST``), never SIGBUS.
 """
 
 from __future__ import annotations
@@ -246,10 +246,10 @@ def test_the_copier_refuses_ranges_outside_the_map_or_the_output() -> None:
     src = np.arange(256, dtype=np.uint8)
     dst = np.zeros(64, np.uint8)
     at, base = np.array([0, 32], np.int64), src.ctypes.data
-    assert fast.copy(dst, at, base, 256, np.array([10, 200], np.int64), 32) is True
+    assert fast.copy(dst, at, base, 256, np.array([10, 200], np.int64), 32) == copies.COPIED
     assert dst[:32].tolist() == list(range(10, 42)) and dst[32:].tolist() == list(range(200, 232))
     lens = np.array([5, 7], np.int64)
-    assert fast.copy(dst, at, base, 256, np.array([1, 2], np.int64), lens) is True
+    assert fast.copy(dst, at, base, 256, np.array([1, 2], np.int64), lens) == copies.COPIED
     assert dst[:5].tolist() == [1, 2, 3, 4, 5] and dst[32:39].tolist() == list(range(2, 9))
     before = dst.copy()
     for offs, width, where in (([0, 250], 32, "map"), ([0, -1], 4, "map"), ([0, 0], 40, "dst")):
@@ -270,7 +270,7 @@ import numpy as np
 from lmdbstore.store import copies
 fast = copies.FAST
 assert fast is not None
-f = sys.argv[1]
+f, g = sys.argv[1], sys.argv[2]
 with open(f, "wb") as fh:
     fh.write(bytes(range(256)) * 64)  # 4 pages
 fd = os.open(f, os.O_RDONLY)
@@ -278,24 +278,35 @@ m = mmap.mmap(fd, 16384, prot=mmap.PROT_READ)
 base = np.frombuffer(m, np.uint8).ctypes.data
 out = np.zeros(300, np.uint8)
 at, offs, lens = np.array([0, 100], np.int64), np.array([5, 9000], np.int64), np.array([100, 200], np.int64)
-assert fast.copy(out, at, base, 16384, offs, lens) is True
+assert fast.copy(out, at, base, 16384, offs, lens) == copies.COPIED
 assert out[100:300].tolist() == [(9000 + i) % 256 for i in range(200)]
 os.truncate(f, 4096)  # pages 1 to 3 gone: touching them is SIGBUS
-for handler in (False, True):  # with faulthandler's SIGBUS handler installed over the copier's, too
+with open(g, "wb") as fh:
+    fh.write(bytes(8192))
+gd = os.open(g, os.O_RDWR)
+gm = mmap.mmap(gd, 8192)  # a destination that maps a file...
+far = np.frombuffer(gm, np.uint8)
+os.ftruncate(gd, 0)  # ...truncated: writing it is SIGBUS
+for handler in (False, True):  # with faulthandler's SIGBUS handler installed before the copies, too
     if handler:
         faulthandler.enable()
-    assert fast.copy(out, at, base, 16384, offs, lens) is False
-    assert fast.copy(out, at[:1], base, 16384, offs[:1], 100) is True  # page 0 is still there
+    assert fast.copy(out, at, base, 16384, offs, lens) == copies.SOURCE
+    assert fast.copy(out, at[:1], base, 16384, offs[:1], 100) == copies.COPIED  # page 0 is still there
     assert out[:100].tolist() == [(5 + i) % 256 for i in range(100)]
+    assert fast.copy(far, at[:1], base, 16384, offs[:1], 100) == copies.DEST  # the destination's page, not the map's
 print("survived")
 """
 
 
 @compiled
-def test_a_copy_of_pages_past_the_end_of_a_shrunk_file_is_false_not_sigbus(tmp_path: Path) -> None:
+def test_a_copy_of_pages_past_the_end_of_a_shrunk_file_is_told_not_sigbus(tmp_path: Path) -> None:
     """In a child process: were SIGBUS not caught, it would kill the child, not this test run."""
     p = subprocess.run(
-        [sys.executable, "-c", _SHRINK, str(tmp_path / "f")], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", _SHRINK, str(tmp_path / "f"), str(tmp_path / "g")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert p.returncode == 0 and p.stdout.strip() == "survived", (p.returncode, p.stderr[-2000:])
 

@@ -95,3 +95,61 @@ def test_registry_is_fork_aware(small_store: StoreInfo) -> None:
     for r in parent:  # the parent's environment and reader slot are untouched
         np.testing.assert_array_equal(r.read_batch([7]), small_store.x[[7]])
         r.close()
+
+
+def test_writers_and_readers_in_any_order_beside_a_reader_reading_throughout(tmp_path: Any) -> None:
+    """One process: a reader reads on its thread the whole time while a writer per chunk is opened and closed,
+    readers of every mode come and go, and a reader outlives each writer (issue 34 #8: the second
+    ``open_writer`` failed "already open in this process", the reader holding the first writer's environment,
+    or was refused as another writer while the reader probed the lock).  Every batch is its own samples; every
+    writer opens; the last user closes the environment."""
+    import threading
+
+    path = tmp_path / "s"
+    x, y = make_data(3000, seed=8)
+    cfg = WriterConfig(sync=False)
+    with open_writer(path, shape=(25, 25), dtype="float32", classes=list("abcde"), config=cfg) as w:
+        w.append(x[:300], y[:300])
+    reader = StoreReader(path)
+    stop, errors, batches = threading.Event(), [], [0]
+
+    def read() -> None:
+        rng = np.random.default_rng(1)
+        while not stop.is_set():
+            try:
+                b = rng.integers(0, 300, 64)
+                assert reader.read_batch(b).tobytes() == x[b].tobytes()
+                batches[0] += 1
+            except BaseException as exc:  # reported below
+                errors.append(repr(exc))
+                return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        rng = np.random.default_rng(2)
+        others: list[StoreReader] = []
+        for i, lo in enumerate(range(300, 3000, 300)):
+            kind = int(rng.integers(0, 3))
+            if kind == 1:  # a reader of another mode opened before the writer, kept across it
+                others.append(StoreReader(path, lock=bool(i % 2), positions=i % 3 != 0).open())
+            with open_writer(path, config=cfg) as w:
+                w.append(x[lo : lo + 300], y[lo : lo + 300])
+                if kind == 2:  # a reader opened beside the writer, kept after it
+                    others.append(StoreReader(path).open())
+            for r in others:
+                n = len(r)
+                assert r.read_batch([n - 1, 0]).tobytes() == x[[n - 1, 0]].tobytes()
+            if len(others) > 2:
+                others.pop(0).close()
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert batches[0] > 0
+    for r in others:
+        r.close()
+    reader.refresh()
+    assert len(reader) == 3000 and reader.read_batch([2999]).tobytes() == x[[2999]].tobytes()
+    reader.close()
+    assert ENVS.current(str(path.resolve())) is None

@@ -755,3 +755,30 @@ def test_every_number_the_ledger_records_is_checked_before_anything_is_kept(
         assert w.count == 2020
     after = snapshot_store(small_store.path)
     assert after[b"progress"] == {b"src": b'{"done": 20, "total": 40}'} and before[b"progress"] == {}
+
+
+def test_commit_bytes_beyond_the_machine_is_clipped(tmp_path: Path) -> None:
+    """``commit_bytes=10**15`` buffered every sample until the end (issue 34, memory): the writer buffers at most half
+    the available memory, says so naming the parameter, and commits when that much is pending."""
+    import warnings
+
+    from lmdbstore.util.memory import MemoryBoundWarning, available_memory
+
+    x, y = make_data(100, seed=3)
+    with pytest.warns(MemoryBoundWarning, match="commit_bytes: samples buffered before a commit"):
+        w = open_writer(
+            tmp_path / "s",
+            shape=(25, 25),
+            dtype="float32",
+            classes=CLASSES,
+            config=WriterConfig(commit_bytes=10**15, sync=False),
+        )
+    with w:
+        assert w._commit_bytes <= available_memory()
+        w.append(x, y)
+        assert w.committed == 0  # 250 KB pending: far below the bound
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_writer(tmp_path / "s", config=WriterConfig(commit_bytes=1, sync=False)) as w:
+            w.append(x[:3], y[:3])
+            assert w.committed == 103  # a commit as soon as a byte is pending

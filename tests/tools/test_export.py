@@ -180,3 +180,19 @@ def test_copy_while_a_writer_appends_is_consistent(small_store: StoreInfo, tmp_p
         with open_reader(rep.dest) as r:
             assert len(r) == rep.samples
             assert np.array_equal(_bits(r.read_range(0, 2000)), _bits(small_store.x))
+
+
+def test_a_chunk_larger_than_the_data_costs_what_the_data_needs(small_store: StoreInfo, tmp_path: Path) -> None:
+    """``chunk=10**12`` (issue 34, memory): one chunk of the 2,000 samples selected, not 10**12 rows; no warning on a
+    machine that holds them; the export exact."""
+    import warnings
+
+    out = tmp_path / "all.npy"
+    tracemalloc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_store(small_store.path, out, chunk=10**12)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 << 20
+    np.testing.assert_array_equal(np.load(out), small_store.x)
