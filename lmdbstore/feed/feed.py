@@ -101,14 +101,15 @@ class BatchFeed:
         fence: Callable[[], Fence] | None = None,
         pin: Callable[[SharedSlots], Callable[[], None]] | None = None,
     ):
-        self.source, self.workers, self.context = source, workers, context
         self.sampler = sampler if callable(getattr(sampler, "upcoming_pass", None)) else CountedPasses(sampler)
-        self.rows = largest_batch(sampler, samples)
-        self.seed, self.persistent, self.fence, self.pin = seed, persistent, fence, pin
         try:
             batches = len(self.sampler)
         except TypeError:
             batches = workers * prefetch
+        workers = min(workers, max(1, batches))  # a reader more than a pass has batches would never read
+        self.source, self.workers, self.context = source, workers, context
+        self.rows = largest_batch(sampler, samples)
+        self.seed, self.persistent, self.fence, self.pin = seed, persistent, fence, pin
         depth = max(1, min(workers * prefetch, batches)) if workers else 1  # never more than a pass
         stride = slot_bytes(self.rows, source.layout.item_bytes)[1]
         n = pool_slots(depth + held, max(workers, 1) + 1, stride)
@@ -136,11 +137,6 @@ class BatchFeed:
     def method(self) -> str:
         """The start method of the readers running, else of those the next pass would start."""
         return self.pool.method if isinstance(self.pool, ReaderPool) else start_method(self.context)
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Every label of the store (read once, in the consumer's process)."""
-        return self.source.label_table
 
     def _new_slots(self) -> SharedSlots:
         slots = SharedSlots(self.n_slots, self.rows, self.source.layout.item_bytes, shared=self.workers > 0)

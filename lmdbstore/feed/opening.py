@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,11 +20,9 @@ from lmdbstore.feed.slots import SharedSlots
 from lmdbstore.loader.choose import make_sampler_for, split_indices
 from lmdbstore.loader.transform import Transform
 from lmdbstore.store.readers import Reader, as_reader
+from lmdbstore.util.procs import worker_processes
 
-__all__ = ["MAX_READERS_PER_CORE", "loader_config", "open_feed", "reader_count"]
-
-#: Reader processes per core at most (more only wait on each other).
-MAX_READERS_PER_CORE = 4
+__all__ = ["loader_config", "open_feed"]
 
 StoreArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader
 
@@ -41,17 +38,6 @@ def loader_config(config: LoaderConfig | None, options: dict[str, Any]) -> Loade
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r} (options are the fields of LoaderConfig)")
     return dataclasses.replace(base, **options)
-
-
-def reader_count(workers: int, batches: int) -> int:
-    """``workers``, clipped to the batches of a pass (a reader more would never read) and to
-    :data:`MAX_READERS_PER_CORE` per core (said in a warning: more processes would only cost memory and
-    start-up)."""
-    cores = os.cpu_count() or 1
-    most = MAX_READERS_PER_CORE * cores
-    if workers > most:
-        warnings.warn(f"lmdbstore: {most} reader processes instead of workers={workers} ({cores} cores)", stacklevel=3)
-    return min(workers, most, max(1, batches))
 
 
 def open_feed(
@@ -101,12 +87,8 @@ def open_feed(
         raise ValueError("give a sampler, or indices or a split to build one from, not both")
     layout = BatchLayout(tuple(meta.shape), meta.dtype, config.channels or channels)
     src = source if source is not None else StoreSource(reader, layout, transform, labels)
-    try:
-        batches = len(sampler)
-    except TypeError:
-        batches = config.workers
     return BatchFeed(
-        src, sampler, samples=meta.count, workers=reader_count(config.workers, max(1, batches)),
+        src, sampler, samples=meta.count, workers=worker_processes(config.workers),
         prefetch=config.prefetch, held=held, context=config.multiprocessing_context, seed=config.seed,
         persistent=config.persistent_workers, fence=fence, pin=pin,
     )  # fmt: skip

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pickle
 import time
-import warnings
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +32,15 @@ from lmdbstore.ingestion.task_identity import TaskIdentities
 from lmdbstore.ingestion.task_identity import task_list as ordered_tasks
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
-from lmdbstore.util.memory import MemoryBoundWarning, clip_count
+from lmdbstore.util.procs import worker_processes
 from lmdbstore.util.progress import progress_bar
 
-__all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "local_workers", "write_parallel"]
+__all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 
 #: Results each worker may have produced and not yet had committed (back-pressure bound).  Four, not two: while
 #: the writer commits (64 MiB, then fsync: 0.1-0.2 s on a virtio disk) it takes no result, and two per worker --
 #: one running, one done -- left the workers of a 2-worker run idle for 15-25 % of it on ~100 ms tasks.
 DEFAULT_IN_FLIGHT = 4
-#: Worker processes of the local pool per core, at most (:func:`local_workers`).
-WORKERS_PER_CORE = 4
-#: Memory one worker process of the local pool is counted at (:func:`local_workers`).
-WORKER_BYTES = 256 << 20
 #: Characters of a task's repr quoted in error messages.
 REPR_CHARS = 80
 
@@ -250,7 +245,7 @@ def write_parallel(
             numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
             ``task_id``.
         workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
-            At most 4 per core and what memory holds (:func:`local_workers`: clipped with a warning).
+            At most 4 per core and what memory holds (:func:`~lmdbstore.util.procs.worker_processes`: clipped with a warning).
             With ``executor``: the tasks it runs at once, to size the window (default: what the executor
             tells -- ``max_workers``, a Dask cluster's threads, ``RayExecutor.workers`` -- else 1).
         executor: run the tasks on an engine you already run instead of local processes: any
@@ -302,7 +297,7 @@ def write_parallel(
             bar.update(1)
             bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
 
-        local = local_workers(workers or 0)
+        local = worker_processes(workers or 0)
         pool: ResultSource = (
             OrderedPool(producer, local, max(1, local) * in_flight)
             if engine is None
@@ -314,26 +309,6 @@ def write_parallel(
         finally:
             bar.close()
     return ParallelReport(str(path), n, start, outcome.added, outcome.total, outcome.seconds)
-
-
-def local_workers(workers: int, cores: int | None = None, available: int | None = None) -> int:
-    """The worker processes the local pool starts for ``workers`` asked: at most :data:`WORKERS_PER_CORE` per core
-    (more only contend for the cores) and what the machine's memory holds at :data:`WORKER_BYTES` each (a spawned
-    Python with numpy and a result or two), with a :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming
-    ``workers`` when it clips (``workers=100000`` started that many processes).  The pool starts no more than there
-    are tasks left, too."""
-    cap = WORKERS_PER_CORE * (cores or os.cpu_count() or 1)
-    if workers > cap:
-        warnings.warn(
-            f"workers: {workers:,} worker processes on {cap // WORKERS_PER_CORE} cores would only contend for them; "
-            f"using {cap} ({WORKERS_PER_CORE} per core)",
-            MemoryBoundWarning,
-            stacklevel=3,
-        )
-        workers = cap
-    return clip_count(
-        workers, WORKER_BYTES, what="worker processes", parameter="workers", available=available, stacklevel=3
-    )
 
 
 def _check_runner(workers: int | None, executor: Any, in_flight: int) -> Engine | None:

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order, local_workers
+from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order
 from lmdbstore.ingestion.plan import IngestPlan
 from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import IngestReport, SourceReport
 from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.util.procs import worker_processes
 from lmdbstore.util.progress import Bar, ProgressFactory, bar_from
 
 __all__ = ["ingest_parallel"]
@@ -85,7 +86,7 @@ def ingest_parallel(plan: IngestPlan, *, workers: int, progress: ProgressFactory
         TaskError: a worker died; chunks before it stay committed (rerun to resume).
     """
     srcs, batch = plan.sources, plan.batch
-    workers = local_workers(workers)  # no more processes than the cores and the memory hold (warned)
+    workers = worker_processes(workers)  # no more processes than the cores and the memory hold (warned)
     chunks = [
         (i, lo, min(lo + batch, len(src))) for i, src in enumerate(srcs) for lo in range(plan.done[i], len(src), batch)
     ]

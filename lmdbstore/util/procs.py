@@ -30,12 +30,14 @@ import pickle
 import sys
 import threading
 import types
+import warnings
 from collections.abc import Iterator
 from functools import cache
 from types import FrameType
 from typing import Any
 
 from lmdbstore.errors import LmdbStoreError
+from lmdbstore.util.memory import MemoryBoundWarning, clip_count
 
 __all__ = [
     "FORK_UNSAFE_MODULES",
@@ -46,8 +48,13 @@ __all__ = [
     "needs_main",
     "start_hint",
     "start_method",
+    "worker_processes",
 ]
 
+#: Worker or reader processes per core, at most (:func:`worker_processes`): more only contend for the cores.
+WORKERS_PER_CORE = 4
+#: Memory one worker or reader process is counted at (a Python with numpy and a batch or result or two).
+WORKER_BYTES = 256 << 20
 #: Modules whose runtimes, once started, make forking unsafe.
 FORK_UNSAFE_MODULES = ("tensorflow", "jax")
 #: Thread-name prefixes of those runtimes' pools (TensorFlow's ``tf_Compute``, XLA's ``tf_XLAEigen``...).
@@ -223,3 +230,20 @@ def main_script_hidden(method: str | None, *args: Any) -> Iterator[None]:
     finally:
         if main is not None:
             sys.modules["__main__"] = main
+
+
+def worker_processes(workers: int, cores: int | None = None, available: int | None = None) -> int:
+    """The processes to start for ``workers`` asked: at most :data:`WORKERS_PER_CORE` per core and what the
+    machine's memory holds at :data:`WORKER_BYTES` each, with a
+    :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming ``workers`` when it clips (``workers=100000``
+    started that many processes)."""
+    cap = WORKERS_PER_CORE * (cores or os.cpu_count() or 1)
+    if workers > cap:
+        warnings.warn(
+            f"workers: {workers:,} processes on {cap // WORKERS_PER_CORE} cores would only contend for them; "
+            f"using {cap} ({WORKERS_PER_CORE} per core)",
+            MemoryBoundWarning,
+            stacklevel=3,
+        )
+        workers = cap
+    return clip_count(workers, WORKER_BYTES, what="processes", parameter="workers", available=available, stacklevel=3)

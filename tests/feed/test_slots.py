@@ -16,8 +16,9 @@ from lmdbstore import BalancedBatchSampler, EpochBatchSampler, LmdbBatchDataset,
 from lmdbstore.config import LoaderConfig
 from lmdbstore.feed import slots as slots_module
 from lmdbstore.feed.feed import largest_batch
-from lmdbstore.feed.opening import MAX_READERS_PER_CORE, loader_config, open_feed
+from lmdbstore.feed.opening import loader_config, open_feed
 from lmdbstore.util import memory
+from lmdbstore.util.procs import WORKERS_PER_CORE
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -38,7 +39,7 @@ def test_a_slot_never_holds_more_rows_than_the_store(store_factory: Callable[...
 def test_absurd_workers_and_batch_on_a_tiny_store_stay_bounded(store_factory: Callable[..., StoreInfo]) -> None:
     info = store_factory(300, seed=3)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.warns(UserWarning, match=r"reader processes instead of workers=100000 \(\d+ cores\)"):
+    with pytest.warns(UserWarning, match=r"workers: 100,000 processes on \d+ cores would only contend"):
         loader = make_loader(info.path, batch_size=10**6, workers=100_000, prefetch=10**4)
     assert loader.feed.workers == 1 and loader.num_workers == 1  # one batch a pass: one reader
     assert loader.feed.slots.nbytes < 64 * 2**20  # slots: bounded by the data
@@ -48,7 +49,7 @@ def test_absurd_workers_and_batch_on_a_tiny_store_stay_bounded(store_factory: Ca
     loader.close()
     with pytest.warns(UserWarning, match="cores"):
         many = make_loader(info.path, batch_size=1, workers=10**5)
-    assert many.feed.workers == MAX_READERS_PER_CORE * (__import__("os").cpu_count() or 1)
+    assert many.feed.workers == WORKERS_PER_CORE * (__import__("os").cpu_count() or 1)
     many.close()
 
 

@@ -328,9 +328,10 @@ def test_workers_and_results_in_flight_are_bounded_by_the_machine(tmp_path: Path
     memory): the local pool starts at most 4 per core and what memory holds (a warning names ``workers``), and
     holds as many results as half the available memory takes at the largest seen (a warning names ``in_flight``);
     the store is the same."""
-    from lmdbstore.ingestion.parallel import WORKER_BYTES, local_workers
     from lmdbstore.ingestion.pool import ResultBudget
     from lmdbstore.util.memory import MemoryBoundWarning
+    from lmdbstore.util.procs import WORKER_BYTES
+    from lmdbstore.util.procs import worker_processes as local_workers
 
     gib = 1 << 30
     assert local_workers(3, cores=2, available=64 * gib) == 3
