@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_SYNTH_SEED",
     "DEFAULT_VERIFY_CHECKSUMS",
     "DEFAULT_VERIFY_STRUCTURE",
+    "DEFAULT_VERIFY_WORKERS",
     "DEFAULT_X_KEY",
     "DEFAULT_Y_KEY",
     "SAMPLE_READ_CHUNK",
@@ -360,6 +361,9 @@ DEFAULT_VERIFY_CHECKSUMS = True
 DEFAULT_VERIFY_STRUCTURE = True
 #: ``verify``: problems listed before it stops listing.
 DEFAULT_MAX_PROBLEMS = 20
+#: ``verify``: processes reading the values and computing checksums; ``None``: the cores (one per 512 MiB of
+#: values at most).
+DEFAULT_VERIFY_WORKERS: int | None = None
 
 #: Samples an export reads and writes per step (64 Ki samples of 25x25 float32 = 160 MiB would be too
 #: much; 16 Ki = 40 MiB).
