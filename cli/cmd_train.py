@@ -17,6 +17,7 @@ from lmdbstore.config import (
     DEFAULT_SYNTH_SAMPLES,
     LoaderConfig,
     TrainConfig,
+    check_val_limit,
 )
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.launch import launch
@@ -35,7 +36,11 @@ def train(
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
     workers: Annotated[int, typer.Option(help="DataLoader worker processes.")] = LOADER.workers,
     val_fraction: Annotated[
-        float, typer.Option(help="Share of every class held out for validation.")
+        float,
+        typer.Option(
+            help="Share of every class held out for validation, or a number of samples (e.g. 20000, held out in "
+            "proportion to the classes)."
+        ),
     ] = TRAIN.val_fraction,
     balanced: Annotated[
         bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")
@@ -79,6 +84,17 @@ def train(
     max_steps: Annotated[
         int | None, typer.Option(help="Cut every epoch after this many steps.")
     ] = TRAIN.max_steps_per_epoch,
+    val_every: Annotated[
+        int | None,
+        typer.Option(min=1, help="Also validate every N steps inside epochs (every epoch's end always validates)."),
+    ] = TRAIN.val_every,
+    val_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="What one validation reads: N batches a process (e.g. 50) or a share of the split (e.g. 0.25); "
+            "a fixed stratified subset, the same each time (default: the whole split)."
+        ),
+    ] = None,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
     plot: Annotated[
@@ -106,6 +122,7 @@ def train(
         tcfg = TrainConfig(
             epochs=epochs, lr=lr, val_fraction=val_fraction, width=width,
             device=device, amp=amp, max_steps_per_epoch=max_steps, checkpoint_every=checkpoint_every,
+            val_every=val_every, val_limit=parse_val_limit(val_limit),
         )  # fmt: skip
         lcfg = LoaderConfig(
             batch_size=batch, shuffle=shuffle,  # type: ignore[arg-type]  # LoaderConfig validates it
@@ -126,6 +143,24 @@ def train(
 
             said.say(f"wrote {plot_runs([result.out_dir], result.out_dir / DEFAULT_RUN_PNG).path}")
         said.result(_train_json(result))
+
+
+def parse_val_limit(text: str | None) -> int | float | None:
+    """``--val-limit``: a whole number is batches (``50``), a number with a point a share (``0.25``, ``1.0``).
+
+    Raises:
+        ValueError: neither (naming the option).
+    """
+    if text is None:
+        return None
+    try:
+        value: int | float = int(text) if text.strip().lstrip("+").isdigit() else float(text)
+        check_val_limit(value)
+    except ValueError:
+        raise ValueError(
+            f"--val-limit must be a number of batches (e.g. 50) or a share in (0, 1] (e.g. 0.25), got {text!r}"
+        ) from None
+    return value
 
 
 def _train_json(result: Any) -> dict[str, Any]:

@@ -136,6 +136,35 @@ def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
         )
 
 
+def check_val_fraction(value: Any, name: str = "val_fraction") -> None:
+    """A validation split given as a share of every class (``0 <= value < 1``) or as a count of samples (a whole
+    number ``>= 2``, e.g. ``20000``: held out in proportion to the classes; ``1`` is refused as ambiguous).
+
+    Raises:
+        ValueError: anything else (naming ``name``).
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value >= 1 and (value != int(value) or value < 2)):
+        raise ValueError(f"{name} must be a share in [0, 1) or a whole number of samples (2 or more), got {value!r}")
+
+
+def check_val_limit(value: Any) -> None:
+    """How much of the validation split one validation reads: ``None`` (all), a number of batches (an int
+    ``>= 1``, per process) or a share of the split (a float in ``(0, 1]``).
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"val_limit must be a number of batches or a share in (0, 1], got {value!r}")
+    if isinstance(value, int) and value < 1:
+        raise ValueError(f"val_limit must be at least 1 batch, got {value}")
+    if isinstance(value, float) and not 0.0 < value <= 1.0:
+        raise ValueError(f"val_limit as a share must be in (0, 1], got {value}")
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """How batches are drawn and read for training.
@@ -215,7 +244,8 @@ class TrainConfig:
         epochs: passes over the training split (default 3).
         lr: peak learning rate of AdamW with a one-cycle schedule (default 3e-3).
         weight_decay: AdamW weight decay (default 1e-4).
-        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1).
+        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1), or a
+            number of samples (a whole number >= 1, e.g. 20000), held out in proportion to the classes.
         width: channels of the first convolution block of the CNN; later blocks double it (default 16).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: mixed precision (bfloat16 autocast) on CUDA; ignored on CPU (default ``True``).
@@ -223,6 +253,11 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
+        val_every: also validate every this many optimizer steps of the run, inside epochs (default ``None``:
+            at the end of each epoch only, which always validates).
+        val_limit: what one validation reads: ``None`` (default: the whole validation split), a number of
+            batches per process (an int, e.g. 50), or a share of the split (a float in (0, 1], e.g. 0.25).  The
+            samples read are a fixed, stratified, seeded subset of the split, the same for every validation.
     """
 
     epochs: int = 3
@@ -235,6 +270,8 @@ class TrainConfig:
     max_steps_per_epoch: int | None = None
     log_every: int = 10
     checkpoint_every: int | None = None
+    val_every: int | None = None
+    val_limit: int | float | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -243,8 +280,7 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check_val_fraction(self.val_fraction)
         if not 1 <= self.width <= MAX_WIDTH:
             raise ValueError(f"width must be in 1..{MAX_WIDTH}, got {self.width}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
@@ -253,6 +289,9 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
+        if self.val_every is not None and self.val_every < 1:
+            raise ValueError(f"val_every must be positive, got {self.val_every}")
+        check_val_limit(self.val_limit)
 
 
 #: Batches each reader process of a feed (Keras, tf.data) works ahead.
@@ -267,7 +306,7 @@ class FeedConfig:
         batch_size: samples per batch (default 4096).
         split: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded, stratified
             split ``lmdbstore train`` uses (``val_fraction`` of every class, by ``seed``).
-        val_fraction: the validation share of every class for ``split`` (default 0.1).
+        val_fraction: the validation share of every class for ``split`` (default 0.1), or a number of samples.
         shuffle: ``"auto"``, ``"random"``, ``"block"``, ``"window"`` (as :class:`LoaderConfig`) or ``"none"``
             (index order); ``None`` (default): ``"none"`` for ``split="val"``, ``"auto"`` otherwise.
         balanced: draw classes equally, with replacement (default ``False``).
@@ -304,8 +343,7 @@ class FeedConfig:
             object.__setattr__(self, "weights", tuple(float(v) for v in self.weights))
         if self.split not in (None, "train", "val"):
             raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check_val_fraction(self.val_fraction)
         if self.shuffle not in (None, "none", "auto", "random", "block", "window"):
             raise ValueError(f"shuffle must be 'auto', 'random', 'block', 'window' or 'none', got {self.shuffle!r}")
         self.loader_config()  # the fields LoaderConfig shares, checked there

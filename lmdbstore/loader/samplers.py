@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lmdbstore.config import LoaderConfig, ShuffleMode
+from lmdbstore.config import LoaderConfig, ShuffleMode, check_val_fraction
 from lmdbstore.loader.orders import STREAM_BALANCED, deal_batches, epoch_rng
 from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.loader.plans import BlockPlan, batch_bounds
@@ -239,7 +239,9 @@ def stratified_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Seeded train/validation split that holds out ``val_fraction`` of every class.
 
-    Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
+    ``val_fraction`` in ``[0, 1)`` is a share; a whole number ``>= 2`` is a count of samples (e.g. ``20000``),
+    held out in proportion to the classes (each class's share rounded by largest remainder, so they add up to the
+    count).  Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
     least one in each part.
 
     Memory: the two results (8 bytes a sample) and, one class at a time, that class's positions; no sort of the
@@ -247,13 +249,16 @@ def stratified_split(
     docs/design.md#memory-at-scale).  The draws are the ones this function always made (a class's held-out
     samples are ``rng.choice(its positions, ...)`` class by class, in class order), so a run keeps its split.
     """
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    check_val_fraction(val_fraction)
     labels = np.asarray(labels).reshape(-1)
+    if val_fraction >= 1 and val_fraction >= len(labels):
+        raise ValueError(
+            f"val_fraction: {int(val_fraction)} validation samples leave none of {len(labels)} to train on"
+        )
     rng = np.random.default_rng([seed, 0x5A17])
     val_parts: list[np.ndarray] = []
-    for c, n_c in _class_counts(labels):
-        n_val = round(n_c * val_fraction)
+    classes = _class_counts(labels)
+    for (c, n_c), n_val in zip(classes, _held_out([n for _, n in classes], val_fraction), strict=True):
         if val_fraction > 0 and n_c >= 2:
             n_val = min(max(n_val, 1), n_c - 1)
         pick = rng.choice(n_c, size=n_val, replace=False)  # the draws rng.choice(members, ...) makes
@@ -263,6 +268,20 @@ def stratified_split(
     del val_parts
     val.sort()
     return _complement(val, len(labels)), val
+
+
+def _held_out(counts: list[int], val_fraction: float) -> list[int]:
+    """Each class's validation samples before the at-least-one-each-side rule: ``round(n * share)`` for a share,
+    a count split in proportion to the classes by largest remainder (they sum to the count)."""
+    if val_fraction < 1:
+        return [round(n * val_fraction) for n in counts]
+    total = sum(counts)
+    share = np.asarray(counts, np.float64) * (int(val_fraction) / total)
+    out = np.floor(share).astype(np.int64)
+    rest = int(val_fraction) - int(out.sum())
+    if rest > 0:
+        out[np.argsort(-(share - out), kind="stable")[:rest]] += 1
+    return out.tolist()
 
 
 #: Indices :func:`_complement` handles at a time (a bounded temporary, not a mask of the whole table).

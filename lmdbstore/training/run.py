@@ -43,6 +43,7 @@ class TrainRun:
     sampler: Any = None  # the training sampler
     tb: ScalarLog | None = None  # TensorBoard scalars (rank 0, when tensorboard is installed)
     train_loader: Any = None  # the training loader (its state -- the batches it delivered -- goes into checkpoints)
+    val_loader: Any = None  # the validation loader (``None``: no validation split)
 
     @property
     def writes(self) -> bool:
