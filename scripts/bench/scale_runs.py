@@ -158,10 +158,13 @@ def _env() -> dict[str, str]:
 
 @dataclass
 class Memory:
-    """Resident sizes of a process tree sampled while it ran: per pid, every sample (MiB), and which is the root."""
+    """Resident sizes of a process tree sampled while it ran: per pid, every sample (MiB) of its whole resident
+    size and of its private part (resident less file-backed and shared-memory pages: the data file's pages and
+    the loader's shared batch buffers count in every process that maps them), and which pid is the root."""
 
     root: int
     samples: dict[int, list[float]] = field(default_factory=dict)
+    private: dict[int, list[float]] = field(default_factory=dict)
 
     def take(self) -> None:
         import psutil
@@ -173,18 +176,23 @@ class Memory:
             return
         for p in procs:
             try:
-                self.samples.setdefault(p.pid, []).append(p.memory_info().rss / 2**20)
+                info = p.memory_info()
             except psutil.NoSuchProcess:
                 continue
+            self.samples.setdefault(p.pid, []).append(info.rss / 2**20)
+            self.private.setdefault(p.pid, []).append((info.rss - getattr(info, "shared", 0)) / 2**20)
 
     def summary(self) -> dict[str, Any]:
-        """Peak and steady (median of the second half of the samples) MiB of the root and of each other process."""
+        """Peak and steady (median of the second half of the samples) MiB of the root and of each other process:
+        resident (``peak``, ``steady``) and private (``private_peak``, ``private_steady``)."""
 
-        def one(values: list[float]) -> dict[str, float]:
-            return {"peak": max(values), "steady": float(np.median(values[len(values) // 2 :]))}
+        def one(pid: int) -> dict[str, float]:
+            rss, own = self.samples.get(pid, [0.0]), self.private.get(pid, [0.0])
+            return {"peak": max(rss), "steady": float(np.median(rss[len(rss) // 2 :])),
+                    "private_peak": max(own), "private_steady": float(np.median(own[len(own) // 2 :]))}  # fmt: skip
 
-        others = [one(v) for pid, v in self.samples.items() if pid != self.root and len(v) >= 2]
-        return {"main": one(self.samples.get(self.root, [0.0])), "workers": others}
+        others = [one(pid) for pid, v in self.samples.items() if pid != self.root and len(v) >= 2]
+        return {"main": one(self.root), "workers": others}
 
 
 def run_train(cmd: list[str], poll: float = 0.2) -> tuple[dict[str, Any], Memory, float]:

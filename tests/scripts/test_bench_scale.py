@@ -30,7 +30,7 @@ def test_tiny_run_reports_every_row_and_leaves_nothing(tmp_path: Path) -> None:
         "set of 4 stores, warm random: vs one store",
         "set of 4 stores, cold window: vs one store",
         "train: data wait",
-        "train: main process RSS, peak / steady",
+        "train: main process private RSS, peak / steady",
     ):
         assert name in rows, name
     assert rows["verify, every core (cold)"]["ratio"] > 0 and rows["cold window: MB/s"]["goal"] == ">= 0.8"
