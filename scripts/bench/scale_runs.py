@@ -183,13 +183,17 @@ class Memory:
             self.private.setdefault(p.pid, []).append((info.rss - getattr(info, "shared", 0)) / 2**20)
 
     def summary(self) -> dict[str, Any]:
-        """Peak and steady (median of the second half of the samples) MiB of the root and of each other process:
-        resident (``peak``, ``steady``) and private (``private_peak``, ``private_steady``)."""
+        """Peak and steady MiB of the root and of each other process, resident (``peak``, ``steady``) and private
+        (``private_peak``, ``private_steady``).  Steady is the level the process keeps coming back to once it
+        trains, each step's activations included: the 90th percentile of the second half of the samples (a
+        median would sit between steps and call every step's activations a peak)."""
+
+        def level(values: list[float]) -> float:
+            return float(np.percentile(values[len(values) // 2 :], 90))
 
         def one(pid: int) -> dict[str, float]:
             rss, own = self.samples.get(pid, [0.0]), self.private.get(pid, [0.0])
-            return {"peak": max(rss), "steady": float(np.median(rss[len(rss) // 2 :])),
-                    "private_peak": max(own), "private_steady": float(np.median(own[len(own) // 2 :]))}  # fmt: skip
+            return {"peak": max(rss), "steady": level(rss), "private_peak": max(own), "private_steady": level(own)}
 
         others = [one(pid) for pid, v in self.samples.items() if pid != self.root and len(v) >= 2]
         return {"main": one(self.root), "workers": others}
