@@ -17,12 +17,12 @@ from lmdbstore.config import (
     DEFAULT_SYNTH_SAMPLES,
     LoaderConfig,
     TrainConfig,
-    check_val_limit,
 )
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
+from lmdbstore.util.splits import check_val_limit
 
 from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, parse_weights, require_torch
 

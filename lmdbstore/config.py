@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
+from lmdbstore.util.splits import check_val_fraction, check_val_limit
 
 __all__ = [
     "DEFAULT_CAST",
@@ -136,35 +137,6 @@ def check_weights(weights: Any, shuffle: str | None, balanced: bool) -> None:
         )
 
 
-def check_val_fraction(value: Any, name: str = "val_fraction") -> None:
-    """A validation split given as a share of every class (``0 <= value < 1``) or as a count of samples (a whole
-    number ``>= 2``, e.g. ``20000``: held out in proportion to the classes; ``1`` is refused as ambiguous).
-
-    Raises:
-        ValueError: anything else (naming ``name``).
-    """
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value >= 1 and (value != int(value) or value < 2)):
-        raise ValueError(f"{name} must be a share in [0, 1) or a whole number of samples (2 or more), got {value!r}")
-
-
-def check_val_limit(value: Any) -> None:
-    """How much of the validation split one validation reads: ``None`` (all), a number of batches (an int
-    ``>= 1``, per process) or a share of the split (a float in ``(0, 1]``).
-
-    Raises:
-        ValueError: anything else.
-    """
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"val_limit must be a number of batches or a share in (0, 1], got {value!r}")
-    if isinstance(value, int) and value < 1:
-        raise ValueError(f"val_limit must be at least 1 batch, got {value}")
-    if isinstance(value, float) and not 0.0 < value <= 1.0:
-        raise ValueError(f"val_limit as a share must be in (0, 1], got {value}")
-
-
 @dataclass(frozen=True)
 class LoaderConfig:
     """How batches are drawn and read for training.
@@ -244,8 +216,7 @@ class TrainConfig:
         epochs: passes over the training split (default 3).
         lr: peak learning rate of AdamW with a one-cycle schedule (default 3e-3).
         weight_decay: AdamW weight decay (default 1e-4).
-        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1), or a
-            number of samples (a whole number >= 1, e.g. 20000), held out in proportion to the classes.
+        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1), or a count (>= 2).
         width: channels of the first convolution block of the CNN; later blocks double it (default 16).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: mixed precision (bfloat16 autocast) on CUDA; ignored on CPU (default ``True``).
@@ -253,11 +224,9 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
-        val_every: also validate every this many optimizer steps of the run, inside epochs (default ``None``:
-            at the end of each epoch only, which always validates).
-        val_limit: what one validation reads: ``None`` (default: the whole validation split), a number of
-            batches per process (an int, e.g. 50), or a share of the split (a float in (0, 1], e.g. 0.25).  The
-            samples read are a fixed, stratified, seeded subset of the split, the same for every validation.
+        val_every: also validate every this many steps, inside epochs (default ``None``: at each epoch's end only).
+        val_limit: what one validation reads: all of the split (``None``, default), batches a process (an int) or a
+            share (a float in (0, 1]): a fixed stratified subset (:mod:`lmdbstore.training.validation`).
     """
 
     epochs: int = 3
@@ -289,9 +258,7 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
-        if self.val_every is not None and self.val_every < 1:
-            raise ValueError(f"val_every must be positive, got {self.val_every}")
-        check_val_limit(self.val_limit)
+        check_val_limit(self.val_limit, self.val_every)
 
 
 #: Batches each reader process of a feed (Keras, tf.data) works ahead.
@@ -399,8 +366,7 @@ DEFAULT_VERIFY_CHECKSUMS = True
 DEFAULT_VERIFY_STRUCTURE = True
 #: ``verify``: problems listed before it stops listing.
 DEFAULT_MAX_PROBLEMS = 20
-#: ``verify``: processes reading the values and computing checksums; ``None``: the cores (one per 512 MiB of
-#: values at most).
+#: ``verify``: processes reading and checksumming the values; ``None``: the cores (one per 512 MiB of values at most).
 DEFAULT_VERIFY_WORKERS: int | None = None
 
 #: Samples an export reads and writes per step (64 Ki samples of 25x25 float32 = 160 MiB would be too

@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lmdbstore.config import LoaderConfig, ShuffleMode, check_val_fraction
+from lmdbstore.config import LoaderConfig, ShuffleMode
 from lmdbstore.loader.orders import STREAM_BALANCED, deal_batches, epoch_rng
 from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.loader.plans import BlockPlan, batch_bounds
+from lmdbstore.util.splits import check_val_fraction
 
 __all__ = [
     "BalancedBatchSampler",

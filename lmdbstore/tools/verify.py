@@ -53,8 +53,9 @@ from lmdbstore.store.locks import lock_table_writable, release_lock
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.registry import ENVS
 from lmdbstore.tools.verify_checks import ContentChecks
+from lmdbstore.tools.verify_findings import SamplesFindings
 from lmdbstore.tools.verify_structure import AtRest, structure_and_values
-from lmdbstore.tools.verify_values import SamplesFindings, ValueOptions, check_values, value_table
+from lmdbstore.tools.verify_values import ValueOptions, check_values, value_table
 
 __all__ = ["PROBLEM_KINDS", "Problem", "VerifyReport", "verify_store"]
 

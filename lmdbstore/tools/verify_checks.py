@@ -22,7 +22,7 @@ from lmdbstore.store.reader import StoreReader
 
 if TYPE_CHECKING:  # the report type only; verify.py imports this module
     from lmdbstore.tools.verify import VerifyReport
-    from lmdbstore.tools.verify_values import SamplesFindings
+    from lmdbstore.tools.verify_findings import SamplesFindings
 
 __all__ = ["PROGRESS_EVERY", "AddProblem", "ClassPositions", "ContentChecks"]
 

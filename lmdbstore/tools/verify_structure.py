@@ -33,7 +33,8 @@ from lmdbstore.ingestion.pool import TaskFailure, WorkerDied
 from lmdbstore.store.env import DATA_FILE, check_count_fits
 from lmdbstore.store.locks import hold_off_writers, release_lock
 from lmdbstore.tools.background import BackgroundCall
-from lmdbstore.tools.verify_values import SamplesFindings, ValueOptions, check_values, resolve_workers, value_table
+from lmdbstore.tools.verify_findings import SamplesFindings
+from lmdbstore.tools.verify_values import ValueOptions, check_values, resolve_workers, value_table
 from lmdbstore.util.procs import main_script_hidden
 
 if TYPE_CHECKING:  # the report type only; verify.py imports this module
