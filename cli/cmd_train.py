@@ -25,6 +25,7 @@ from lmdbstore.errors import LmdbStoreError
 from lmdbstore.util.launch import launch
 from lmdbstore.util.progress import progress_factory
 from lmdbstore.util.runfiles import BEST_NAME
+from lmdbstore.util.splits import check_val_limit
 
 from .common import (
     LOADER,
@@ -52,7 +53,11 @@ def train(
     lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
     workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     val_fraction: Annotated[
-        float, typer.Option(help="Share of every class held out for validation.")
+        float,
+        typer.Option(
+            help="Share of every class held out for validation, or a number of samples (e.g. 20000, held out in "
+            "proportion to the classes)."
+        ),
     ] = TRAIN.val_fraction,
     balanced: Annotated[
         bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")
@@ -96,6 +101,17 @@ def train(
     max_steps: Annotated[
         int | None, typer.Option(help="Cut every epoch after this many steps.")
     ] = TRAIN.max_steps_per_epoch,
+    val_every: Annotated[
+        int | None,
+        typer.Option(min=1, help="Also validate every N steps inside epochs (every epoch's end always validates)."),
+    ] = TRAIN.val_every,
+    val_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="What one validation reads: N batches a process (e.g. 50) or a share of the split (e.g. 0.25); "
+            "a fixed stratified subset, the same each time (default: the whole split)."
+        ),
+    ] = None,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
     plot: Annotated[
@@ -151,6 +167,7 @@ def train(
             model=model or BUILTIN_MODEL, model_args=parse_model_args(model_arg), optimizer=optimizer,
             weight_decay=weight_decay, label_smoothing=label_smoothing, compile=compile_model,
             allow_disjoint_classes=allow_disjoint_classes,
+            val_every=val_every, val_limit=parse_val_limit(val_limit),
         )  # fmt: skip
         if model_arg and model is None:
             raise ValueError("--model-arg needs --model (the built-in CNN's one argument is --width)")
@@ -184,6 +201,24 @@ TRAIN_INTERRUPTED = (
     "interrupted; the last checkpoint written is --out's checkpoint.pt (each epoch's end, and every "
     "--checkpoint-every steps): continue with the same command and --resume"
 )
+
+
+def parse_val_limit(text: str | None) -> int | float | None:
+    """``--val-limit``: a whole number is batches (``50``), a number with a point a share (``0.25``, ``1.0``).
+
+    Raises:
+        ValueError: neither (naming the option).
+    """
+    if text is None:
+        return None
+    try:
+        value: int | float = int(text) if text.strip().lstrip("+").isdigit() else float(text)
+        check_val_limit(value)
+    except ValueError:
+        raise ValueError(
+            f"--val-limit must be a number of batches (e.g. 50) or a share in (0, 1] (e.g. 0.25), got {text!r}"
+        ) from None
+    return value
 
 
 def _train_json(result: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lmdbstore.configcheck import BUILTIN_MODEL, OPTIMIZERS, check_int, check_model_fields, check_weights
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
+from lmdbstore.util.splits import check_val_fraction, check_val_limit
 
 __all__ = [
     "DEFAULT_CAST",
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_SYNTH_SEED",
     "DEFAULT_VERIFY_CHECKSUMS",
     "DEFAULT_VERIFY_STRUCTURE",
+    "DEFAULT_VERIFY_WORKERS",
     "DEFAULT_X_KEY",
     "DEFAULT_Y_KEY",
     "BUILTIN_MODEL",
@@ -130,7 +132,7 @@ class LoaderConfig:
     Attributes:
         batch_size: samples per batch (default 4096).
         split, val_fraction: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded,
-            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1).
+            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count).
         shuffle: ``"random"`` (a permutation per epoch), ``"block"`` (whole packed values in shuffled order, fewer
             lookups), ``"window"`` (random batches from a window of large runs: stores bigger than RAM), ``"auto"``
             (``random`` if the store fits in the page cache, else ``window``) or ``"none"``; ``None`` (default):
@@ -183,8 +185,7 @@ class LoaderConfig:
             check_int("window_mb", self.window_mb, 1)
         if self.split not in (None, "train", "val"):
             raise ValueError(f"split must be None, 'train' or 'val', got {self.split!r}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check_val_fraction(self.val_fraction)
         if self.shuffle not in (None, "none", "auto", "random", "block", "window"):
             raise ValueError(f"shuffle must be 'auto', 'random', 'block', 'window' or 'none', got {self.shuffle!r}")
         if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
@@ -224,7 +225,7 @@ class TrainConfig:
         epochs: passes over the training split (default 3).
         lr: peak learning rate of AdamW with a one-cycle schedule (default 3e-3).
         weight_decay: AdamW weight decay (default 1e-4).
-        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1).
+        val_fraction: share of every class held out for validation (stratified, seeded; default 0.1), or a count (>= 2).
         width: channels of the first convolution block of the CNN; later blocks double it (default 16).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         amp: mixed precision (bfloat16 autocast) on CUDA; ignored on CPU (default ``True``).
@@ -239,6 +240,9 @@ class TrainConfig:
             training loss (default 0); compile: steps through ``torch.compile`` (default ``False``).
         allow_disjoint_classes: train on a set where a store of bare class ids (``0..k-1``) shares no name with
             the others' named classes (default ``False``: refused).
+        val_every: also validate every this many steps, inside epochs (default ``None``: at each epoch's end only).
+        val_limit: what one validation reads: all of the split (``None``, default), batches a process (an int) or a
+            share (a float in (0, 1]): a fixed stratified subset (:mod:`lmdbstore.training.validation`).
     """
 
     epochs: int = 3
@@ -257,6 +261,8 @@ class TrainConfig:
     label_smoothing: float = 0.0
     compile: bool = False
     allow_disjoint_classes: bool = False
+    val_every: int | None = None
+    val_limit: int | float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_args", check_model_fields(self, TrainConfig.width))  # sorted pairs
@@ -266,8 +272,7 @@ class TrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        check_val_fraction(self.val_fraction)
         if not 1 <= self.width <= MAX_WIDTH:
             raise ValueError(f"width must be in 1..{MAX_WIDTH}, got {self.width}")
         if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
@@ -276,6 +281,7 @@ class TrainConfig:
             raise ValueError(f"log_every must be positive, got {self.log_every}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
+        check_val_limit(self.val_limit, self.val_every)
 
     @property
     def model_kwargs(self) -> dict[str, Any]:
@@ -309,6 +315,8 @@ DEFAULT_VERIFY_CHECKSUMS = True
 DEFAULT_VERIFY_STRUCTURE = True
 #: ``verify``: problems listed before it stops listing.
 DEFAULT_MAX_PROBLEMS = 20
+#: ``verify``: processes reading and checksumming the values; ``None``: the cores (one per 512 MiB of values at most).
+DEFAULT_VERIFY_WORKERS: int | None = None
 
 #: Samples an export reads and writes per step (64 Ki samples of 25x25 float32 = 160 MiB would be too
 #: much; 16 Ki = 40 MiB).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -294,6 +294,7 @@ def make_loader(
     transform: Transform | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    say: Callable[[str], None] = lambda _msg: None,
     **options: Any,
 ) -> FeedLoader:
     """A ``DataLoader`` of whole batches read by reader processes (see the module docstring).
@@ -311,7 +312,7 @@ def make_loader(
         device: a CUDA device to deliver batches on, each staged on a side stream while the loop computes on
             the one before (implies ``pin_memory``).
         indices, transform, rank, world_size: for the sampler built from the options (``transform``: for a
-            path; a dataset has its own).
+            path; a dataset has its own); say: where the one line on what ``shuffle="auto"`` chose goes.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
@@ -333,6 +334,6 @@ def make_loader(
     fence, pin = page_locking(staging) if pinned and cuda else (None, None)
     feed = open_feed(
         dataset if ds is None else ds.reader, cfg, channels="first", indices=indices,  # type: ignore[arg-type]
-        transform=transform, sampler=sampler, source=ds, rank=rank, world_size=world_size, fence=fence, pin=pin,
+        transform=transform, sampler=sampler, source=ds, rank=rank, world_size=world_size, fence=fence, pin=pin, say=say,
     )  # fmt: skip
     return FeedLoader(feed, sampler if sampler is not None else feed.sampler, ds, staging)

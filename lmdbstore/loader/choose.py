@@ -110,7 +110,9 @@ def make_sampler_for(
         return MixedBatchSampler(parts, lcfg.weights, lcfg.batch_size, **kw)
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes
-        per_class = [indices[labels[indices] == c] for c in range(len(classes))]
+        of = labels[indices]  # once, not once per class
+        per_class = [indices[of == c] for c in range(len(classes))]
+        del of
         balanced = BalancedBatchSampler(per_class, lcfg.batch_size, class_names=classes, **kw)
         return grouped(balanced, reader) if reader is not None else balanced
     shuffle = shuffle if shuffle is not None else pick_shuffle(lcfg, store, say)

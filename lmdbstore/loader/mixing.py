@@ -134,7 +134,8 @@ class MixedBatchSampler(EpochBatchSampler):
         """The whole order of ``epoch`` (default: the current one), before sharding."""
         e = self.epoch if epoch is None else epoch
         order = np.concatenate([self.draw(i, e) for i in range(len(self.parts))])
-        return order[epoch_rng(self.seed, e).permutation(len(order))]
+        epoch_rng(self.seed, e).shuffle(order)  # = order[rng.permutation(n)], draw for draw, in place
+        return order
 
     def batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """This rank's batches of ``epoch``, each sorted (grouped by store)."""

@@ -21,11 +21,18 @@ from lmdbstore.loader.orders import concat_runs
 __all__ = ["BlockPlan", "WindowSequence", "batch_bounds", "sorted_indices", "value_starts"]
 
 
+#: Indices compared at a time when checking that they are sorted (a bounded temporary).
+SORT_CHECK_CHUNK = 1 << 20
+
+
 def sorted_indices(indices: np.ndarray) -> np.ndarray:
-    """``indices`` as sorted int64 (no sort when they already are: a training split, ``arange``)."""
+    """``indices`` as sorted int64 (no sort when they already are: a training split, ``arange``).  Checked
+    :data:`SORT_CHECK_CHUNK` at a time, so the check's temporary stays small at any size."""
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if idx.size > 1 and not bool((idx[1:] >= idx[:-1]).all()):
-        idx = np.sort(idx)
+    for a in range(0, idx.size - 1, SORT_CHECK_CHUNK):
+        b = min(a + SORT_CHECK_CHUNK, idx.size - 1)
+        if not bool((idx[a + 1 : b + 1] >= idx[a:b]).all()):
+            return np.sort(idx)
     return idx
 
 
@@ -90,18 +97,34 @@ class BlockPlan:
         # piece k of a run of L samples: its samples j with j * block_buffer // L == k.  A value has at most
         # samples_per_value samples: from that many pieces on, every piece is one sample, so the pieces are cut
         # for at most that many (the same pieces, in the same order; a block_buffer of 10**9 allocated a table of
-        # 10**9 columns per value); the windows below keep the block_buffer asked for.
+        # 10**9 columns per value), column by column into the (run, piece) tables, so that no temporary is larger
+        # than one column (issue 36: memory); the windows below keep the block_buffer asked for.
         cols = min(block_buffer, samples_per_value)
-        cuts = -(-(np.arange(cols + 1, dtype=np.int64)[None, :] * gl[:, None]) // cols)
-        lo = cuts[:, :-1]
-        plen = np.diff(cuts, axis=1).ravel()
-        psrc = (gs[:, None] + lo).ravel()
-        ppos = ((np.cumsum(gl) - gl)[:, None] + lo).ravel()  # where the piece starts before the second shuffle
-        keep = plen > 0
-        self.src, self.lens, self.pos = psrc[keep], plen[keep], ppos[keep]
+        n_runs = len(gl)
+        psrc = np.empty((n_runs, cols), np.int64)
+        plen = np.empty((n_runs, cols), np.int64)
+        ppos = np.empty((n_runs, cols), np.int64)  # where the piece starts before the second shuffle
+        run_pos = np.cumsum(gl)
+        run_pos -= gl
+        lo = np.zeros(n_runs, np.int64)
+        for k in range(cols):
+            hi = -(-((k + 1) * gl) // cols)
+            np.add(gs, lo, out=psrc[:, k])
+            np.subtract(hi, lo, out=plen[:, k])
+            np.add(run_pos, lo, out=ppos[:, k])
+            lo = hi
+        del run_pos, lo, gs, gl
+        src, lens, pos = psrc.reshape(-1), plen.reshape(-1), ppos.reshape(-1)
+        if not bool((lens > 0).all()):  # runs shorter than the pieces leave empty ones
+            keep = lens > 0
+            src, lens, pos = src[keep], lens[keep], pos[keep]
+        self.src, self.lens, self.pos = src, lens, pos
         self.keys = rng.random(len(self.pos))
-        window = self.pos // max(1, min(block_buffer * batch_size, n))  # non-decreasing (one window: at most n)
-        self.bounds = np.r_[np.flatnonzero(np.r_[True, window[1:] != window[:-1]]), len(window)].astype(np.int64)
+        width = max(
+            1, min(block_buffer * batch_size, n)
+        )  # the pieces of window w start in [w * width, (w + 1) * width)
+        firsts = np.searchsorted(self.pos, np.arange(0, int(self.pos[-1]) + 1, width, dtype=np.int64))
+        self.bounds = np.r_[np.unique(firsts), len(self.pos)].astype(np.int64)
 
     def __len__(self) -> int:
         return int(self.idx.size)

@@ -20,6 +20,7 @@ from lmdbstore.config import (
     DEFAULT_SAMPLE_SEED,
     DEFAULT_VERIFY_CHECKSUMS,
     DEFAULT_VERIFY_STRUCTURE,
+    DEFAULT_VERIFY_WORKERS,
 )
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
@@ -127,10 +128,13 @@ def verify_set(
     max_problems: int = DEFAULT_MAX_PROBLEMS,
     progress: Callable[[int], None] | None = None,
     structure: bool = DEFAULT_VERIFY_STRUCTURE,
+    workers: int | None = DEFAULT_VERIFY_WORKERS,
+    total: Callable[[int], None] | None = None,
 ) -> SetVerifyReport:
-    """Verify every store (:func:`verify_store`, up to ``max_problems`` each), then check that they make one set
-    (skipped while a store's page structure is damaged: its metadata is not read through liblmdb then);
-    ``progress`` gets the samples checked so far over the whole set.  One store is just :func:`verify_store`.
+    """Verify every store (:func:`verify_store`, up to ``max_problems`` each, with ``workers`` processes), then
+    check that they make one set (skipped while a store's page structure is damaged: its metadata is not read
+    through liblmdb then); ``progress`` gets the samples checked so far over the whole set, ``total`` the samples
+    of the stores begun so far (once per store).  One store is just :func:`verify_store`.
 
     Raises:
         ValueError: ``max_problems`` below 1, no store or a store given twice.
@@ -143,7 +147,16 @@ def verify_set(
     before = 0
     for path in stores:
         step = None if progress is None else _offset(progress, before)
-        one = verify_store(path, checksums=checksums, max_problems=max_problems, progress=step, structure=structure)
+        size = None if total is None else _offset(total, before)
+        one = verify_store(
+            path,
+            checksums=checksums,
+            max_problems=max_problems,
+            progress=step,
+            structure=structure,
+            workers=workers,
+            total=size,
+        )
         report.reports.append(one)
         before += one.count
     damaged = any(p.kind == "structure" for r in report.reports for p in r.problems)

@@ -26,7 +26,10 @@ format version, truncated data file) are not reported as problems: they propagat
 
 The content checks run in one read transaction with ``lock=True`` (lock-free on a store whose reader table
 is read-only, unless a writer is active), so verifying while a writer
-appends checks one consistent snapshot.  This module is the entry point and the report; the content
+appends checks one consistent snapshot.  The ``samples`` check does not walk liblmdb's cursor: ``workers``
+processes read the values in large sequential runs and compare their checksums, and the structure walk runs
+beside them on a large store (:mod:`lmdbstore.tools.verify_values`, :mod:`lmdbstore.tools.verify_structure`);
+the report is the one the cursor walk gives.  This module is the entry point and the report; the content
 checks themselves are :mod:`lmdbstore.tools.verify_checks`'s, the writer lock :mod:`lmdbstore.store.locks`'.
 """
 
@@ -38,13 +41,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmdbstore.config import DEFAULT_MAX_PROBLEMS, DEFAULT_VERIFY_CHECKSUMS, DEFAULT_VERIFY_STRUCTURE
+from lmdbstore.config import (
+    DEFAULT_MAX_PROBLEMS,
+    DEFAULT_VERIFY_CHECKSUMS,
+    DEFAULT_VERIFY_STRUCTURE,
+    DEFAULT_VERIFY_WORKERS,
+)
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env
-from lmdbstore.store.locks import hold_off_writers, lock_table_writable, release_lock
+from lmdbstore.store.locks import lock_table_writable, release_lock
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.registry import ENVS
 from lmdbstore.tools.verify_checks import ContentChecks
+from lmdbstore.tools.verify_findings import SamplesFindings
+from lmdbstore.tools.verify_structure import AtRest, structure_and_values
+from lmdbstore.tools.verify_values import ValueOptions, check_values, value_table
 
 __all__ = ["PROBLEM_KINDS", "Problem", "VerifyReport", "verify_store"]
 
@@ -142,6 +153,18 @@ class _Enough(Exception):
     """Raised internally once ``max_problems`` problems are collected."""
 
 
+class _Once:
+    """Calls ``fn`` on the first call only (``None``: never)."""
+
+    def __init__(self, fn: Callable[[int], None] | None):
+        self.fn = fn
+
+    def __call__(self, n: int) -> None:
+        if self.fn is not None:
+            fn, self.fn = self.fn, None
+            fn(n)
+
+
 class _Collector:
     """The problems found so far; raises :class:`_Enough` when the ``limit``-th is added."""
 
@@ -162,6 +185,8 @@ def verify_store(
     max_problems: int = DEFAULT_MAX_PROBLEMS,
     progress: Callable[[int], None] | None = None,
     structure: bool = DEFAULT_VERIFY_STRUCTURE,
+    workers: int | None = DEFAULT_VERIFY_WORKERS,
+    total: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Check a store's contents against its metadata; see the module docstring for the checks.
 
@@ -171,20 +196,28 @@ def verify_store(
             it twice in one process).
         checksums: recompute every value's checksum (when the store has them).
         max_problems: stop after this many problems.
-        progress: called with the number of samples checked so far, about every 65,536 samples.
+        progress: called with the number of samples checked so far, after each chunk of values read.
         structure: also run the page-level LMDB check first (when ``lmdb.verify`` exists and no
             writer holds the store).
+        workers: processes that read the values and compute their checksums (the report is the same for
+            any number); ``None`` (default): the cores, but one per 512 MiB of values at most, so a small
+            store is checked in this process (see :mod:`lmdbstore.tools.verify_values`).
+        total: called once, before the first ``progress`` call, with the samples the store holds (a
+            progress bar's total, for its time left).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is ``False`` when anything is wrong.
 
     Raises:
-        ValueError: ``max_problems`` is not positive.
-        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: the store cannot be
-            opened at all (see the module docstring).
+        ValueError: ``max_problems`` is not positive, or ``workers`` below 1.
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: the store cannot be opened
+            at all (see the module docstring).
+        LmdbStoreError: a worker process died or failed, or a writer overwrote the snapshot meanwhile.
     """
     if max_problems < 1:
         raise ValueError(f"max_problems must be positive, got {max_problems}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     own = not isinstance(path, StoreReader)
     if own:
         # A registered snapshot where LMDB's reader table can be written; a read-only store is read
@@ -196,22 +229,32 @@ def verify_store(
     assert isinstance(reader, StoreReader)
     report = VerifyReport(path=str(reader.path))
     found = _Collector(max_problems)
+    announce = _Once(total)
+    opts = ValueOptions(checksums, workers, max_problems, progress, announce)
+    lock = -1
     try:
+        rest = samples = None
         if structure and own:
             _check_opens(reader.path)
-            _check_structure(reader.path, report, found)
+            lock, rest, samples = structure_and_values(reader.path, report, found.add, opts)
         elif structure:
             report.notes.append("structure check skipped: the store was passed as an open reader")
         if found.items:  # liblmdb may crash on a damaged B-tree: do not open the store with it
             raise _Enough
-        meta = reader.meta  # open errors propagate from here
+        meta = reader.meta  # open errors propagate from here; the snapshot is taken while writers are held off
+        release_lock(lock)
+        lock = -1
         report.count = meta.count
-        ContentChecks(reader, meta, report, found.add, checksums, progress).run()
+        announce(meta.count)
+        if rest is None or not _same_snapshot(reader, rest):
+            samples = reader_values(reader, opts)
+        ContentChecks(reader, meta, report, found.add, checksums, progress, samples, max_problems).run()
     except _Enough:
         report.complete = False
         if found.items and found.items[0].kind == "structure":
             report.notes.append("content checks skipped: the LMDB file structure is damaged")
     finally:
+        release_lock(lock)
         if own:
             reader.close()
     report.problems = found.items
@@ -219,33 +262,37 @@ def verify_store(
     return report
 
 
+def _same_snapshot(reader: StoreReader, rest: AtRest) -> bool:
+    """Whether ``reader`` shows the snapshot the value pass read at rest (it does while writers are held off)."""
+    h = reader._handle()
+    return h.snapshot.txnid == rest.snap.txnid and h.meta == rest.meta
+
+
+def reader_values(reader: StoreReader, opts: ValueOptions) -> SamplesFindings | None:
+    """The value pass over ``reader``'s snapshot (protected by its read transaction meanwhile), or ``None`` where
+    its ``samples`` tree cannot be read without liblmdb (the cursor walk then checks it).
+
+    Raises:
+        LmdbStoreError: a writer overwrote the snapshot meanwhile (a lock-free reader), or a worker failed.
+    """
+    h = reader._take()
+    try:
+        snap = h.snapshot.meta
+        values = None if snap is None else value_table(h.fd, snap, reader.path)
+        if values is None:
+            return None
+        findings = check_values(values, h.meta, reader.path / DATA_FILE, h.fd, opts)
+        if not h.protected():
+            raise LmdbStoreError(
+                "a writer overwrote the snapshot while verify read it", path=reader.path, hint="run verify again"
+            )
+        return findings
+    finally:
+        reader._give(h)
+
+
 def _check_opens(path: Path) -> None:
     """Raise what opening would (missing, not a store, truncated data file) before the page walk,
     so those stay errors rather than structure problems.  Reads only LMDB's meta pages."""
     check_store_dir(path)
     ENVS.acquire(path, writable=False, lock=False, opener=lambda: open_env(path, readonly=True, lock=False)).release()
-
-
-def _check_structure(path: Path, report: VerifyReport, found: _Collector) -> None:
-    """Run py-lmdb's offline page walker over ``data.mdb`` while no writer can start."""
-    try:
-        from lmdb import verify as lmdb_verify
-    except ImportError:
-        report.notes.append("structure check skipped: this py-lmdb has no lmdb.verify (py-lmdb >= 3.0)")
-        return
-    try:
-        # A shared lock keeps a writer from starting mid-walk; the walk needs the file at rest.
-        fd = hold_off_writers(path)
-    except LmdbStoreError as exc:  # a writer is appending, or the lock file cannot be opened
-        report.notes.append(f"structure check skipped: {exc.message}")
-        return
-    try:
-        try:
-            errors = lmdb_verify.verify(str(path / DATA_FILE), subdir=False)
-        except lmdb_verify.VerifyError as exc:
-            errors = [str(exc)]
-        report.structure_checked = True
-        for msg in errors:
-            found.add("structure", None, str(msg))
-    finally:
-        release_lock(fd)

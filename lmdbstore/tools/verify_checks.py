@@ -22,6 +22,7 @@ from lmdbstore.store.reader import StoreReader
 
 if TYPE_CHECKING:  # the report type only; verify.py imports this module
     from lmdbstore.tools.verify import VerifyReport
+    from lmdbstore.tools.verify_findings import SamplesFindings
 
 __all__ = ["PROGRESS_EVERY", "AddProblem", "ClassPositions", "ContentChecks"]
 
@@ -42,6 +43,9 @@ class ContentChecks:
             :data:`~lmdbstore.tools.verify.PROBLEM_KINDS`); it may raise to stop the checks early.
         checksums: recompute every value's checksum (when the store has them).
         progress: called with the number of samples checked so far, about every 65,536 samples.
+        samples: what the value pass (:mod:`lmdbstore.tools.verify_values`) found in this snapshot's ``samples``
+            sub-database, reported in place of the cursor walk of :meth:`check_samples` (``None``: walk).
+        limit: problems the report keeps at most (the value pass's findings are cut there).
     """
 
     def __init__(
@@ -52,6 +56,8 @@ class ContentChecks:
         add: AddProblem,
         checksums: bool,
         progress: Callable[[int], None] | None,
+        samples: SamplesFindings | None = None,
+        limit: int | None = None,
     ):
         self.reader = reader
         self.meta = meta
@@ -59,6 +65,8 @@ class ContentChecks:
         self.add = add
         self.checksum = compute_checksum(meta.checksum) if checksums else None
         self.progress = progress
+        self.samples = samples
+        self.limit = limit
 
     def run(self) -> None:
         """Run every check in order; LMDB reporting corruption mid-scan is a ``scan`` problem that ends them."""
@@ -125,6 +133,11 @@ class ContentChecks:
     def check_samples(self) -> None:
         """Every value the count implies is present, of the right length, with a matching checksum."""
         m, rep = self.meta, self.report
+        if self.samples is not None:  # found by the value pass: reported as this walk reports it
+            self.samples.emit(rep, self.add, self.limit)
+            if self.progress is not None:
+                self.progress(rep.samples_checked)
+            return
         spv, count, trailer = m.samples_per_value, m.count, m.trailer_bytes
 
         def extra(first: int) -> str:

@@ -20,12 +20,12 @@ from torch import nn
 
 from lmdbstore.training.batches import autocast, to_device
 from lmdbstore.training.distributed import all_reduce
-from lmdbstore.training.evaluate import confusion_summary, score_loader
 from lmdbstore.training.factory import call_model
-from lmdbstore.training.metrics import EpochMetrics, append_metrics, epoch_line
+from lmdbstore.training.metrics import EpochMetrics, append_metrics, epoch_line, validation_line
 from lmdbstore.training.resume import RunState
 from lmdbstore.training.run import TrainRun
 from lmdbstore.training.saving import save_epoch_end, save_inside_epoch, stop_here, stop_requested
+from lmdbstore.training.validation import validate
 from lmdbstore.util.progress import bars_wanted, progress_bar
 
 __all__ = ["DataWait", "run_epochs", "train_epoch"]
@@ -79,13 +79,26 @@ def run_epochs(run: TrainRun, state: RunState, train_loader: Any, val_loader: An
 
 
 def _validate(run: TrainRun, loader: Any, m: EpochMetrics) -> torch.Tensor:
-    """Score the validation split into ``m``; return its confusion matrix."""
-    scores = score_loader(
-        run.net, loader, run.device, len(run.data.classes), amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model
+    """Score the validation split (or its ``val_limit`` subset) into ``m``; return its confusion matrix."""
+    v = validate(run.net, loader, run.device, run.data.classes, amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model)
+    m.val_loss, m.val_accuracy, m.per_class_accuracy = v.loss, v.accuracy, v.per_class
+    m.val_samples, m.val_batches = v.samples, v.batches
+    return v.confusion
+
+
+def _validate_inside(run: TrainRun, epoch: int, done: int) -> dict[str, Any]:
+    """A validation after step ``done`` of the run, inside epoch ``epoch`` (0-based): said, logged to
+    TensorBoard, and returned as its record; the model is put back in training mode."""
+    v = validate(
+        run.net, run.val_loader, run.device, run.data.classes, amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model
     )
-    m.val_loss = scores.mean_loss
-    m.val_accuracy, m.per_class_accuracy = confusion_summary(scores.confusion, run.data.classes)
-    return scores.confusion
+    run.net.train()
+    record = v.record(done)
+    run.say(validation_line(epoch + 1, record))
+    if run.tb is not None:
+        run.tb.scalars(done, {"val/loss": v.loss, "val/accuracy": v.accuracy, "val/samples": v.samples,
+                              "val/batches": v.batches})  # fmt: skip
+    return record
 
 
 def _epoch_scalars(m: EpochMetrics) -> dict[str, float | None]:
@@ -95,6 +108,8 @@ def _epoch_scalars(m: EpochMetrics) -> dict[str, float | None]:
         "epoch/val_accuracy": m.val_accuracy,
         "epoch/samples_per_s": m.samples_per_s,
         "epoch/data_wait_share": m.data_wait_share,
+        "epoch/val_samples": m.val_samples,
+        "epoch/val_batches": m.val_batches,
     }
 
 
@@ -109,6 +124,8 @@ def train_epoch(
     start = state.start_step if state is not None and state.start_epoch == epoch else 0
     resumed = state.partial if start and state is not None and state.partial and run.info.is_main else None
     loss0, n0, wait0, secs0 = resumed or [0.0, 0.0, 0.0, 0.0]
+    validations = list(state.validations or []) if start and state is not None else []
+    val_secs = 0.0  # validations inside the epoch: not training time
     timed = DataWait(iter(loader))
     show = bars_wanted(run.progress) and run.info.is_main
     bar = progress_bar(f"epoch {epoch + 1}", total=run.steps, initial=start, unit="batch", enabled=show)
@@ -117,7 +134,8 @@ def train_epoch(
     t0 = time.perf_counter()
 
     def totals() -> list[float]:
-        return [loss0 + float(loss_sum), n0 + n_seen, wait0 + timed.wait, secs0 + time.perf_counter() - t0]
+        secs = secs0 + time.perf_counter() - t0 - val_secs
+        return [loss0 + float(loss_sum), n0 + n_seen, wait0 + timed.wait, secs]
 
     for step in range(start, run.steps):
         try:
@@ -134,9 +152,15 @@ def train_epoch(
         done = epoch * run.steps + step + 1  # optimizer steps of the whole run
         if run.tb is not None and done % run.cfg.log_every == 0:
             run.tb.scalars(done, {"train/loss": loss.item(), "train/lr": run.scheduler.get_last_lr()[0]})
+        if run.val_loader is not None and run.cfg.val_every and done % run.cfg.val_every == 0 and step + 1 < run.steps:
+            v0 = time.perf_counter()
+            validations.append(_validate_inside(run, epoch, done))  # before a checkpoint of the same step
+            val_secs += time.perf_counter() - v0
         if run.cfg.checkpoint_every and done % run.cfg.checkpoint_every == 0 and step + 1 < run.steps:
             summed = all_reduce(torch.tensor(totals(), dtype=torch.float64, device=run.device), run.info).tolist()
-            save_inside_epoch(run, state or RunState(), _conf(run, conf), epoch, step + 1, summed)
+            kept = state or RunState()
+            kept.validations = validations  # this epoch's so far: a resumed run reports them too
+            save_inside_epoch(run, kept, _conf(run, conf), epoch, step + 1, summed)
         if show:
             elapsed = time.perf_counter() - t0
             bar.set_postfix(
@@ -151,7 +175,9 @@ def train_epoch(
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
     bar.close()
-    return _epoch_metrics(run, epoch, totals())
+    m = _epoch_metrics(run, epoch, totals())
+    m.validations = validations
+    return m
 
 
 def _conf(run: TrainRun, conf: torch.Tensor | None) -> torch.Tensor:

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lmdbstore.util.atomic import atomic_paths
 from lmdbstore.util.jsonsafe import json_safe
@@ -22,6 +23,7 @@ __all__ = [
     "clear_metrics",
     "rewrite_metrics",
     "epoch_line",
+    "validation_line",
     "history_from_json",
     "history_to_json",
     "write_summary",
@@ -47,14 +49,29 @@ class EpochMetrics:
     per_class_accuracy: dict[str, float | None] = field(default_factory=dict)
     lr: float = 0.0
     seconds: float = 0.0
+    val_samples: int | None = None  #: samples the epoch-end validation read (all ranks)
+    val_batches: int | None = None  #: batches it read on each rank
+    #: validations inside the epoch (``TrainConfig.val_every``): step of the run, samples, batches, loss, accuracy
+    validations: list[dict[str, Any]] = field(default_factory=list)
 
 
 def epoch_line(m: EpochMetrics) -> str:
     """The one line an epoch prints: losses, validation accuracy, throughput, data wait, time."""
     val = f", val loss {m.val_loss:.4f}, val acc {m.val_accuracy:.4f}" if m.val_accuracy is not None else ""
+    if val and m.val_samples is not None:
+        val += f" ({m.val_samples:,} samples)"
     return (
         f"epoch {m.epoch}: train loss {m.train_loss:.4f}{val}, {m.samples_per_s:,.0f} samples/s, "
         f"data wait {100 * m.data_wait_share:.1f}%, {m.seconds:.1f}s"
+    )
+
+
+def validation_line(epoch: int, v: dict[str, Any]) -> str:
+    """The line a validation inside an epoch prints (``v``: its record, see :attr:`EpochMetrics.validations`)."""
+    acc = "-" if v["accuracy"] is None else f"{v['accuracy']:.4f}"
+    return (
+        f"epoch {epoch} step {v['step']}: val loss {v['loss']:.4f}, val acc {acc} "
+        f"({v['samples']:,} samples, {v['batches']} batch(es) a process)"
     )
 
 

@@ -51,6 +51,7 @@ class RunState:
     history: list[EpochMetrics] = field(default_factory=list)
     confusion: torch.Tensor | None = None
     rng: torch.Tensor | None = None
+    validations: list[dict[str, Any]] | None = None  # the validations of the epoch it stops in, before its step
 
     def global_step(self, steps: int) -> int:
         """Optimizer steps done before the run continues, at ``steps`` per epoch."""
@@ -109,9 +110,22 @@ def restore_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, n_clas
         if rng is not None and (not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8):
             raise ValueError("rng is not a random generator state")
         partial, sampler = _inside_epoch(ckpt) if step else (None, None)
+        validations = _validations(ckpt) if step else None
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:
         raise LmdbStoreError(f"checkpoint cannot be resumed ({first_line(exc)})", path=ckpt_path) from exc
-    return RunState(epoch + 1, step, partial, sampler, best_acc, history, conf, rng)
+    return RunState(epoch + 1, step, partial, sampler, best_acc, history, conf, rng, validations)
+
+
+def _validations(ckpt: dict[str, Any]) -> list[dict[str, Any]]:
+    """The validations a checkpoint written inside an epoch recorded for it (none in checkpoints without them).
+
+    Raises:
+        ValueError: not a JSON list of objects.
+    """
+    found = json.loads(ckpt.get("validations", "[]"))
+    if not isinstance(found, list) or not all(isinstance(v, dict) for v in found):
+        raise ValueError("validations is not a JSON list of objects")
+    return found
 
 
 def _inside_epoch(ckpt: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:

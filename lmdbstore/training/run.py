@@ -44,6 +44,7 @@ class TrainRun:
     tb: ScalarLog | None = None  # TensorBoard scalars (rank 0, when tensorboard is installed)
     train_loader: Any = None  # the training loader (its state -- the batches it delivered -- goes into checkpoints)
     stop: Any = None  # ``() -> bool``, asked after every step: stop there (checkpoint written), or ``None``
+    val_loader: Any = None  # the validation loader (``None``: no validation split)
 
     @property
     def writes(self) -> bool:

@@ -27,6 +27,7 @@ from lmdbstore.training.factory import feed_shape, model_ref
 from lmdbstore.training.metrics import EpochMetrics, history_to_json
 from lmdbstore.training.resume import RunState
 from lmdbstore.training.run import TrainRun
+from lmdbstore.util.jsonsafe import json_safe
 from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME
 
 __all__ = ["checkpoint_dict", "save_epoch_end", "save_inside_epoch", "stop_here", "stop_requested"]
@@ -65,6 +66,7 @@ def checkpoint_dict(
         at = run.train_loader.state_dict()
         assert (at["epoch"], at["position"]) == (finished + 1, step), (at, finished, step)
         ckpt["sampler"] = json.dumps(at)
+        ckpt["validations"] = json.dumps(json_safe(state.validations or []))  # this epoch's, inside it
     return ckpt
 
 

@@ -43,11 +43,12 @@ from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
 from lmdbstore.training.optim import compiled, make_optimizer
-from lmdbstore.training.placement import rank_data
+from lmdbstore.training.placement import rank_data, split_sizes
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.training.run import TrainRun
 from lmdbstore.training.rundir import prepare_run_dir, remove_run_files
 from lmdbstore.training.tboard import ScalarLog, open_scalar_log
+from lmdbstore.training.validation import limit_validation, plan_words
 from lmdbstore.util.launch import launch
 from lmdbstore.util.paths import make_output_dir
 from lmdbstore.util.runfiles import CHECKPOINT_NAME
@@ -145,18 +146,22 @@ def train(
     optimizer = make_optimizer(model, cfg)
     out = Path(out_dir) if out_dir is not None else None
     state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
-    train_loader, val_loader = make_loaders(
-        data, sampler, mine.val_idx, lcfg, placement.share, device, mine.val_batches
-    )
+    val_idx = limit_validation(
+        data.labels, mine.val_idx, cfg.val_limit, lcfg.batch_size, placement.share.world_size, lcfg.seed
+    )  # what one validation reads: all of the split, or a fixed stratified subset
+    train_loader, val_loader = make_loaders(data, sampler, val_idx, lcfg, placement.share, device, mine.val_batches)
     _continue_inside(state, train_loader, steps, out)
     scheduler = _one_cycle(optimizer, cfg, steps, state.global_step(steps))
     remove_run_files(stale)
     tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
-        train_loader, stop if not info.active else None,
+        train_loader, stop if not info.active else None, val_loader,
     )  # fmt: skip
-    say(_plan_line(run, *mine.sizes) + (f", {placement.groups} sets of shards" if placement.sharded else ""))
+    validated = split_sizes(placement, len(mine.train_idx), len(val_idx), info)[1]  # every rank calls it: a gather
+    n_batches = len(val_loader) if val_loader is not None else 0
+    words = plan_words(validated, n_batches, cfg.val_every, validated < mine.sizes[1], mine.sizes[1])
+    say(_plan_line(run, *mine.sizes, words) + (f", {placement.groups} sets of shards" if placement.sharded else ""))
     first = state.start_epoch
     try:
         conf = run_epochs(run, state, train_loader, val_loader)
@@ -226,12 +231,13 @@ def _build_model(
     return model, compiled(net, ref.text) if cfg.compile else net
 
 
-def _plan_line(run: TrainRun, n_train: int, n_val: int) -> str:
-    """The line that says what the run is about to do."""
+def _plan_line(run: TrainRun, n_train: int, n_val: int, validation: str = "") -> str:
+    """The line that says what the run is about to do (``validation``: what each validation reads, and when)."""
     lcfg = run.lcfg
     return (
         f"training on {run.device} ({run.info.world_size} process(es)): {n_train} train / {n_val} val samples, "
-        f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {lcfg.workers} workers, shuffle {_shuffle_used(run)}"
+        f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {validation + ', ' if validation else ''}"
+        f"{lcfg.workers} workers, shuffle {_shuffle_used(run)}"
     )
 
 

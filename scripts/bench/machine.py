@@ -334,3 +334,44 @@ def pread_rate(path: Path, nbytes: int, inflight: int, seconds: float, seed: int
     dt = time.perf_counter() - t0
     os.close(fd)
     return done[0] / dt
+
+
+#: Bytes of one read or write of :func:`seq_read_rate` and :func:`seq_write_rate` (what ``dd bs=16M`` does).
+SEQ_BLOCK = 16 << 20
+
+
+def seq_read_rate(path: Path, nbytes: int | None = None, offset: int = 0) -> float:
+    """The disk's sequential read limit, as ``dd`` measures it: ``nbytes`` (default: to the end) of the file
+    ``path`` from ``offset``, read in :data:`SEQ_BLOCK` blocks after its pages were written back and dropped
+    (``posix_fadvise(DONTNEED)``); returns bytes/s."""
+    drop_page_cache([path], sync=True)
+    buf = np.empty(SEQ_BLOCK, np.uint8)
+    view = memoryview(buf)  # type: ignore[arg-type]  # numpy arrays are buffers
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        end = os.fstat(fd).st_size if nbytes is None else min(os.fstat(fd).st_size, offset + nbytes)
+        done, t0 = 0, time.perf_counter()
+        while offset + done < end:
+            got = os.preadv(fd, [view[: min(SEQ_BLOCK, end - offset - done)]], offset + done)
+            if got <= 0:
+                break
+            done += got
+        return done / max(time.perf_counter() - t0, 1e-9)
+    finally:
+        os.close(fd)
+
+
+def seq_write_rate(path: Path, nbytes: int) -> float:
+    """The disk's sequential write limit: ``nbytes`` of incompressible data written to a new file ``path`` in
+    :data:`SEQ_BLOCK` blocks and fsynced (the file is left for the caller to read or remove); returns bytes/s."""
+    block = np.random.default_rng(0).integers(0, 256, SEQ_BLOCK, dtype=np.uint8)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        t0 = time.perf_counter()
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, memoryview(block)[: min(SEQ_BLOCK, nbytes - done)])  # type: ignore[arg-type]
+        os.fsync(fd)
+        return done / max(time.perf_counter() - t0, 1e-9)
+    finally:
+        os.close(fd)

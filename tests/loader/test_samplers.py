@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,85 @@ def test_stratified_split() -> None:
         stratified_split(labels, 1.0)
     te, ve = stratified_split(np.zeros(0, np.int64), 0.1)
     assert len(te) == len(ve) == 0
+
+
+def _split_by_sorting(labels: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The split as it was first written (one stable sort of the whole table): what every earlier run used."""
+    import itertools
+
+    labels = np.asarray(labels)
+    rng = np.random.default_rng([seed, 0x5A17])
+    order = np.argsort(labels, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, labels[order][1:] != labels[order][:-1], True])
+    parts = []
+    for lo, hi in itertools.pairwise(bounds):
+        members = order[lo:hi]
+        n_val = round(len(members) * val_fraction)
+        if val_fraction > 0 and len(members) >= 2:
+            n_val = min(max(n_val, 1), len(members) - 1)
+        parts.append(rng.choice(members, size=n_val, replace=False))
+    val = np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    mask = np.ones(len(labels), bool)
+    mask[val] = False
+    return np.flatnonzero(mask), val
+
+
+@pytest.mark.parametrize("dtype", ["u1", "u2", "i8", "i4"])
+def test_stratified_split_keeps_the_split_of_earlier_versions(dtype: str) -> None:
+    """The split made class by class (no sort of the table) is the sorted one's, draw for draw: runs keep it."""
+    rng = np.random.default_rng(11)
+    cases = [
+        rng.choice(5, size=60_000, p=[0.5, 0.3, 0.15, 0.0496, 0.0004]),  # a tiny class; big ones past 10,000
+        np.repeat(np.arange(4), [3, 1, 20_000, 7]),  # sorted by class, one class of one sample
+        np.zeros(30_001, np.int64),  # one class
+        np.array([2, 2]),
+        np.array([9]),
+    ]
+    for labels in cases:
+        labels = labels.astype(dtype)
+        for frac, seed in ((0.1, 0), (0.25, 3), (0.0, 1), (0.999, 2)):
+            train, val = stratified_split(labels, frac, seed)
+            ref_train, ref_val = _split_by_sorting(labels, frac, seed)
+            np.testing.assert_array_equal(val, ref_val)
+            np.testing.assert_array_equal(train, ref_train)
+            assert train.dtype == val.dtype == np.int64
+
+
+def test_random_order_is_the_permutation_of_earlier_versions() -> None:
+    """The random epoch order, shuffled in place, is ``indices[rng.permutation(n)]`` as before (resumes)."""
+    from lmdbstore.loader.orders import epoch_rng
+
+    idx = np.random.default_rng(0).choice(100_000, 30_001, replace=False)
+    s = EpochBatchSampler(idx, 512, shuffle="random", seed=7)
+    for epoch in (0, 3):
+        want = np.asarray(idx, np.int64)[epoch_rng(7, epoch).permutation(len(idx))]
+        np.testing.assert_array_equal(s.epoch_order(epoch), want)
+
+
+def _peak_bytes(fn: Any) -> tuple[Any, int]:
+    """``fn()`` and the most memory numpy held at once meanwhile above what it held before (tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_building_the_split_and_orders_holds_no_second_copy_of_the_index_space() -> None:
+    """Issue 36: at scale the split peaked at 2.7x what it returns and a random epoch at 2x its order; each now
+    needs little more than what it keeps (8 bytes a sample)."""
+    n = 4_000_000
+    labels = (np.arange(n) * 7919 % 5).astype(np.uint8)
+    (train, val), peak = _peak_bytes(lambda: stratified_split(labels, 0.1, 0))
+    assert peak <= 1.25 * (train.nbytes + val.nbytes)
+    s = EpochBatchSampler(train, 4096, shuffle="random", seed=0)
+    order, peak = _peak_bytes(lambda: s.epoch_order(0))
+    assert peak <= 1.05 * order.nbytes
+    b = EpochBatchSampler(train, 4096, shuffle="block", samples_per_value=36, seed=0)
+    _, peak = _peak_bytes(lambda: next(iter(b)))
+    assert peak <= 0.5 * train.nbytes  # the block plan holds pieces of values (36 samples), not samples

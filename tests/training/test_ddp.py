@@ -130,3 +130,23 @@ def test_torchrun_train_cli_with_gloo(tmp_path: Path) -> None:
     assert np.array(final["confusion"]).sum() == len(val_idx)
     assert final["final"]["val_accuracy"] > 0.5
     assert (out / "checkpoint.pt").is_file()
+
+
+def test_torchrun_validation_limit_and_steps_are_equal_on_every_rank(tmp_path: Path) -> None:
+    """--val-limit 1 (batch per process) and --val-every 5 under 2 processes: each validation reads 1 batch on
+    each rank (they are compared after every validation: unequal counts fail the run) and 256 samples in all."""
+    store = tmp_path / "store"
+    ingest_synthetic(store, 3000, seed=1)
+    out = tmp_path / "run"
+    args = ["-m", "lmdbstore", "train", str(store), "--batch", "128", "--epochs", "2", "--workers", "1"]
+    proc = _torchrun([*args, "--val-limit", "1", "--val-every", "5", "--out", str(out), "--no-progress"], REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_idx, val_idx = stratified_split(StoreReader(store).labels(), 0.1, 0)
+    steps = -(-len(train_idx) // 256)  # 128 a batch on each of 2 ranks
+    for m in lines:
+        assert (m["val_samples"], m["val_batches"]) == (256, 1)
+        within = range(steps * (m["epoch"] - 1) + 1, steps * m["epoch"])
+        assert [v["step"] for v in m["validations"]] == [s for s in within if s % 5 == 0]
+        assert all((v["samples"], v["batches"]) == (256, 1) for v in m["validations"])
+    assert f"validates 256 of {len(val_idx)} samples (1 batch(es) a process)" in proc.stdout
