@@ -283,7 +283,7 @@ def _run(
         raise LmdbStoreError(
             f"a verify worker process died (exit code {exc.exitcode})",
             path=checker.data_path,
-            hint="out of memory, or killed? run verify again (--workers 1 checks in this process)",
+            hint="out of memory, or killed? run verify again (workers=1 checks in this process)",
         ) from None
     except TaskFailure as exc:
         cause = exc.__cause__

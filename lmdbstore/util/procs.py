@@ -240,10 +240,12 @@ def worker_processes(workers: int, cores: int | None = None, available: int | No
     cap = WORKERS_PER_CORE * (cores or os.cpu_count() or 1)
     if workers > cap:
         warnings.warn(
-            f"workers: {workers:,} processes on {cap // WORKERS_PER_CORE} cores would only contend for them; "
+            f"workers: {workers:,} worker processes on {cap // WORKERS_PER_CORE} cores would only contend for them; "
             f"using {cap} ({WORKERS_PER_CORE} per core)",
             MemoryBoundWarning,
             stacklevel=3,
         )
         workers = cap
-    return clip_count(workers, WORKER_BYTES, what="processes", parameter="workers", available=available, stacklevel=3)
+    return clip_count(
+        workers, WORKER_BYTES, what="worker processes", parameter="workers", available=available, stacklevel=3
+    )

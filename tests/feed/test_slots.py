@@ -39,7 +39,7 @@ def test_a_slot_never_holds_more_rows_than_the_store(store_factory: Callable[...
 def test_absurd_workers_and_batch_on_a_tiny_store_stay_bounded(store_factory: Callable[..., StoreInfo]) -> None:
     info = store_factory(300, seed=3)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.warns(UserWarning, match=r"workers: 100,000 processes on \d+ cores would only contend"):
+    with pytest.warns(UserWarning, match=r"workers: 100,000 worker processes on \d+ cores would only contend"):
         loader = make_loader(info.path, batch_size=10**6, workers=100_000, prefetch=10**4)
     assert loader.feed.workers == 1 and loader.num_workers == 1  # one batch a pass: one reader
     assert loader.feed.slots.nbytes < 64 * 2**20  # slots: bounded by the data
@@ -59,15 +59,18 @@ def test_slots_that_do_not_fit_in_memory_are_fewer_or_refused(
     cfg = loader_config(None, {"batch_size": 200, "workers": 2, "prefetch": 8})
     stride = slots_module.slot_bytes(200, 2500)[1]
     monkeypatch.setattr(memory, "available_memory", lambda: 12 * stride)  # room for 6 slots (half of it)
-    with pytest.warns(memory.MemoryBoundWarning, match=r"prefetch: 13 batch slots of .* using 6"):
+    with pytest.warns(memory.MemoryBoundWarning) as said:
         feed = open_feed(small_store.path, cfg)
-    assert feed.slots.n == 6 and feed.depth == 5
+    lines = [str(w.message) for w in said]
+    assert lines[0].startswith("workers: 2 worker processes of 256.0 MiB") and lines[0].endswith("using 1")
+    assert lines[1].startswith("prefetch: 11 batch slots of") and lines[1].endswith("using 6")  # 1 x 8 + 3
+    assert feed.slots.n == 6 and feed.depth == 5 and feed.workers == 1
     feed.begin()
     assert sum(len(feed.next()[1]) for _ in range(len(feed))) == 2000
     feed.close()
-    monkeypatch.setattr(memory, "available_memory", lambda: 4 * stride)  # room for 2: not one per reader
-    with pytest.raises(ValueError, match=r"^batch_size: 3 batch slots .* would take .* lower batch_size$"):
-        open_feed(small_store.path, cfg)
+    monkeypatch.setattr(memory, "available_memory", lambda: 3 * stride)  # room for 1.5: not even 2
+    with pytest.raises(ValueError, match=r"^batch_size: 2 batch slots .* would take .* lower batch_size$"):
+        open_feed(small_store.path, cfg)  # not even one for the one reader and one for the consumer
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         monkeypatch.setattr(memory, "available_memory", lambda: 2**40)  # plenty: as asked

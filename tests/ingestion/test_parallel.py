@@ -230,8 +230,8 @@ def test_killed_at_random_moments_then_rerun_gives_exact_content(tmp_path: Path)
     for _ in range(4):
         proc = _start(store, len(tasks), 2, pid_dir)
         deadline = time.monotonic() + 60
-        while not list(pid_dir.iterdir()) and time.monotonic() < deadline:
-            time.sleep(0.02)  # until a worker runs a task
+        while not list(pid_dir.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # until a worker runs a task (or the run is over: every task done)
         time.sleep(rng.uniform(0.0, 1.0))  # tasks commit every ~20 ms
         os.killpg(proc.pid, signal.SIGKILL)  # the parent and its workers, mid-run
         proc.wait(10)
