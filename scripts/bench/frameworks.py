@@ -393,9 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="seconds of whole epochs per measurement (default 1)")
     p.add_argument("--naive", action="store_true", help="also time what a user writes without the feed")
     p.add_argument("--tmp", type=Path, help="where to build the stores (default: a temporary directory in --out)")
-    p.add_argument(
-        "--quick", action="store_true", help="a 20k store, batch 4096, 2 short rounds: a smoke test"
-    )
+    p.add_argument("--quick", action="store_true", help="a 20k store, batch 4096, 2 short rounds: a smoke test")
     p.add_argument("--out", type=Path, default=Path("bench_frameworks_out"))
     a = p.parse_args(argv)
     from lmdbstore.feed import idle
