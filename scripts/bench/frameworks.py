@@ -139,8 +139,12 @@ def epochs_for(make_iter: Maker, seconds: float) -> tuple[float, float, float]:
             return n / elapsed, statistics.median(starts), 1e6 * (tree_cpu_seconds() - cpu0) / n
 
 
-def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict[str, Maker], list[Any]]:
-    """Name -> a callable that starts one epoch, for every contender; and what to close afterwards."""
+def contenders(
+    store: Path, batch: int, workers: int, naive: bool, direct: bool = False
+) -> tuple[dict[str, Maker], list[Any]]:
+    """Name -> a callable that starts one epoch, for every contender (``direct``: the paths iterated directly
+    only, no Keras adapter: their tf.data pipelines keep threads of TensorFlow's busy beside the others); and what
+    to close afterwards."""
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
@@ -160,6 +164,8 @@ def contenders(store: Path, batch: int, workers: int, naive: bool) -> tuple[dict
     out["tf_dataset"] = lambda: tfds
     kds = lmdbstore.keras_dataset(store, **opts)
     out["keras_dataset (direct)"] = lambda: kds
+    if direct:
+        return out, [kds]
     kds2 = lmdbstore.keras_dataset(store, **opts)
     adapter = PyDatasetAdapter(kds2, shuffle=True)  # what model.fit makes of it on the TensorFlow backend
     through_adapter = adapter.get_tf_dataset()
@@ -285,7 +291,7 @@ def spread(values: list[float]) -> tuple[float, float, float]:
 
 def run_cell(store: Path, size: int, batch: int, a: argparse.Namespace) -> list[dict[str, Any]]:
     """Every contender on ``store`` at ``batch``: a warm-up epoch, then interleaved timed rounds."""
-    makers, to_close = contenders(store, batch, a.workers, a.naive)
+    makers, to_close = contenders(store, batch, a.workers, a.naive, a.direct)
     rates: dict[str, list[float]] = {name: [] for name in makers}
     starts: dict[str, list[float]] = {name: [] for name in makers}
     ratios: dict[str, list[float]] = {name: [] for name in makers}
@@ -392,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds (default 3)")
     p.add_argument("--seconds", type=float, default=1.0, help="seconds of whole epochs per measurement (default 1)")
     p.add_argument("--naive", action="store_true", help="also time what a user writes without the feed")
+    p.add_argument(
+        "--direct", action="store_true", help="only the paths iterated directly (issue 33's table): no Keras adapter"
+    )
     p.add_argument("--tmp", type=Path, help="where to build the stores (default: a temporary directory in --out)")
     p.add_argument("--quick", action="store_true", help="a 20k store, batch 4096, 2 short rounds: a smoke test")
     p.add_argument("--out", type=Path, default=Path("bench_frameworks_out"))
