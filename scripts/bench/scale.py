@@ -104,7 +104,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="tiny timings and runs: a smoke test (with --samples 20000)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.seconds, args.batch, args.train_steps, args.checkpoint_every = 0.3, 64, 4, 2
+        args.seconds, args.batch, args.train_steps, args.checkpoint_every = 0.3, 64, 60, 2
         args.val_limit, args.bracket_mb, args.pread_seconds, args.build_workers = 1, 8, 0.2, 0
     if args.samples < 4 * args.batch or args.train_steps < 2 or args.checkpoint_every >= args.train_steps:
         ap.error("--samples must hold 4 batches, --train-steps 2 or more and --checkpoint-every fewer steps")

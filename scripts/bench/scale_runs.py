@@ -230,7 +230,7 @@ def kill_inside_epoch(cmd: list[str], out: Path, timeout: float = 1800) -> int:
                 if step:
                     proc.send_signal(signal.SIGKILL)
                     break
-            time.sleep(0.1)
+            time.sleep(0.02)
     finally:
         if proc.poll() is None:
             proc.kill()
