@@ -87,13 +87,15 @@ def make_sampler_for(
     lcfg: LoaderConfig,
     *,
     shuffle: str | None = None,
+    window_bytes: int | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     say: Callable[[str], None] = lambda _msg: None,
 ) -> Sampler:
     """The sampler of ``indices`` of ``store`` (a path, a reader, or a :class:`~lmdbstore.store.multi.StoreSet`):
     class-balanced with ``lcfg.balanced``, else in the order ``shuffle`` names (default: :func:`pick_shuffle`
-    of ``lcfg``; ``"none"``: index order).  Over a set of several stores the orders are drawn in its padded
+    of ``lcfg``; ``"none"``: index order; a ``window`` of ``window_bytes``, default ``lcfg.window_mb``, else an
+    eighth of available memory).  Over a set of several stores the orders are drawn in its padded
     index space (:mod:`lmdbstore.loader.sets`: each store's packed values kept whole) and every batch comes
     grouped by store.
 
@@ -125,8 +127,8 @@ def make_sampler_for(
             lcfg.batch_size,
             samples_per_value=meta.samples_per_value,
             sample_bytes=meta.sample_bytes,
-            window_bytes=None
-            if lcfg.window_mb is None
+            window_bytes=window_bytes
+            if window_bytes is not None or lcfg.window_mb is None
             else bound_window_bytes(lcfg.window_mb << 20, len(idx) * meta.sample_bytes, "window_mb"),
             prefetch=_prefetch(store),
             **kw,

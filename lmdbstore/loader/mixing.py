@@ -115,7 +115,9 @@ class MixedBatchSampler(EpochBatchSampler):
                          drop_last=drop_last)  # fmt: skip
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": "mixed", "seed": self.seed, "batch_size": self.batch_size, "samples": self.total}
+        counts = [int(c) for c in self.counts]  # each store's share of an epoch: the weights as drawn
+        return {"kind": "mixed", "seed": self.seed, "batch_size": self.batch_size, "samples": self.total,
+                "counts": counts}  # fmt: skip
 
     def draw(self, part: int, epoch: int) -> np.ndarray:
         """The samples part ``part`` gives to ``epoch`` (its window of the part's permutation stream)."""

@@ -39,9 +39,6 @@ import numpy as np
 
 __all__ = ["CountedPasses", "EpochPasses", "PassIterator", "process_group"]
 
-#: The keys of a sampler's state that must match the sampler it is loaded into.
-FINGERPRINT_KEYS = ("kind", "seed", "batch_size", "samples", "world_size")
-
 
 def process_group() -> tuple[int, int]:
     """``(rank, world size)`` of ``torch.distributed``'s default process group if one is initialized in
@@ -92,7 +89,8 @@ class EpochPasses:
         raise NotImplementedError
 
     def fingerprint(self) -> dict[str, Any]:
-        """What must match for a saved state to apply: ``kind``, ``seed``, ``batch_size``, ``samples``."""
+        """What must match for a saved state to apply: ``kind``, ``seed``, ``batch_size``, ``samples``, and
+        whatever else the order depends on (a window's size, a block order's buffer); JSON values."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ epochs
@@ -176,7 +174,7 @@ class EpochPasses:
         if not isinstance(state, dict):
             raise ValueError(f"sampler state must be a dict, got {type(state).__name__}")
         mine = {**self.fingerprint(), "world_size": self.world_size}
-        for key in FINGERPRINT_KEYS:
+        for key in mine:  # every key the order depends on (a window's size too), where the state names it
             if key in state and state[key] != mine[key]:
                 raise ValueError(f"sampler state is for {key} {state[key]!r}, this sampler has {mine[key]!r}")
         epoch, position = state.get("epoch"), state.get("position")

@@ -110,7 +110,10 @@ class EpochBatchSampler(EpochPasses):
         self.init_passes(rank, world_size)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"kind": self.shuffle, "seed": self.seed, "batch_size": self.batch_size, "samples": len(self.indices)}
+        out = {"kind": self.shuffle, "seed": self.seed, "batch_size": self.batch_size, "samples": len(self.indices)}
+        if self.shuffle == "block":
+            out.update(samples_per_value=self.samples_per_value, block_buffer=self.block_buffer)
+        return out
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
         """The whole order of ``epoch`` (default: the current one), before sharding (identical on every

@@ -75,9 +75,11 @@ def bound_window_bytes(
 
 
 def default_window_bytes(available: int | None = None) -> int:
-    """An eighth of available memory (at least 64 MiB): the window plus the one prefetched beside it."""
+    """An eighth of available memory (at least 64 MiB) rounded down to a power of two: the window plus the one
+    prefetched beside it.  Rounded, so that processes of one machine (a resumed run, the ranks of a job) that read
+    slightly different free memory still get one size; the trainer records the size it used all the same."""
     avail = available_memory() if available is None else available
-    return max(64 << 20, int(avail * WINDOW_SHARE))
+    return max(64 << 20, 1 << (max(1, int(avail * WINDOW_SHARE)).bit_length() - 1))
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class WindowBatchSampler(EpochBatchSampler):
         else:
             window_bytes = bound_window_bytes(window_bytes, len(self.indices) * sample_bytes)
         self.samples_per_value = samples_per_value
+        self.window_bytes = window_bytes  # as made: a run records it (its default depends on the memory free now)
         self.window_samples = max(1, window_bytes // sample_bytes)
         self.first_window_samples = max(1, min(window_bytes, FIRST_WINDOW_BYTES) // sample_bytes)
         first_bytes = self.first_window_samples * sample_bytes

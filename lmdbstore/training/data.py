@@ -139,13 +139,24 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
             )
 
 
-def make_sampler(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, info: DistInfo, say: Log) -> Sampler:
+def make_sampler(
+    data: TrainData,
+    train_idx: np.ndarray,
+    lcfg: LoaderConfig,
+    info: DistInfo,
+    say: Log = lambda _msg: None,
+    *,
+    shuffle: str | None = None,
+    window_bytes: int | None = None,
+) -> Sampler:
     """This rank's sampler of the training split (:func:`~lmdbstore.loader.choose.make_sampler_for`:
-    class-balanced, or the shuffle ``lcfg`` names, ``auto`` said in one line; over a set of stores, batches
-    grouped by store)."""
+    class-balanced, or in the run's order -- ``shuffle`` and ``window_bytes`` as
+    :func:`~lmdbstore.training.order.agree_order` fixed them, else ``auto`` said through ``say``; over a set of
+    stores, batches grouped by store)."""
     return make_sampler_for(
-        data.reader, data.meta, data.labels, train_idx, lcfg, rank=info.rank, world_size=info.world_size, say=say
-    )
+        data.reader, data.meta, data.labels, train_idx, lcfg, shuffle=shuffle, window_bytes=window_bytes,
+        rank=info.rank, world_size=info.world_size, say=say,
+    )  # fmt: skip
 
 
 def make_loaders(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
@@ -37,6 +38,7 @@ from lmdbstore.store.readers import Reader
 from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
+from lmdbstore.training.order import Order, agree_order
 
 __all__ = [
     "EqualSteps",
@@ -230,10 +232,20 @@ class RankData:
         return EqualSteps(sampler, equal_steps(len(sampler), DistInfo(*self.placement.job)))
 
 
-def rank_data(data: TrainData, val_fraction: float, lcfg: LoaderConfig, info: DistInfo, say: Log) -> RankData:
+def rank_data(
+    data: TrainData,
+    val_fraction: float,
+    lcfg: LoaderConfig,
+    info: DistInfo,
+    say: Log,
+    device: torch.device | None = None,
+    recorded: Order | None = None,
+) -> RankData:
     """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
-    ``lcfg.seed``), check it (:func:`~lmdbstore.training.data.check_inputs`) and make this rank's sampler
-    (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded): the trainer's data steps.
+    ``lcfg.seed``), check it (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
+    (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
+    make this rank's sampler (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded):
+    the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
 
     Raises:
         ValidationError: as :func:`place`, :func:`split_sizes` and ``check_inputs``.
@@ -243,7 +255,11 @@ def rank_data(data: TrainData, val_fraction: float, lcfg: LoaderConfig, info: Di
     train_idx, val_idx = stratified_split(data.labels, val_fraction, lcfg.seed)
     sizes = split_sizes(placement, len(train_idx), len(val_idx), info)
     check_inputs(data, train_idx, lcfg, share)
-    sampler: Any = make_sampler(data, train_idx, lcfg, share, say)
+    sample_bytes, where = len(train_idx) * data.meta.sample_bytes, device or torch.device("cpu")
+    order = agree_order(lcfg, data.reader, sample_bytes, info, where, say, recorded)
+    sampler: Any = make_sampler(
+        data, train_idx, lcfg, share, say, shuffle=order.shuffle, window_bytes=order.window_bytes
+    )
     if placement.sharded:  # DDP needs as many steps on every rank
         sampler = EqualSteps(sampler, equal_steps(len(sampler), info))
     return RankData(data, placement, train_idx, val_idx, sampler, sizes)

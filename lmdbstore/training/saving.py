@@ -25,6 +25,7 @@ from lmdbstore.errors import TrainingInterrupted
 from lmdbstore.training.checkpoint import CHECKPOINT_FORMAT, atomic_save, model_name
 from lmdbstore.training.factory import feed_shape, model_ref
 from lmdbstore.training.metrics import EpochMetrics, history_to_json
+from lmdbstore.training.order import order_of
 from lmdbstore.training.resume import RunState
 from lmdbstore.training.run import TrainRun
 from lmdbstore.util.jsonsafe import json_safe
@@ -58,6 +59,7 @@ def checkpoint_dict(
         "confusion": conf.tolist(),
         "train_config": json.dumps(asdict(run.cfg)),
         "loader_config": json.dumps(asdict(run.lcfg)),
+        "order": order_of(run.sampler).to_json(),  # auto's choice and the window's size: a resumed run keeps them
     }
     if step:
         ckpt["epoch_totals"] = list(totals or [])

@@ -43,6 +43,7 @@ from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
 from lmdbstore.training.model import build_model
 from lmdbstore.training.optim import compiled, make_optimizer
+from lmdbstore.training.order import order_of, recorded_order
 from lmdbstore.training.placement import rank_data, split_sizes
 from lmdbstore.training.resume import RunState, resume_run
 from lmdbstore.training.run import TrainRun
@@ -139,7 +140,8 @@ def train(
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
-    mine = rank_data(data, cfg.val_fraction, lcfg, info, say)  # the same stores everywhere, or shards per node
+    recorded = recorded_order(Path(out_dir) if out_dir is not None else None, resume)  # a resumed run's order
+    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded)  # the same stores, or shards
     data, sampler, placement = mine.data, mine.sampler, mine.placement
     model, net = _build_model(data, cfg, lcfg.seed, info, device)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
@@ -246,10 +248,7 @@ def _shuffle_used(run: TrainRun) -> str:
     (auto)``), looking through the wrappers (equal steps per rank, set grouping)."""
     if run.lcfg.balanced:
         return "balanced"
-    sampler = run.sampler
-    while not hasattr(sampler, "shuffle") and hasattr(sampler, "inner"):
-        sampler = sampler.inner
-    used = str(getattr(sampler, "shuffle", run.lcfg.order))
+    used = order_of(run.sampler).shuffle or run.lcfg.order
     return f"{used} (auto)" if run.lcfg.order == "auto" and used != "auto" else used
 
 

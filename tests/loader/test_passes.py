@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from lmdbstore.loader.mixing import MixedBatchSampler
 from lmdbstore.loader.passes import process_group
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler
 from lmdbstore.loader.window import WindowBatchSampler
@@ -132,6 +133,25 @@ def test_foreign_or_malformed_state_is_refused_naming_what_differs() -> None:
             s.load_state_dict({**good, **bad})
     with pytest.raises(ValueError, match="dict"):
         s.load_state_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_a_state_of_another_window_size_block_buffer_or_mix_is_refused() -> None:
+    """The order depends on them too: a window of another size (its default follows free memory), another block
+    buffer or other store weights draw other batches, so a position in one is refused, never applied to another."""
+    window = _window().state_dict()
+    other = WindowBatchSampler(
+        np.arange(N), 128, samples_per_value=18, sample_bytes=2500, window_bytes=700 * 2500, chunk_bytes=90 * 2500
+    )
+    with pytest.raises(ValueError, match="window_samples 600, this sampler has 700"):
+        other.load_state_dict(window)
+    block = _epoch(shuffle="block", block_buffer=2)().state_dict()
+    with pytest.raises(ValueError, match="block_buffer 2, this sampler has 4"):
+        _epoch(shuffle="block", block_buffer=4)().load_state_dict(block)
+    parts = [np.arange(0, 1000), np.arange(1000, N)]
+    mixed = MixedBatchSampler(parts, [0.5, 0.5], 128, seed=3).state_dict()
+    with pytest.raises(ValueError, match="counts"):
+        MixedBatchSampler(parts, [0.7, 0.3], 128, seed=3).load_state_dict(mixed)
+    MixedBatchSampler(parts, [1.0, 1.0], 128, seed=3).load_state_dict(mixed)  # the same shares: the same order
 
 
 def test_without_a_process_group_a_sampler_is_the_only_rank() -> None:
