@@ -402,14 +402,14 @@ def main(argv: list[str] | None = None) -> int:
         "--direct", action="store_true", help="only the paths iterated directly (issue 33's table): no Keras adapter"
     )
     p.add_argument("--tmp", type=Path, help="where to build the stores (default: a temporary directory in --out)")
-    p.add_argument("--quick", action="store_true", help="a 20k store, batch 4096, 2 short rounds: a smoke test")
+    p.add_argument("--quick", action="store_true", help="a 20k store, batch 4096, 1 short round: a smoke test")
     p.add_argument("--out", type=Path, default=Path("bench_frameworks_out"))
     a = p.parse_args(argv)
     from lmdbstore.feed import idle
 
     idle.IDLE_MIN_SECONDS = 60.0  # readers wait through the other contenders' turns (module docstring)
     if a.quick:
-        a.sizes, a.batches, a.rounds, a.seconds = "20k", "4096", 2, 0.2
+        a.sizes, a.batches, a.rounds, a.seconds = "20k", "4096", 1, 0.2
     batches = [int(v) for v in a.batches.split(",")]
     a.out.mkdir(parents=True, exist_ok=True)
     loads0 = load_average()

@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("bench_readpath_out"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.samples, args.seconds, args.window_mb, args.buffers, args.rounds = 40_000, 0.4, 16, 16, 2
+        args.samples, args.seconds, args.window_mb, args.buffers, args.rounds = 40_000, 0.4, 16, 16, 1
     if args.batch < 1 or args.seconds <= 0 or args.rounds < 1:
         ap.error("--batch, --seconds and --rounds must be positive")
     return args
