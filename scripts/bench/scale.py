@@ -12,14 +12,14 @@ One run, on a store it builds in ``--workdir`` and deletes at the end (``--keep`
   64 MiB), against the sequential write; bytes on disk against the raw samples;
 * **stats** and **verify** (every core), cold; verify against the sequential read (goal >= 0.5x);
 * **a cold data-only epoch slice** (``--seconds``) in every order -- random against the 16-in-flight limit (goal
-  >= 0.8x), block, window and auto against the sequential read (goal >= 0.8x) -- through the DataLoader with
+  >= 0.8x), block, window and auto against the sequential read (goal >= 0.8x) -- through ``make_loader`` with
   ``--workers`` processes, and each one's first batch (goal < 0.3 s);
 * **warm**: random order over a slice that fits the page cache (the same samples in both), one store;
 * **a set of 4 stores of the same samples** (4 stores of a quarter each: no 4x copy): the warm slice against one
   store (goal >= 0.9x) and a cold window slice against one store's (goal >= 0.8x: a cold set larger than RAM);
 * **train** ``--train-steps`` steps (``lmdbstore train`` as a user runs it, ``--val-limit`` batches of
   validation): samples/s and data wait; the peak and steady resident size of its main process (goal: peak <=
-  1.2x steady) and of each DataLoader worker; then the same run killed (SIGKILL) after a checkpoint inside the
+  1.2x steady) and of each reader process; then the same run killed (SIGKILL) after a checkpoint inside the
   epoch and resumed: its final weights against the unbroken run's (goal: bit-identical).
 
 When the disk holds the store and the four quarters at once they are built together; otherwise one after the
@@ -27,7 +27,7 @@ other (the one store deleted first).  A run that cannot fit is refused before an
 
 Usage::
 
-    python scripts/bench/scale.py --samples 40000000 --dtype float16 --workdir /data/scratch   # ~50 GB, ~30 min
+    python scripts/bench/scale.py --samples 40000000 --dtype float16 --workdir /data/scratch   # ~50 GB, ~25 min
     python scripts/bench/scale.py --samples 20000 --quick                                       # a smoke test
 
 Prints the table (Markdown) and writes ``bench_scale.md`` and ``bench_scale.json`` to ``--out``.
@@ -93,7 +93,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("bench_scale_out"))
     ap.add_argument("--seconds", type=float, default=20.0, help="each cold or warm read row")
     ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (readers)")
+    ap.add_argument("--workers", type=int, default=2, help="reader processes of make_loader")
     ap.add_argument("--build-workers", type=int, default=2, help="write_parallel producers")
     ap.add_argument("--train-steps", type=int, default=300)
     ap.add_argument("--checkpoint-every", type=int, default=50)
@@ -308,7 +308,7 @@ def _train_rows(rows: list[Row], store: Path, root: Path, args: argparse.Namespa
                     f"{main['peak']:,.0f} / {main['steady']:,.0f} MiB"))  # fmt: skip
     rows.append(Row("  main process, private steady bytes/sample", f"{main['private_steady'] * 2**20 / n:.1f}"))
     for k, w in enumerate(m["workers"]):
-        rows.append(Row(f"  child process {k + 1} (loader worker) private / RSS, peak",
+        rows.append(Row(f"  child process {k + 1} (reader) private / RSS, peak",
                         f"{w['private_peak']:,.0f} / {w['peak']:,.0f} MiB"))  # fmt: skip
     log("train: the same run killed inside the epoch, then resumed")
     step = kill_inside_epoch(train_cmd(store, killed, args), killed)
