@@ -29,6 +29,7 @@ from lmdbstore.util.memory import available_memory, clip_bytes  # available_memo
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
+    "SHARED_WINDOW_BYTES",
     "ShuffleChoice",
     "WindowBatchSampler",
     "available_memory",
@@ -43,6 +44,9 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 #: Share of available memory one window takes (the next one is prefetched beside it; the first one of an
 #: epoch has to be read before its batches run at full speed, so it is kept modest).
 WINDOW_SHARE = 0.125
+#: The default window of ranks that share one order (``world_size`` > 1): one size on every rank, whatever memory
+#: each has free (windows of different sizes are different orders: their shares would overlap).
+SHARED_WINDOW_BYTES = 1 << 30
 #: The first window of an epoch is at most this large, so that training starts after a short read (the
 #: next, full-size window is prefetched while it is consumed).
 FIRST_WINDOW_BYTES = 256 << 20
@@ -137,7 +141,8 @@ class WindowBatchSampler(EpochBatchSampler):
         indices, batch_size, seed, rank, world_size, drop_last: as for
             :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
         samples_per_value, sample_bytes: the store's packing and sample size.
-        window_bytes: sample bytes per window (default :func:`default_window_bytes`); one that would hold more of
+        window_bytes: sample bytes per window (default :func:`default_window_bytes`; for ranks sharing the order,
+            ``world_size`` > 1, :data:`SHARED_WINDOW_BYTES`: one size on every rank); one that would hold more of
             the data than the machine can give is clipped (:func:`bound_window_bytes`, with a warning).
         chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window,
             at most 256 MiB, would hold fewer than 256 chunks).
@@ -173,10 +178,10 @@ class WindowBatchSampler(EpochBatchSampler):
                 raise ValueError(f"{name} must be positive, got {v}")
         if chunk_bytes < 1 or (window_bytes is not None and window_bytes < 1):
             raise ValueError(f"window_bytes and chunk_bytes must be positive, got {window_bytes}, {chunk_bytes}")
-        if window_bytes is None:
+        if window_bytes is None and self.world_size == 1:
             window_bytes = default_window_bytes()
-        else:
-            window_bytes = bound_window_bytes(window_bytes, len(self.indices) * sample_bytes)
+        else:  # ranks sharing one order need one window size: a fixed default, not each rank's free memory
+            window_bytes = bound_window_bytes(window_bytes or SHARED_WINDOW_BYTES, len(self.indices) * sample_bytes)
         self.samples_per_value = samples_per_value
         self.window_bytes = window_bytes  # as made: a run records it (its default depends on the memory free now)
         self.window_samples = max(1, window_bytes // sample_bytes)

@@ -201,3 +201,26 @@ def test_a_window_is_bounded_by_the_machine_not_by_the_argument() -> None:
         huge.batches(0)[0].tolist()
         == WindowBatchSampler(idx, 512, samples_per_value=18, sample_bytes=SB).batches(0)[0].tolist()
     )
+
+
+def test_ranks_sharing_an_order_get_one_window_size_whatever_memory_each_has_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An eighth of free memory differs between processes; windows of different sizes are different orders, and
+    ranks taking shares of different orders read some samples twice and others never.  So ranks sharing one
+    order (world_size > 1) default to one fixed size; a single process keeps its share of free memory."""
+    from lmdbstore.loader import window as window_module
+
+    def sampler(rank: int, world: int) -> WindowBatchSampler:
+        return WindowBatchSampler(np.arange(2_000_000), 64, samples_per_value=18, sample_bytes=2500, rank=rank,
+                                  world_size=world)  # fmt: skip
+
+    ranks = []
+    for rank, free in ((0, 22 << 30), (1, 9 << 30)):  # two nodes, other free memory
+        monkeypatch.setattr(window_module, "available_memory", lambda free=free: free)
+        ranks.append(sampler(rank, 2))
+    assert ranks[0].window_samples == ranks[1].window_samples == window_module.SHARED_WINDOW_BYTES // 2500
+    shares = [np.concatenate(list(s.batches_from(0, 0))) for s in ranks]
+    assert len(np.intersect1d(shares[0], shares[1])) == 0  # the shares of one order: disjoint
+    assert len(shares[0]) + len(shares[1]) == 2_000_000
+    assert sampler(0, 1).window_samples == (1 << 30) // 2500  # alone: an eighth of 9 GiB, rounded down
