@@ -59,7 +59,8 @@ SUBSTITUTIONS = [
         "lmdbstore train a.lmdb b.lmdb c.lmdb",
         "lmdbstore train a.lmdb b.lmdb c.lmdb --epochs 1 --max-steps 2 --batch 512",
     ),
-    ("README.md", "-m lmdbstore train STORE", "-m lmdbstore train train.lmdb --epochs 1 --max-steps 2"),
+    # the torchrun line: tests/training/test_ddp.py runs `torchrun --nproc-per-node 2 -m lmdbstore train` (gloo)
+    ("README.md", "torchrun --nproc-per-node 2 -m lmdbstore train STORE --batch 4096", "true"),
     ("api.md", "TrainConfig(epochs=5)", "TrainConfig(epochs=1, max_steps_per_epoch=2)"),
     ("api.md", 'split="val"), epochs=3)', 'split="val"), epochs=1)'),
     ("api.md", "LoaderConfig(batch_size=4096, workers=8)", "LoaderConfig(batch_size=512, workers=8)"),

@@ -97,28 +97,15 @@ def test_each_rank_reads_a_disjoint_share_exactly_once(tmp_path: Path, mode: str
 
 
 def test_torchrun_train_cli_with_gloo(tmp_path: Path) -> None:
+    """``lmdbstore train`` under torchrun, 2 processes: metrics reduced over the ranks and written once, rank 0's
+    JSON on stdout; with --val-limit 1 (batch per process) and --val-every 5 each validation reads 1 batch on each
+    rank (they are compared after every validation: unequal counts fail the run) and 256 samples in all."""
     store = tmp_path / "store"
     ingest_synthetic(store, 3000, seed=1)
     out = tmp_path / "run"
-    proc = _torchrun(
-        [
-            "-m",
-            "lmdbstore",
-            "train",
-            str(store),
-            "--batch",
-            "128",
-            "--epochs",
-            "2",
-            "--workers",
-            "1",
-            "--out",
-            str(out),
-            "--no-progress",
-            "--json",
-        ],
-        REPO,
-    )
+    args = ["-m", "lmdbstore", "train", str(store), "--batch", "128", "--epochs", "2", "--workers", "1"]
+    proc = _torchrun([*args, "--val-limit", "1", "--val-every", "5", "--out", str(out), "--no-progress", "--json"],
+                     REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in lines] == [1, 2]  # written once (rank 0), not once per rank
@@ -126,27 +113,13 @@ def test_torchrun_train_cli_with_gloo(tmp_path: Path) -> None:
     # metrics are reduced over both ranks: together they saw the whole training split once per epoch
     assert all(m["train_samples"] == len(train_idx) for m in lines)
     assert "training on cpu (2 process(es))" in proc.stderr  # --json: the lines go to stderr
+    assert f"validates 256 of {len(val_idx)} samples (1 batch(es) a process)" in proc.stderr
     final = json.loads(proc.stdout)  # and stdout is rank 0's one JSON document
-    assert np.array(final["confusion"]).sum() == len(val_idx)
-    assert final["final"]["val_accuracy"] > 0.5
+    assert np.array(final["confusion"]).sum() == 256  # the limited validation, both ranks
     assert (out / "checkpoint.pt").is_file()
-
-
-def test_torchrun_validation_limit_and_steps_are_equal_on_every_rank(tmp_path: Path) -> None:
-    """--val-limit 1 (batch per process) and --val-every 5 under 2 processes: each validation reads 1 batch on
-    each rank (they are compared after every validation: unequal counts fail the run) and 256 samples in all."""
-    store = tmp_path / "store"
-    ingest_synthetic(store, 3000, seed=1)
-    out = tmp_path / "run"
-    args = ["-m", "lmdbstore", "train", str(store), "--batch", "128", "--epochs", "2", "--workers", "1"]
-    proc = _torchrun([*args, "--val-limit", "1", "--val-every", "5", "--out", str(out), "--no-progress"], REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train_idx, val_idx = stratified_split(StoreReader(store).labels(), 0.1, 0)
     steps = -(-len(train_idx) // 256)  # 128 a batch on each of 2 ranks
     for m in lines:
         assert (m["val_samples"], m["val_batches"]) == (256, 1)
         within = range(steps * (m["epoch"] - 1) + 1, steps * m["epoch"])
         assert [v["step"] for v in m["validations"]] == [s for s in within if s % 5 == 0]
         assert all((v["samples"], v["batches"]) == (256, 1) for v in m["validations"])
-    assert f"validates 256 of {len(val_idx)} samples (1 batch(es) a process)" in proc.stdout
