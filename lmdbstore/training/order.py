@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
-from lmdbstore.errors import LmdbStoreError
 from lmdbstore.loader.choose import pick_shuffle
 from lmdbstore.loader.window import bound_window_bytes, default_window_bytes
-from lmdbstore.training.checkpoint import load_checkpoint
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
-from lmdbstore.util.runfiles import CHECKPOINT_NAME
 
 __all__ = ["Order", "agree_order", "order_of", "recorded_order"]
 
@@ -69,15 +65,14 @@ def order_of(sampler: Any) -> Order:
     return Order(shuffle, getattr(sampler, "window_bytes", None) if shuffle == "window" else None)
 
 
-def recorded_order(out: Path | None, resume: bool) -> Order | None:
-    """The order the checkpoint in ``out`` recorded, for a resumed run; ``None`` for a fresh run, or a
-    checkpoint without one (earlier versions) or that cannot be read (resuming reports that in one line)."""
-    if not resume or out is None or not (out / CHECKPOINT_NAME).is_file():
-        return None
+def recorded_order(ckpt: dict[str, Any] | None) -> Order | None:
+    """The order a resumed run's checkpoint recorded; ``None`` for a fresh run (no checkpoint), or a checkpoint
+    without one (earlier versions) or with one that does not parse (the sampler's own state check still
+    applies)."""
+    text = ckpt.get("order") if ckpt is not None else None
     try:
-        text = load_checkpoint(out / CHECKPOINT_NAME).get("order")
         return Order.from_json(text) if isinstance(text, str) else None
-    except (LmdbStoreError, ValueError):
+    except ValueError:
         return None
 
 

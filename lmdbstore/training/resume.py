@@ -25,7 +25,6 @@ from lmdbstore.training.checkpoint import (
     check_model_spec,
     first_line,
     is_int,
-    load_checkpoint,
     load_weights,
 )
 from lmdbstore.training.metrics import EpochMetrics, history_from_json
@@ -59,15 +58,17 @@ class RunState:
 
 
 def resume_run(
+    ckpt: dict[str, Any],
     ckpt_path: Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     classes: list[str],
     shape: tuple[int, ...],
     spec: tuple[str, dict[str, Any]],
-    device: torch.device,
 ) -> RunState:
-    """Load ``ckpt_path`` into ``model`` and ``optimizer`` and return where its run stopped.
+    """Load the checkpoint ``ckpt`` (read from ``ckpt_path`` by
+    :func:`~lmdbstore.training.checkpoint.load_checkpoint`) into ``model`` and ``optimizer`` and return where
+    its run stopped.
 
     ``spec``: the model's name (:func:`~lmdbstore.training.checkpoint.model_name`) and its factory's arguments,
     which the checkpoint's must equal.
@@ -77,7 +78,6 @@ def resume_run(
             that do not fit, or resume state missing or malformed.
         ModelError: a checkpoint of another model (factory or arguments).
     """
-    ckpt = load_checkpoint(ckpt_path, map_location=device)
     check_checkpoint(ckpt, classes, shape, ckpt_path)
     check_model_spec(ckpt, spec[0], spec[1], ckpt_path)
     load_weights(model, ckpt, ckpt_path)

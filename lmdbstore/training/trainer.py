@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.checkpoint import model_name
+from lmdbstore.training.checkpoint import load_checkpoint, model_name
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
@@ -140,14 +140,14 @@ def train(
     info = init_distributed(device_kind(cfg.device))
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
-    recorded = recorded_order(Path(out_dir) if out_dir is not None else None, resume)  # a resumed run's order
-    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded)  # the same stores, or shards
+    out = Path(out_dir) if out_dir is not None else None
+    ckpt = _checkpoint(out, device) if resume else None  # read once: its order now, its weights and state below
+    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded_order(ckpt))  # or shards per node
     data, sampler, placement = mine.data, mine.sampler, mine.placement
     model, net = _build_model(data, cfg, lcfg.seed, info, device)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
     optimizer = make_optimizer(model, cfg)
-    out = Path(out_dir) if out_dir is not None else None
-    state = _resume(out, model, optimizer, data, cfg, device, say) if resume else RunState()
+    state = _resume(ckpt, out, model, optimizer, data, cfg, say) if ckpt is not None and out is not None else RunState()
     val_idx = limit_validation(
         data.labels, mine.val_idx, cfg.val_limit, lcfg.batch_size, placement.share.world_size, lcfg.seed
     )  # what one validation reads: all of the split, or a fixed stratified subset
@@ -252,21 +252,32 @@ def _shuffle_used(run: TrainRun) -> str:
     return f"{used} (auto)" if run.lcfg.order == "auto" and used != "auto" else used
 
 
+def _checkpoint(out: Path | None, device: torch.device) -> dict[str, Any]:
+    """The checkpoint a resumed run continues (``out``'s), loaded once.
+
+    Raises:
+        ValueError: no ``out``.
+        LmdbStoreError: no usable checkpoint there.
+    """
+    if out is None:
+        raise ValueError("resume needs out_dir")
+    return load_checkpoint(out / CHECKPOINT_NAME, map_location=device)
+
+
 def _resume(
-    out: Path | None,
+    ckpt: dict[str, Any],
+    out: Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     data: TrainData,
     cfg: TrainConfig,
-    device: torch.device,
     say: Log,
 ) -> RunState:
-    """The state of the run in ``out`` (its checkpoint loaded into ``model`` and ``optimizer``), said so."""
-    if out is None:
-        raise ValueError("resume needs out_dir")
+    """The state of the run in ``out`` (its checkpoint ``ckpt`` loaded into ``model`` and ``optimizer``), said
+    so."""
     path = out / CHECKPOINT_NAME
     spec = (model_name(model_ref(cfg.model)), cfg.model_kwargs)
-    state = resume_run(path, model, optimizer, data.classes, data.meta.shape, spec, device)
+    state = resume_run(ckpt, path, model, optimizer, data.classes, data.meta.shape, spec)
     if state.start_step:
         say(f"resuming epoch {state.start_epoch + 1} after its step {state.start_step} from {path}")
     else:
