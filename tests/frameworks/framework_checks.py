@@ -1,17 +1,31 @@
-"""Checks of the Keras and tf.data adapters that must run in a process of their own (TensorFlow or Keras
-loaded there for good; the test process must stay free of them): ``python framework_checks.py CHECK STORE``
-with ``KERAS_BACKEND`` set.  Each check asserts and prints ``OK CHECK``; test_keras_tf.py runs them.
+"""Checks of the Keras and tf.data adapters, run in one process per Keras backend (TensorFlow or Keras loaded
+there for good; the test process must stay free of them): ``python framework_checks.py BACKEND STORES`` with
+``KERAS_BACKEND`` set, ``STORES`` a directory holding ``small`` (2,000 samples) and ``damaged`` (a garbled leaf).
+
+The backend's steps (:data:`PLANS`) run in order: first what the training scripts of test_lifecycle.py do
+when they end by themselves (nothing of theirs may be left once they dropped their datasets), then the checks,
+then the Ctrl-C steps: each prints ``READY STEP`` once batches flow and reads until the test presses Ctrl-C;
+the last one lets KeyboardInterrupt end the process (nothing it started may outlive it).  Each step prints
+``RESULT {json}`` (``ok``, or the error's traceback) and a failing step does not stop the next;
+test_keras_tf.py reads them.
 
 The store's samples encode their index in their first value (tests/conftest.py ``make_data``).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import json
 import multiprocessing as mp
+import signal
 import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from lifecycle_script import ready, settle
 
 import lmdbstore
 from lmdbstore.loader.choose import split_indices
@@ -31,6 +45,30 @@ def expected(labels: np.ndarray, split: str, epoch: int) -> list[list[int]]:
     return [b.tolist() for b in s.batches_from(epoch, 0)]
 
 
+def crop(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Another shape: the top-left 21x21 of each sample (its first value, the sample number, stays)."""
+    return np.ascontiguousarray(x[:, :21, :21]), y
+
+
+def half(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Another dtype: float16 (sample numbers up to 2,048 are exact)."""
+    return x.astype(np.float16), y
+
+
+def uneven(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """21x21 for whole batches, 20x20 for the last, shorter one: no one element spec fits."""
+    n = 21 if len(x) == BATCH else 20
+    return np.ascontiguousarray(x[:, :n, :n]), y
+
+
+def broken_at_the_end(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fails on the last, shorter batch (not on the first, which tf_dataset reads for its element spec)."""
+    if len(x) < BATCH:
+        raise ValueError("augmentation failed")
+    return x, y
+
+
+# ------------------------------------------------------------------ tf_dataset
 def check_tf(store: str) -> None:
     """tf_dataset: known length, every sample once per iteration in the sampler's next order (in Python, in
     a dataset made from it, in a graph), kept tensors never overwritten, the same forkserver readers all
@@ -80,6 +118,7 @@ def check_tf(store: str) -> None:
     )
     assert sum(len(y) for _, y in loader) == len(labels)
     assert type(loader.multiprocessing_context).__name__ == "ForkServerContext"
+    loader.close()
     check_tf_left_midway(store, labels)
 
 
@@ -93,11 +132,11 @@ def check_tf_left_midway(store: str, labels: np.ndarray) -> None:
 
     idle.IDLE_MIN_SECONDS = 1.0
     ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
+    feed = ds._lmdbstore_passes.feed
     for k, _ in enumerate(ds):
         if k == 2:
+            pids = [p.pid for p in feed.pool.procs]
             break
-    feed = ds._lmdbstore_passes.feed
-    pids = [p.pid for p in feed.pool.procs]
     deadline = time.monotonic() + 30
     while (
         feed.pool is not None or any(process_start_time(p) is not None for p in pids)
@@ -106,14 +145,13 @@ def check_tf_left_midway(store: str, labels: np.ndarray) -> None:
     assert feed.pool is None, "the readers of a pass left midway were not stopped"
     assert all(process_start_time(p) is None for p in pids), pids
     assert [ids(x) for x, _ in ds] == expected(labels, "train", 1)  # the next pass, whole, by new readers
+    idle.IDLE_MIN_SECONDS = 60.0
 
 
 def check_tf_abandoned(ds: Any, derived: Any) -> None:
-    """Iterating again abandons an unfinished iteration: its next batch is a one-line error, in Python and
+    """Iterating again abandons an unfinished iteration: its next batch is an error naming it, in Python and
     in TensorFlow's iterators alike; the newer iteration goes on with whole batches of its pass."""
     import tensorflow as tf
-
-    from lmdbstore.errors import LmdbStoreError
 
     for make in (lambda: iter(ds), lambda: iter(derived)):
         older = make()
@@ -122,12 +160,78 @@ def check_tf_abandoned(ds: Any, derived: Any) -> None:
         first = ids(next(newer)[0])
         try:
             next(older)
-        except (LmdbStoreError, tf.errors.OpError) as exc:
-            assert "abandoned" in str(exc), str(exc)
+        except tf.errors.OpError as exc:
+            assert "LmdbStoreError: a newer iteration of this tf.data dataset started" in str(exc), str(exc)
         else:
             raise AssertionError("an abandoned iteration went on")
         rest = [ids(x) for x, _ in newer]
         assert len(rest) == len(ds) - 1 and all(len(b) == BATCH for b in [first, *rest[:-1]])
+
+
+def check_tf_error(store: str, damaged: str) -> None:
+    """A damaged store (a garbled leaf) is the store's own one-line CorruptStoreError when the dataset is made,
+    with or without readers; an error inside a pass (a transform's) reaches the iterator and model.fit as
+    TensorFlow's error, its message naming the original exception, its line and where the reader raised it."""
+    import keras
+    import tensorflow as tf
+
+    from lmdbstore.errors import CorruptStoreError
+
+    for workers in (2, 0):
+        try:
+            lmdbstore.tf_dataset(damaged, batch_size=BATCH, workers=workers, shuffle="none")
+        except CorruptStoreError as exc:
+            assert "\n" not in str(exc) and "Traceback" not in str(exc), str(exc)
+        else:
+            raise AssertionError("no error from a damaged store")
+    ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, transform=broken_at_the_end)
+    for consume in (list, lambda d: _model(keras, (25, 25, 1)).fit(d, verbose=0)):
+        try:
+            consume(ds)
+        except tf.errors.InvalidArgumentError as exc:
+            assert "ValueError: augmentation failed" in str(exc) and "in broken_at_the_end" in str(exc), str(exc)
+        else:
+            raise AssertionError("a transform's error was lost")
+
+
+def check_tf_transforms(store: str) -> None:
+    """Issue 39 #6: a transform that changes the shape (a 21x21 crop) or the dtype (float16) is delivered as
+    it returns it, its element spec the transform's (in Python and to model.fit); one that returns another
+    shape for a later batch is an error naming the transform."""
+    import keras
+    import tensorflow as tf
+
+    reader = lmdbstore.open_reader(store)
+    x_all, labels = reader.read_range(0, len(reader)), reader.labels()
+    for transform, shape, dtype in ((crop, (21, 21, 1), np.float32), (half, (25, 25, 1), np.float16)):
+        ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, transform=transform)
+        assert ds.element_spec[0].shape.as_list() == [None, *shape], ds.element_spec
+        assert ds.element_spec[0].dtype == tf.as_dtype(dtype), ds.element_spec
+        seen = []
+        for x, y in ds:
+            assert x.shape[1:] == shape and x.dtype == tf.as_dtype(dtype), (x.shape, x.dtype)
+            idx = ids(x)
+            want, _ = transform(x_all[idx][..., None], labels[idx])
+            np.testing.assert_array_equal(x.numpy(), want)
+            np.testing.assert_array_equal(y.numpy(), labels[idx])
+            seen += idx
+        assert sorted(seen) == sorted(split_indices(labels, "train", 0.1, 0).tolist())
+        history = _model(keras, shape).fit(ds, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+    ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, transform=uneven)
+    try:
+        list(ds)
+    except tf.errors.InvalidArgumentError as exc:
+        assert "the transform returned samples of shape (20, 20, 1)" in str(exc), str(exc)
+        assert "its first batch (21, 21, 1)" in str(exc), str(exc)
+    else:
+        raise AssertionError("a batch of another shape than the element spec was delivered")
+
+
+def _model(keras: Any, shape: tuple[int, ...]) -> Any:
+    model = keras.Sequential([keras.Input(shape), keras.layers.Flatten(), keras.layers.Dense(5)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
 
 def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
@@ -136,7 +240,6 @@ def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
     the new store through the old split)."""
     import shutil
     import tempfile
-    from pathlib import Path
 
     from lmdbstore.tools.copy import copy_store
 
@@ -159,6 +262,7 @@ def _replaced_before_the_first_epoch(store: str, make: Any) -> str:
         shutil.rmtree(base, ignore_errors=True)
 
 
+# ------------------------------------------------------------------ keras_dataset
 def _recording(ds: Any) -> list[list[list[int]]]:
     """Wrap ``ds``'s feed so that every pass's delivered batches are recorded (observed, not changed)."""
     passes: list[list[list[int]]] = []
@@ -196,8 +300,7 @@ def check_keras(store: str) -> None:
     train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, shuffle="random")
     val = lmdbstore.keras_dataset(store, split="val", batch_size=BATCH, workers=1)
     seen, seen_val = _recording(train), _recording(val)
-    model = keras.Sequential([keras.Input((25, 25, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = _model(keras, (25, 25, 1))
     history = model.fit(train, validation_data=val, epochs=3, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     whole = [p for p in seen if len(p) == len(train)]
@@ -257,6 +360,25 @@ def check_keras_resume(store: str, model: Any, labels: np.ndarray) -> None:
     resumed.close()
 
 
+def check_keras_transforms(store: str) -> None:
+    """The sibling of issue 39 #6: keras_dataset delivers a transform's other shape (a 21x21 crop) or dtype
+    (float16) as it returns it, iterated and under model.fit on this backend."""
+    import keras
+
+    reader = lmdbstore.open_reader(store)
+    x_all, labels = reader.read_range(0, len(reader)), reader.labels()
+    for transform, shape, dtype in ((crop, (21, 21, 1), np.float32), (half, (25, 25, 1), np.float16)):
+        ds = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2, transform=transform)
+        for x, y in ds:
+            assert x.shape[1:] == shape and x.dtype == dtype, (x.shape, x.dtype)
+            idx = ids(x)
+            np.testing.assert_array_equal(x, transform(x_all[idx][..., None], labels[idx])[0])
+            np.testing.assert_array_equal(y, labels[idx])
+        history = _model(keras, shape).fit(ds, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        ds.close()
+
+
 class Recorder:
     """A transform that records the sample numbers of every batch (run in this process: ``workers=0``)."""
 
@@ -294,32 +416,108 @@ def check_keras_make_loader(store: str) -> None:
     assert orders[0] != orders[1] != orders[2]
 
 
-def check_tf_error(store: str) -> None:
-    """tf_dataset over a damaged store (a garbled leaf): iterating it in Python raises the readers' own
-    CorruptStoreError, one line, not TensorFlow's UnknownError with a traceback in its message."""
-    from lmdbstore.errors import CorruptStoreError
-
-    ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2, shuffle="none")
-    try:
+# ------------------------------------------------------------------ what test_lifecycle.py's scripts did
+def drop_tf(store: str) -> None:
+    """Break out of a tf_dataset's epoch, drop it, collect: no reader left; then whole epochs of datasets made
+    and dropped: none left either."""
+    ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2)
+    for _ in ds:
+        break
+    del ds
+    settle("tf_dataset, early stop")
+    for _ in range(3):  # datasets iterated and dropped
+        ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2)
         for _ in ds:
             pass
-    except CorruptStoreError as exc:
-        assert "\n" not in str(exc) and "Traceback" not in str(exc), str(exc)
-        assert exc.__cause__ is None and exc.__suppress_context__
-    else:
-        raise AssertionError("no error from a damaged store")
-    ds2 = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=0, shuffle="none")  # read in TF's thread
+        del ds
+    settle("tf_dataset, whole epochs")
+
+
+def drop_keras(store: str) -> None:
+    """The same for keras_dataset: an epoch broken out of, then one of model.fit."""
+    import keras
+
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2)
+    val = lmdbstore.keras_dataset(store, split="val", batch_size=BATCH, workers=1)
+    for _ in train:
+        break
+    del train, val
+    settle("keras_dataset, early stop")
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2)
+    _model(keras, (25, 25, 1)).fit(train, epochs=1, verbose=0)
+    del train
+    settle("keras_dataset after model.fit")
+
+
+#: Datasets whose loops Ctrl-C broke, kept to the end: their readers must end with the process.
+INTERRUPTED: list[Any] = []
+
+
+def interrupt_keras(store: str) -> None:
+    """model.fit on keras_dataset (2 readers, validation with 1) until Ctrl-C."""
+    import keras
+
+    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2)
+    val = lmdbstore.keras_dataset(store, split="val", batch_size=BATCH, workers=1)
+    INTERRUPTED.extend([train, val])
+    _model(keras, (25, 25, 1)).fit(
+        train, validation_data=val, epochs=10_000, verbose=0,
+        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=ready)],
+    )  # fmt: skip
+
+
+def interrupt_tf(store: str) -> None:
+    """A for loop over tf_dataset (2 readers, started by forkserver) until Ctrl-C."""
+    ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2)
+    INTERRUPTED.append(ds)
+    while True:
+        for _ in ds:
+            ready()
+
+
+#: The steps of each backend, in order (the module docstring); a Ctrl-C step last ends the process.
+PLANS: dict[str, list[str]] = {
+    "tensorflow": [
+        "drop_tf", "drop_keras", "tf", "tf_error", "tf_transforms", "keras", "keras_transforms",
+        "keras_make_loader", "interrupt_keras", "interrupt_tf",
+    ],
+    "torch": ["drop_keras", "keras", "keras_transforms", "keras_make_loader", "interrupt_keras"],
+    "jax": ["drop_keras", "keras", "keras_transforms", "interrupt_keras"],
+}  # fmt: skip
+
+STEPS: dict[str, Callable[..., None]] = {
+    "drop_tf": drop_tf, "drop_keras": drop_keras, "tf": check_tf, "tf_error": check_tf_error,
+    "tf_transforms": check_tf_transforms, "keras": check_keras, "keras_transforms": check_keras_transforms,
+    "keras_make_loader": check_keras_make_loader, "interrupt_keras": interrupt_keras, "interrupt_tf": interrupt_tf,
+}  # fmt: skip
+
+
+def run_step(name: str, stores: Path, last: bool) -> None:
+    """Run one step and print its RESULT; a Ctrl-C step waits for Ctrl-C (the last one ends the process)."""
+    import lifecycle_script
+
+    args = [str(stores / "small"), str(stores / "damaged")] if name == "tf_error" else [str(stores / "small")]
+    lifecycle_script.said = False  # ready() says READY once per step
+    error = None
     try:
-        list(ds2)
-    except CorruptStoreError:
-        pass
-    else:
-        raise AssertionError("no error from a damaged store without readers")
+        STEPS[name](*args)
+        if name.startswith("interrupt_"):
+            error = "the loop ended before Ctrl-C"
+    except KeyboardInterrupt:
+        if not name.startswith("interrupt_") or last:
+            raise
+    except BaseException:  # SystemExit from settle() too
+        error = traceback.format_exc()
+    print("RESULT " + json.dumps({"step": name, "error": error}), flush=True)
+
+
+def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks when it waited too long
+    backend, stores = sys.argv[1], Path(sys.argv[2])
+    plan = PLANS[backend]
+    for k, name in enumerate(plan):
+        run_step(name, stores, last=k == len(plan) - 1)
 
 
 if __name__ == "__main__":
-    check, store = sys.argv[1], sys.argv[2]
-    checks = {"tf": check_tf, "tf_error": check_tf_error, "keras": check_keras}
-    checks["keras_make_loader"] = check_keras_make_loader
-    checks[check](store)
-    print(f"OK {check}")
+    main()

@@ -1,12 +1,13 @@
-"""A training script as users write it, for test_lifecycle.py: ``python lifecycle_script.py KIND MODE STORE``
-(``KERAS_BACKEND`` set for ``keras``).
+"""A training script as users write it, for test_lifecycle.py: ``python lifecycle_script.py KIND MODE STORE``.
 
-KIND: ``loader`` (make_loader, 2 workers), ``keras`` (model.fit on keras_dataset, 2 readers, validation
-with 1), ``tf`` (a for loop over tf_dataset, 2 readers, started by forkserver: TensorFlow's runtime runs).
+KIND: ``loader`` (make_loader, 2 workers), ``tf`` (a for loop over tf_dataset, 2 readers, started by
+forkserver: TensorFlow's runtime runs; ``wait`` only).
 
 MODE ``wait``: print ``READY`` once batches flow, then read for ever (the test kills the process).
 MODE ``drop``: break out of an epoch, drop everything, collect; then a whole epoch, drop, collect; each
 time wait until no worker or reader process of this one is left and print ``CLEAN`` (else exit 1).
+
+framework_checks.py does the same with keras_dataset and tf_dataset, with :func:`settle` and :func:`ready`.
 """
 
 from __future__ import annotations
@@ -97,48 +98,17 @@ def run_loader(store: str, mode: str) -> None:
     settle("loader, whole epoch")
 
 
-def run_keras(store: str, mode: str) -> None:
-    import keras
-
-    model = keras.Sequential([keras.Input((25, 25, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
-    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2)
-    val = lmdbstore.keras_dataset(store, split="val", batch_size=BATCH, workers=1)
-    if mode == "wait":
-        model.fit(train, validation_data=val, epochs=10_000, verbose=0,
-                  callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=ready)])  # fmt: skip
-    for _ in train:
-        break
-    del train, val
-    settle("keras_dataset, early stop")
-    train = lmdbstore.keras_dataset(store, split="train", batch_size=BATCH, workers=2)
-    model.fit(train, epochs=1, verbose=0)
-    del train
-    settle("keras_dataset after model.fit")
-
-
 def run_tf(store: str, mode: str) -> None:
     ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2)
-    if mode == "wait":
-        while True:
-            for _ in ds:
-                ready()
-    for _ in ds:
-        break
-    del ds
-    settle("tf_dataset, early stop")
-    for _ in range(3):  # datasets iterated and dropped
-        ds = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=2)
+    while True:
         for _ in ds:
-            pass
-        del ds
-    settle("tf_dataset, whole epochs")
+            ready()
 
 
 def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks when it waited too long
     kind, mode, store = sys.argv[1:4]
-    {"loader": run_loader, "keras": run_keras, "tf": run_tf}[kind](store, mode)
+    {"loader": run_loader, "tf": run_tf}[kind](store, mode)
     print("CLEAN", flush=True)
 
 
