@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.config import DEFAULT_LABEL_CHUNK
 from lmdbstore.errors import CorruptStoreError, FormatVersionError, preview
 from lmdbstore.format.checksums import CHECKSUM_KINDS, checksum_size
 from lmdbstore.format.dtypes import ALLOWED_DTYPES, label_dtype_for
 from lmdbstore.format.layout import FORMAT_NAME, FORMAT_VERSION
-from lmdbstore.format.limits import MAX_CLASSES, MAX_COUNT, MAX_DIM, MAX_NDIM, MAX_SAMPLE_BYTES
+from lmdbstore.format.limits import DEFAULT_LABEL_CHUNK, MAX_CLASSES, MAX_COUNT, MAX_DIM, MAX_NDIM, MAX_SAMPLE_BYTES
 from lmdbstore.format.value_stats import ValueStats
 
 __all__ = ["STORE_ID_HEX", "StoreMeta", "check_classes", "control_character", "new_store_id"]

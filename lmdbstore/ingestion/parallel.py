@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lmdbstore import errors
+import lmdbstore.errors as errors
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
 from lmdbstore.format.value_stats import ValueStats
