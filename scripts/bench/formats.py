@@ -162,7 +162,9 @@ def opener(kind: str, mode: str, path: Path, data: Data) -> tuple[Callable[[np.n
     if kind == "npyfiles":
         return lambda idx: np.stack([np.load(path / f"{i:08d}.npy") for i in idx.tolist()]), None
     if kind == "mds":
-        ds = import_streaming().StreamingDataset(local=str(path), shuffle=False)
+        streaming = import_streaming()
+        streaming.base.util.clean_stale_shared_memory()
+        ds = streaming.StreamingDataset(local=str(path), shuffle=False)
         return lambda idx: np.stack([ds.get_item(i)["x"] for i in idx.tolist()]), None
     if kind == "litdata":
         import litdata

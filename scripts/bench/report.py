@@ -33,7 +33,7 @@ HEADLINE = (
     ("frameworks", "train: data wait (CPU, warm)"),
     ("formats", "bytes on disk per sample"),
     ("formats", "warm random vs HDF5"),
-    ("peers", "shuffled epoch vs mds"),
+    ("peers", "shuffled epoch vs MDS"),
     ("ingest", "single writer"),
     ("scale", "cold window epoch"),
     ("scale", "first batch, cold random epoch"),
@@ -188,13 +188,16 @@ def headline(results: dict[str, dict[str, Any] | None]) -> list[str]:
     for name, res in results.items():
         missed += [f"{name}: {r['name']}" for r in (res or {}).get("rows", []) if r.get("met") is False]
     goals = sum(1 for res in results.values() for r in (res or {}).get("rows", []) if r.get("goal"))
-    dates = sorted({r["header"]["date"][:10] for r in results.values() if r})
+    ran = [r for r in results.values() if r]
+    dates = sorted({r["header"]["date"][:10] for r in ran})
+    machines = sorted({f"{h['cpu']}, {h['cores']} cores, {h['ram_gib']} GiB RAM" for h in (r["header"] for r in ran)})
     out = [BEGIN, ""]
-    if any(r and r["quick"] for r in results.values()):
+    if any(r["quick"] for r in ran):
         out += [QUICK, ""]
+    on = machines[0] if len(machines) == 1 else f"{len(machines)} machines"
     out += [
-        f"From the last runs ({', '.join(dates) or 'none yet'}); each figure against a baseline measured in the same "
-        "run. Commands, machines and every other row: [docs/benchmarks.md](docs/benchmarks.md).",
+        f"From the last runs ({', '.join(dates) or 'none yet'}, on {on}); each figure against a baseline measured in "
+        "the same run. Commands, machines and every other row: [docs/benchmarks.md](docs/benchmarks.md).",
         "",
         "| what | figure | against (same run) | ratio | goal |",
         "|---|---:|---|---:|---|",

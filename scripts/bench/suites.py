@@ -208,8 +208,8 @@ PEERS = Benchmark(
         Row("warm random vs MDS", WARM_RANDOM, baselines=(Baseline(format_read("mds", "get_item each")),)),
         Row("warm random vs litdata", WARM_RANDOM, baselines=(Baseline(format_read("litdata", "[i] each")),)),
         *(
-            Row(f"shuffled epoch vs {k}", loader_epoch("random", cold=False), baselines=(Baseline(peer_epoch(k)),))
-            for k in ("mds", "litdata", "wds")
+            Row(f"shuffled epoch vs {who}", loader_epoch("random", cold=False), baselines=(Baseline(peer_epoch(k)),))
+            for k, who in (("mds", "MDS"), ("litdata", "litdata"), ("wds", "webdataset"))
         ),
     ),
 )
