@@ -49,6 +49,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse(argv)
+    options = argv[:]
+    for name in a.names:
+        options.remove(name)
     status = 0
     for name in a.names:
         if name == "list":
@@ -57,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write(a.out, a.docs, a.readme, SUITES)
             print(f"wrote {a.docs} and the headline table of {a.readme} from {a.out}")
         else:
-            cmd = shlex.join(["python", "-m", "scripts.bench", name, *(x for x in argv if x not in SUITES)])
+            cmd = shlex.join(["python", "-m", "scripts.bench", name, *options])
             opt = Options(a.out, a.quick, a.rounds, a.seconds, a.store_dir, a.samples, a.dtype, cmd)
             try:
                 res = run(SUITES[name], opt)

@@ -117,6 +117,7 @@ class Runner:
         self.ctx = Ctx(data=data, paths={}, seconds=seconds, quick=opt.quick, scratch=self.scratch)
         self.recorded: dict[str, list[dict[str, float]]] = {}
         self.last: tuple[str, dict[str, float]] | None = None  # the measurement made last, for a bracket to reuse
+        self.warmed: set[str] = set()  # artifacts read into the page cache and not dropped since
         self.json = opt.out / f"{bench.name}.json"
 
     # ------------------------------------------------------------------ artifacts
@@ -189,8 +190,10 @@ class Runner:
         self.last = None
         stores = [p for k in m.uses for p in (self.ctx.stores(k) if k == "set4" else [self.ctx.paths[k]])]
         self.ctx.drop = lambda: machine.drop(stores)
-        if m.warm:
-            machine.warm(stores)
+        if not m.warm:  # it may drop pages (the disk's limits do, cold reads do)
+            self.warmed -= set(m.uses)
+        elif not set(m.uses) <= self.warmed and machine.warm(stores):
+            self.warmed |= set(m.uses)
         self.ctx.scratch = Path(tempfile.mkdtemp(dir=self.scratch))  # each measurement writes in a new one
         try:
             got = m.fn(self.ctx)

@@ -61,7 +61,7 @@ def set_rows(when: str) -> tuple[Row, ...]:
 
 READPATH = Benchmark(
     "readpath",
-    "read_batch cold and warm, against the disk's limits and a numpy memmap",
+    "`read_batch` cold and warm, against the disk's limits and a numpy memmap",
     "One process reads random and block-order batches of 4096 with `StoreReader.read_batch`.  Cold: the store's pages "
     "dropped after it is opened, against random `pread`s of the same bytes (one sample, or one whole value) at 16 "
     "(and 64) in flight on the same file, measured right before and after each round.  Warm: the same batches read "
@@ -87,7 +87,7 @@ READPATH = Benchmark(
 
 FEED = Benchmark(
     "feed",
-    "make_loader's cold epochs: the first batch, and a window-order epoch against the disk's sequential read",
+    "`make_loader`'s cold epochs: the first batch, and a window-order epoch against the disk's sequential read",
     "`make_loader(workers=2)` over a store its pages dropped once the loader is made: the wait for an epoch's first "
     "batch in each order, and the samples/s of a window-order epoch against the sequential read of the same file "
     "(measured right before and after), alone and with another job (a process spinning on one core) running.",
@@ -109,7 +109,7 @@ FEED = Benchmark(
 
 SETS = Benchmark(
     "sets",
-    "a set of 4 stores read as one, against one store of the same samples",
+    "A set of 4 stores read as one, against one store of the same samples",
     "The same samples as one store and as a set of four stores of a quarter each (`open_reader([...])`), in turn "
     "each round: warm random batches read into one buffer in one process, and a cold window-order epoch through "
     "`make_loader(workers=2)`.",
@@ -120,7 +120,7 @@ SETS = Benchmark(
 
 FRAMEWORKS = Benchmark(
     "frameworks",
-    "the feed under every framework, against one in-process reader",
+    "The feed under every framework, against one in-process reader",
     "Whole epochs of the training split in random order, data only, warm: `make_loader`, `tf_dataset` and "
     "`keras_dataset` with 2 reader processes each, and `read_batch(out=)` in one process; each row's contenders in "
     "turn each round, epoch starts included, after an untimed epoch.  Then `lmdbstore train` (CPU, 2 readers): the "
@@ -216,7 +216,7 @@ PEERS = Benchmark(
 
 INGEST = Benchmark(
     "ingest",
-    "writing: the single writer against np.save, write_parallel's producers, a TFRecord ingest",
+    "Writing: the single writer against np.save, write_parallel's producers, a TFRecord ingest",
     "The writer appending ready arrays of 4096 25x25 float32 samples (crc32, an fsync a commit) against `np.save` "
     "of the same bytes; `write_parallel` of a producer whose tasks cost 50 ms here (an augmentation's numpy passes) "
     "on 2 local workers and on a Dask `LocalCluster` of 2 processes, against 1 local worker; TFRecord shards written "
@@ -238,7 +238,7 @@ INGEST = Benchmark(
 
 VERIFY = Benchmark(
     "verify",
-    "verify against the disk's sequential read",
+    "`verify_store` against the disk's sequential read",
     "`verify_store` with every core on a store whose pages were dropped after open, against the sequential read of "
     "its file measured right before and after.",
     data=ONE_M,
@@ -247,7 +247,7 @@ VERIFY = Benchmark(
 
 MEMORY = Benchmark(
     "memory",
-    "the trainer's split and samplers: the main process's peak against its steady memory",
+    "The trainer's split and samplers: the main process's peak against its steady memory",
     "In a fresh process per order: a label table of the samples, the stratified 10 % split and the order's "
     "training sampler (its first 50 batches), as the trainer makes them (numpy only, no store): resident MiB at the "
     "peak against the level it keeps.",
@@ -268,7 +268,7 @@ MEMORY = Benchmark(
 _TRAIN = train(kill=True, cold=True)
 SCALE = Benchmark(
     "scale",
-    "the seed's scale: every command at 40M samples, twice the RAM",
+    "The seed's scale: every command at 40M samples, twice the RAM",
     "A 40M-sample float16 store (about 50 GB) built with `write_parallel`; verify; cold epochs through "
     "`make_loader(workers=2)` in every order against the disk's limits measured right before and after (random: "
     "`pread` of one sample at 16 and 64 in flight; block: of one value; window: the sequential read), and each "
@@ -325,7 +325,7 @@ SCALE = Benchmark(
 
 GPU = Benchmark(
     "gpu",
-    "batches into a GPU, and training on one",
+    "Batches into a GPU, and training on one",
     "`make_loader` (8 readers, random order, warm) bringing batches to the GPU, data only: page-locked slots "
     '(`pin_memory=True`) and staged batches (`device="cuda"`) against pageable batches copied with `.to`; then '
     "`lmdbstore train` on the GPU at widths 16 and 64: the share of the run spent waiting for data.",
@@ -350,7 +350,7 @@ GPU = Benchmark(
 _DEMO = demo()
 DEMO = Benchmark(
     "demo",
-    "the main job end to end",
+    "The main job end to end",
     "`lmdbstore demo`: 100,000 synthetic samples of a learnable 5-class dataset synthesized into a store, stats, "
     "3 epochs of the CNN at batch 4096 with 2 readers on the CPU, eval of the best checkpoint.",
     needs=("torch",),
