@@ -22,7 +22,7 @@ from scripts.bench.suites import SUITES
         ("readpath", 8192, None),
         ("sets", 8192, None),
         ("verify", 8192, None),
-        ("formats", 4096, None),
+        ("formats", 2048, None),
         ("memory", 20_000, slice(2, 3)),  # the window sampler's row: one fresh interpreter, not four
     ],
 )
