@@ -88,7 +88,7 @@ READPATH = Benchmark(
 FEED = Benchmark(
     "feed",
     "`make_loader`'s cold epochs: the first batch, and a window-order epoch against the disk's sequential read",
-    "`make_loader(workers=2)` over a store its pages dropped once the loader is made: the wait for an epoch's first "
+    "`make_loader(workers=2)` over a store whose pages are dropped once the loader is made: the wait for an epoch's first "
     "batch in each order, and the samples/s of a window-order epoch against the sequential read of the same file "
     "(measured right before and after), alone and with another job (a process spinning on one core) running.",
     data=TWO_M,
