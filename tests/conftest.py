@@ -326,17 +326,6 @@ def one_error_line(result: Any) -> str:
     return text
 
 
-def load_script(name: str) -> Any:
-    """Import the benchmark module ``scripts/bench/<name>.py`` as ``bench.<name>`` (``scripts/`` goes on
-    ``sys.path``: the benchmarks import their shared helpers as ``bench.common``, ``bench.machine``, ...)."""
-    import importlib
-    import sys
-
-    if str(REPO / "scripts") not in sys.path:
-        sys.path.insert(0, str(REPO / "scripts"))
-    return importlib.import_module(f"bench.{name}")
-
-
 @dataclass(frozen=True)
 class CliRun:
     """A CLI run in a subprocess: exit status, outputs and the child's peak resident memory."""
