@@ -169,7 +169,7 @@ class BlockPlan:
 
 
 class WindowSequence:
-    """One epoch's windowed order (:func:`~lmdbstore.loader.window.window_order`), window by window.
+    """One epoch's windowed order (see :mod:`lmdbstore.loader.window`), window by window.
 
     The chunks (runs of ``chunk_samples`` rounded up to whole values) are shuffled up front (one
     ``rng.permutation``, O(values)); each window's samples are put in order and shuffled (one ``rng.shuffle``)

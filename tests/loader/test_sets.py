@@ -98,8 +98,9 @@ def test_window_read_ahead_covers_each_window_in_set_indices(three: SetInfo) -> 
     plan = inner.plan()
     space = sampler.space
     assert space is not None
+    order = plan.order()
     for w in range(len(plan.chunk_lo)):
-        members = space.to_set(plan.order[plan.window_starts[w] : plan.window_starts[w + 1]])
+        members = space.to_set(order[plan.window_starts[w] : plan.window_starts[w + 1]])
         lo, hi = space.to_set(plan.chunk_lo[w]), space.to_set(plan.chunk_hi[w] - 1) + 1
         covered = np.zeros(1780, bool)
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
