@@ -254,7 +254,7 @@ class BatchFeed:
             return self.read_fresh(self.plan[self.delivered - 1], self.delivered - 1)
         answer = self.pool.answer()  # type: ignore[union-attr]
         if answer[0] != "slot":
-            self.state[slot] = FREE
+            self.state[slot] = HELD  # free once unreferenced: what a reader here returned may view the slot
             if answer[0] == "error":
                 raise_failure(answer, f"a reader process, on batch {self.delivered - 1} of the pass")
             self.came["sent"] += 1

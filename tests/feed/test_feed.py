@@ -90,6 +90,24 @@ def test_kept_batches_are_never_overwritten(small_store: StoreInfo, workers: int
     assert feed.state.count(0) >= feed.slots.n - 1
 
 
+def _flatten(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return x.reshape(len(x), -1), y  # another shape, still a view of the slot
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kept_batches_a_transform_returned_as_views_of_their_slots_are_never_overwritten(
+    small_store: StoreInfo, workers: int
+) -> None:
+    """Issue 39: read in the consumer's thread, such a batch's slot was free at once and the next batch
+    overwrote it."""
+    cfg = loader_config(None, {"batch_size": BATCH, "workers": workers, "multiprocessing_context": "fork"})
+    feed = open_feed(small_store.path, cfg, transform=_flatten)
+    kept = _pass(feed, keep=True)
+    for (x, y), idx in zip(kept, feed.plan, strict=True):
+        np.testing.assert_array_equal(x, small_store.x[idx].reshape(len(idx), -1))
+        np.testing.assert_array_equal(y, small_store.y[idx])
+
+
 def test_an_abandoned_pass_gives_way_to_a_whole_new_one(small_store: StoreInfo) -> None:
     feed = _feed(small_store, workers=2)
     feed.begin()

@@ -290,3 +290,29 @@ def test_a_batch_sent_to_another_process_stays_intact_when_its_slot_is_reused(sm
     child.join(60)
     assert sum(loader.feed.came.values()) == 20 and loader.feed.came["slot"] > loader.feed.slots.n  # slots reused
     assert got == [list(range(k * 100, (k + 1) * 100)) for k in range(20)]
+
+
+class Paired(LmdbBatchDataset):
+    """Reads twice per batch (pairs, mixup, contrastive views): the batch and the samples after it."""
+
+    def __getitem__(self, indices):  # type: ignore[no-untyped-def]
+        x1, y1 = super().__getitem__(indices)
+        x2, y2 = super().__getitem__((np.asarray(indices) + 1) % len(self))
+        return x1, x2, y1, y2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_subclass_reading_twice_gets_every_read_as_read(small_store: StoreInfo, workers: int) -> None:
+    """Issue 39: both reads landed in the reader's slot (the second read in both results); with no workers a
+    result holding the slot's memory was overwritten by the next batch."""
+    cfg = LoaderConfig(batch_size=100, workers=workers, multiprocessing_context="fork")
+    kept = list(make_loader(Paired(small_store.path), EpochBatchSampler(np.arange(2000), 100), cfg))
+    seen = []
+    for x1, x2, y1, y2 in kept:  # every batch kept: a reused slot under one of them would show
+        idx = x1[:, 0, 0, 0].numpy().astype(np.int64)
+        after = (idx + 1) % 2000
+        np.testing.assert_array_equal(x1[:, 0].numpy(), small_store.x[idx])
+        np.testing.assert_array_equal(x2[:, 0].numpy(), small_store.x[after])
+        assert np.array_equal(y1.numpy(), small_store.y[idx]) and np.array_equal(y2.numpy(), small_store.y[after])
+        seen.append(idx)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(2000))
