@@ -33,6 +33,7 @@ from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource, raise_
 from lmdbstore.feed.seeding import BatchSeed
 from lmdbstore.feed.slots import SharedSlots, pool_slots, slot_bytes
 from lmdbstore.loader.passes import CountedPasses
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.util.procs import start_method
 
 __all__ = ["EXTRA_SLOTS", "BatchFeed", "Fence", "largest_batch"]
@@ -282,7 +283,7 @@ class BatchFeed:
         epoch = self.sampler.upcoming_epoch()
         idx = next(iter(self.sampler.batches_from(epoch, i)))
         seed = (self.seed, epoch, i) if self.source.user_code else None
-        return self.read_fresh(np.asarray(idx, dtype=np.int64).reshape(-1), seed=seed)
+        return self.read_fresh(sample_indices(idx), seed=seed)
 
     def read_fresh(self, idx: np.ndarray, k: int | None = None, *, seed: BatchSeed | None = None) -> tuple[Any, Any]:
         """Batch ``idx`` (batch ``k`` of this pass: its user code with that batch's seeds, or ``seed``) read in
@@ -354,7 +355,7 @@ class BatchFeed:
             if not self.plan:
                 self.pass_ = self.sampler.upcoming_pass()
             try:
-                idx = np.asarray(next(self.it), dtype=np.int64).reshape(-1)
+                idx = sample_indices(next(self.it))
             except StopIteration:
                 self.exhausted = True
                 return None

@@ -108,7 +108,7 @@ def make_sampler_for(
     kw: dict[str, Any] = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
     reader = store if isinstance(store, (StoreReader, StoreSet)) else None
     if lcfg.weights is not None:
-        parts = store_parts(reader, indices) if reader is not None else [np.asarray(indices, np.int64)]
+        parts = store_parts(reader, indices) if reader is not None else [indices]
         return MixedBatchSampler(parts, lcfg.weights, lcfg.batch_size, **kw)
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes

@@ -30,6 +30,7 @@ import numpy as np
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
 from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
@@ -60,9 +61,9 @@ def load_indices(path: str | os.PathLike[str]) -> np.ndarray:
             arr = np.loadtxt(p, dtype=np.int64, ndmin=1, comments="#")
     except (OSError, ValueError) as exc:
         raise ValueError(f"indices: cannot read {p} ({' '.join(str(exc).split())})") from exc
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"indices: {p} must hold a 1-D array of integers, got {arr.dtype} {arr.shape}")
-    return np.asarray(arr, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"indices: {p} must hold a 1-D array of sample indices, got shape {arr.shape}")
+    return sample_indices(arr)  # integers only, as every index argument
 
 
 def _class_ids(classes: Sequence[str | int], names: Sequence[str]) -> list[int]:
@@ -111,10 +112,8 @@ def select_indices(
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if indices is not None:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise IndexError(f"indices: sample index {bad} out of range for a store of {n} samples")
+        idx = sample_indices(indices)
+        check_in_range(idx, n)
     else:
         idx = np.arange(n, dtype=np.int64)
     if classes is not None and len(keep) < len(names):

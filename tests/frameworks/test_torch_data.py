@@ -7,6 +7,7 @@ samples a loader delivered, and checks that samples, labels and indices belong t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import lmdb
@@ -316,3 +317,25 @@ def test_a_subclass_reading_twice_gets_every_read_as_read(small_store: StoreInfo
         assert np.array_equal(y1.numpy(), small_store.y[idx]) and np.array_equal(y2.numpy(), small_store.y[after])
         seen.append(idx)
     assert sorted(np.concatenate(seen).tolist()) == list(range(2000))
+
+
+MASK = np.zeros(256, bool)
+MASK[[3, 100, 200]] = True
+
+
+@pytest.mark.parametrize("bad", [MASK, [10.7, 20.2], torch.tensor(MASK)], ids=["mask", "floats", "tensor_mask"])
+def test_masks_and_float_indices_are_refused_as_the_reader_refuses_them(small_store: StoreInfo, bad: Any) -> None:
+    """Issue 39: a 256-long mask with 3 True read 256 samples numbered 0 and 1; ``[10.7, 20.2]`` read 10 and 20."""
+    ds = LmdbBatchDataset(small_store.path)
+    want = "boolean mask" if np.asarray(bad).dtype == bool else "integer sample indices"
+    with pytest.raises(ValueError, match=want):
+        ds[bad]
+    cfg = LoaderConfig(workers=0)
+    with pytest.raises(ValueError, match=want):
+        next(iter(make_loader(ds, [bad], cfg)))  # a batch sampler's batch
+    with pytest.raises(ValueError, match=want):
+        make_loader(small_store.path, config=cfg, indices=bad)
+    with pytest.raises(ValueError, match=want):
+        EpochBatchSampler(bad, 10)
+    got = ds[torch.tensor([10, 20])][0]  # integer tensors are sample numbers as they are
+    np.testing.assert_array_equal(got[:, 0].numpy(), small_store.x[[10, 20]])
