@@ -129,7 +129,8 @@ class LoaderConfig:
     Attributes:
         batch_size: samples per batch (default 4096).
         split, val_fraction: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded,
-            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count).
+            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count),
+            drawn over the store as the loader opens it.
         shuffle: ``"random"`` (a permutation per epoch), ``"block"`` (whole packed values in shuffled order, fewer
             lookups), ``"window"`` (random batches from a window of large runs: stores bigger than RAM), ``"auto"``
             (``random`` if the store fits in the page cache, else ``window``) or ``"none"``; ``None`` (default):

@@ -8,20 +8,25 @@
 * ``window``: :class:`~lmdbstore.loader.window.WindowBatchSampler`, reading each next window ahead;
 * ``random``, ``block``, ``none``: :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
 
-:func:`split_indices` gives the samples of a ``train``/``val`` split (the one ``lmdbstore train`` uses).
+:func:`split_indices` gives the samples of a ``train``/``val`` split (the one ``lmdbstore train`` uses) of a store
+as it is; a :class:`SplitRecord` says what a run's split was drawn from, and draws it again exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lmdbstore.config import LoaderConfig
+from lmdbstore.configcheck import check_int
+from lmdbstore.errors import LmdbStoreError
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
@@ -31,8 +36,9 @@ from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader, data_file_bytes
+from lmdbstore.util.splits import check_val_fraction
 
-__all__ = ["SPLITS", "Sampler", "make_sampler_for", "pick_shuffle", "split_indices"]
+__all__ = ["SPLITS", "Sampler", "SplitRecord", "make_sampler_for", "pick_shuffle", "run_split", "split_indices"]
 
 #: Any sampler this module builds (a window or mixed sampler is an epoch sampler; a set's batches come grouped
 #: by store).
@@ -70,6 +76,77 @@ def split_indices(labels: np.ndarray, split: str | None, val_fraction: float, se
         raise ValueError(f"split must be None, 'train' or 'val', got {split!r}")
     train, val = stratified_split(labels, val_fraction, seed)
     return train if split == "train" else val
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """What a train/val split was drawn from: :func:`~lmdbstore.loader.samplers.stratified_split`'s
+    ``val_fraction`` (a share or a count) and ``seed``, over the store's first ``samples`` samples (a store only
+    grows at its end), whose labels -- all the split depends on -- have the digest ``labels``.  A training run
+    writes its record into every checkpoint; ``eval --split``, ``train --resume`` and ``export --checkpoint``
+    draw the run's parts again from it (:func:`run_split`, :meth:`parts`).
+
+    Raises:
+        ValueError: a field out of range (naming it).
+    """
+
+    val_fraction: float
+    seed: int
+    samples: int
+    labels: str
+
+    def __post_init__(self) -> None:
+        check_val_fraction(self.val_fraction)
+        check_int("seed", self.seed, None)
+        check_int("samples", self.samples, 0)
+        if not isinstance(self.labels, str) or len(self.labels) != 64:
+            raise ValueError("labels must be a sha256 digest")
+
+    @classmethod
+    def drawn(cls, labels: np.ndarray, val_fraction: float, seed: int) -> SplitRecord:
+        """The record of the split of ``labels`` (every sample of a store) by ``val_fraction`` and ``seed``."""
+        return cls(val_fraction, seed, len(labels), _digest(labels))
+
+    def fits(self, labels: np.ndarray) -> bool:
+        """Whether a store whose labels are ``labels`` now begins with the samples this split was drawn from."""
+        return len(labels) >= self.samples and _digest(labels[: self.samples]) == self.labels
+
+    def parts(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(train, val)`` indices of this split of a store it :meth:`fits`: exactly the ones drawn, on a store
+        that grew since too (its later samples are in neither)."""
+        return stratified_split(labels[: self.samples], self.val_fraction, self.seed)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SplitRecord:
+        """The record ``dataclasses.asdict`` gave (read back from JSON).
+
+        Raises:
+            ValueError: not a record, or one out of range.
+        """
+        if not isinstance(d, dict) or sorted(d) != sorted(cls.__dataclass_fields__):
+            raise ValueError(f"not a split record: {str(d)[:80]!r}")
+        return cls(**d)
+
+
+def run_split(records: Sequence[SplitRecord], labels: np.ndarray, path: Path | None = None) -> SplitRecord:
+    """The one of a run's split ``records`` (one per set of shards under multi-node training) that
+    :meth:`~SplitRecord.fits` a store whose labels are ``labels`` now.
+
+    Raises:
+        LmdbStoreError: none does: the store changed since the run (another store, or one replaced).
+    """
+    for record in records:
+        if record.fits(labels):
+            return record
+    raise LmdbStoreError(
+        f"the store changed since the run split its first {records[0].samples} samples: their labels are not the run's",
+        path=path,
+        hint="give the store the run was trained on",
+    )
+
+
+def _digest(labels: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(labels).data).hexdigest()  # 40M labels: ~30 ms
 
 
 def _prefetch(store: Path | Reader) -> Callable[[np.ndarray, np.ndarray], None]:

@@ -60,6 +60,7 @@ def checkpoint_dict(
         "train_config": json.dumps(asdict(run.cfg)),
         "loader_config": json.dumps(asdict(run.lcfg)),
         "order": order_of(run.sampler).to_json(),  # auto's choice and the window's size: a resumed run keeps them
+        "split": run.splits,  # what the split was drawn from: eval, export and a resumed run draw it again exactly
     }
     if step:
         ckpt["epoch_totals"] = list(totals or [])

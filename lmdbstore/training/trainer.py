@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.checkpoint import load_checkpoint, model_name
+from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_name, recorded_splits
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
@@ -142,7 +142,11 @@ def train(
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
     out = Path(out_dir) if out_dir is not None else None
     ckpt = _checkpoint(out, device) if resume else None  # read once: its order now, its weights and state below
-    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded_order(ckpt))  # or shards per node
+    splits = None
+    if ckpt is not None and out is not None:  # its sample shape first (its classes once the ranks agree on them)
+        check_checkpoint(ckpt, list(ckpt["classes"]), data.meta.shape, out / CHECKPOINT_NAME)
+        splits = recorded_splits(ckpt, out / CHECKPOINT_NAME, cfg.val_fraction, lcfg.seed)
+    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded_order(ckpt), splits)  # or shards
     data, sampler, placement = mine.data, mine.sampler, mine.placement
     model, net = _build_model(data, cfg, lcfg.seed, info, device)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
@@ -158,7 +162,7 @@ def train(
     tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
-        train_loader, stop if not info.active else None, val_loader,
+        train_loader, stop if not info.active else None, val_loader, mine.splits,
     )  # fmt: skip
     validated = split_sizes(placement, len(mine.train_idx), len(val_idx), info)[1]  # every rank calls it: a gather
     n_batches = len(val_loader) if val_loader is not None else 0

@@ -203,6 +203,18 @@ def test_synth_ingest_train_eval_verify(tmp_path: Path) -> None:
     assert r.exit_code == 1 and "no such checkpoint" in one_error_line(r)
 
 
+def test_eval_split_takes_the_count_form_of_val_fraction(tmp_path: Path) -> None:
+    """Issue 39: ``eval --split val`` refused a run trained with ``--val-fraction 200`` (the documented count
+    form) as a malformed checkpoint, while ``export`` took it."""
+    x, y = make_data(400, shape=(4, 4))
+    store, out = build_store(tmp_path / "s", x, y), tmp_path / "run"
+    fast = ("--epochs", "1", "--batch", "100", "--workers", "0", "--no-progress")
+    assert run_cli("train", store, "--out", out, "--val-fraction", "40", *fast).exit_code == 0
+    r = run_cli("eval", store, out / "checkpoint.pt", "--split", "val", "--workers", "0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["samples"] == 40
+
+
 def test_help_explains_commands() -> None:
     r = run_cli("--help")
     assert r.exit_code == 0

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, StoreInfo, one_error_line, run_cli, snapshot_store
+from conftest import CLASSES, StoreInfo, build_store, make_data, one_error_line, run_cli, snapshot_store
 
-from lmdbstore import open_reader
+from lmdbstore import open_reader, open_writer
+from lmdbstore.loader.samplers import stratified_split
 
 
 def test_export_then_ingest_the_export_and_a_store(small_store: StoreInfo, tmp_path: Path) -> None:
@@ -42,6 +43,27 @@ def test_export_split_and_indices_file(small_store: StoreInfo, tmp_path: Path) -
     r = run_cli("export", small_store.path, tmp_path / "i.npy", "--indices", tmp_path / "i.txt", "--no-progress")
     assert r.exit_code == 0, r.output
     assert np.array_equal(np.load(tmp_path / "i.npy"), small_store.x[[7, 3]])
+
+
+def test_export_split_of_a_run_is_exactly_its_samples_after_the_store_grew(tmp_path: Path) -> None:
+    """Issue 39: ``export --split val --checkpoint RUN`` gives the run's held-out samples (drawn over the store as
+    the run split it, and never a sample it trained on), and a store that is not the run's is one line."""
+    x, y = make_data(400, shape=(4, 4))
+    store, out = build_store(tmp_path / "s", x, y), tmp_path / "run"
+    args = ("--epochs", "1", "--batch", "100", "--workers", "0", "--no-progress", "--val-fraction", "0.2")
+    assert run_cli("train", store, "--out", out, *args).exit_code == 0
+    with open_writer(store) as w:
+        w.append(*make_data(400, seed=4, shape=(4, 4)))
+    ckpt = out / "checkpoint.pt"
+    r = run_cli("export", store, tmp_path / "v.npy", "--split", "val", "--checkpoint", ckpt, "--no-progress")
+    assert r.exit_code == 0, r.output
+    _, val_idx = stratified_split(y, 0.2, 0)
+    assert np.array_equal(np.load(tmp_path / "v.npy"), x[val_idx])
+    again = run_cli("export", store, tmp_path / "w.npy", "--split", "val", "--checkpoint", ckpt, "--seed", "1")
+    assert again.exit_code == 1 and "without --val-fraction or --seed" in one_error_line(again)
+    other = build_store(tmp_path / "o", *make_data(400, seed=5, shape=(4, 4)))
+    r = run_cli("export", other, tmp_path / "w.npy", "--split", "val", "--checkpoint", ckpt, "--no-progress")
+    assert r.exit_code == 1 and "the store changed since the run split its first 400 samples" in one_error_line(r)
 
 
 def test_export_errors_are_one_line(small_store: StoreInfo, tmp_path: Path) -> None:

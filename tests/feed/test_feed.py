@@ -213,7 +213,7 @@ def test_errors_are_one_line(small_store: StoreInfo, tmp_path: Path) -> None:
         loader_config(None, {"split": "test"})
     with pytest.raises(ValueError, match="indices or a split"):
         open_feed(small_store.path, FeedConfig(split="val"), channels="last", indices=[1, 2])
-    with pytest.raises(ValueError, match="indices must be"):
+    with pytest.raises(IndexError, match="sample index 2000 out of range"):  # the reader's rule
         open_feed(small_store.path, FeedConfig(), channels="last", indices=[2000])
 
 

@@ -7,8 +7,8 @@ samples a loader delivered, and checks that samples, labels and indices belong t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np

@@ -130,6 +130,7 @@ def test_indices_are_sample_numbers_only(small_store: StoreInfo, tmp_path: Path)
             load_indices(tmp_path / "bad.npy")
     assert list(tmp_path.glob("a.*")) == []
 
+
 def test_export_memory_stays_at_one_chunk(store_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     info = store_factory(20000, seed=3)  # 50 MB of samples
     tracemalloc.start()

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import StoreInfo
+from conftest import StoreInfo, make_data
 
-from lmdbstore import LmdbStoreError, NotAStoreError, StoreNotFoundError, ValidationError
+from lmdbstore import LmdbStoreError, NotAStoreError, StoreNotFoundError, ValidationError, open_writer
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.ingestion.pipeline import ingest_synthetic
 from lmdbstore.loader.samplers import stratified_split
@@ -341,3 +341,31 @@ def test_the_start_line_names_the_shuffle_used(synth_store: Path, shuffle: str, 
     train(synth_store, None, cfg, LoaderConfig(shuffle=shuffle, workers=0), log=lines.append, progress=False)  # type: ignore[arg-type]
     start = next(ln for ln in lines if ln.startswith("training on"))
     assert start.endswith(said)
+
+
+def test_eval_and_resume_keep_the_runs_split_after_the_store_grew(
+    store_factory: Callable[..., StoreInfo], tmp_path: Path
+) -> None:
+    """Issue 39: ``eval --split val`` after the store grew scored trained samples (the split drawn again over the
+    grown store), and so did a run resumed at an epoch boundary.  The checkpoint records what its split was
+    drawn from: both take exactly the run's samples; another store is one line."""
+    info = store_factory(400, shape=(4, 4))
+    out, ckpt = tmp_path / "run", tmp_path / "run" / CHECKPOINT_NAME
+    lcfg = LoaderConfig(batch_size=100, workers=0)
+    train(info.path, out, TrainConfig(epochs=1, val_fraction=40), lcfg, log=None, progress=False)
+    train_idx, val_idx = stratified_split(info.y, 40, 0)
+    x, y = make_data(400, seed=9, shape=(4, 4))
+    with open_writer(info.path) as w:
+        w.append(x, y)
+    r = evaluate(info.path, ckpt, workers=0, split="val")
+    assert r["samples"] == 40 and r["confusion"] == evaluate(info.path, ckpt, workers=0, indices=val_idx)["confusion"]
+    assert evaluate(info.path, ckpt, workers=0, split="train")["samples"] == len(train_idx) == 360
+    lines: list[str] = []
+    resumed = train(info.path, out, TrainConfig(epochs=2, val_fraction=40), lcfg, resume=True, log=lines.append)
+    assert (resumed.epochs[-1].train_samples, resumed.epochs[-1].val_samples) == (360, 40)
+    assert any("the store grew since the run split its first 400 samples" in line for line in lines)
+    with pytest.raises(LmdbStoreError, match=r"held out val_fraction 40 with seed 0, not 0\.1 with seed 0"):
+        train(info.path, out, TrainConfig(epochs=3), lcfg, resume=True, log=None, progress=False)
+    other = store_factory(800, seed=5, name="other", shape=(4, 4))
+    with pytest.raises(LmdbStoreError, match="the store changed since the run split its first 400 samples"):
+        evaluate(other.path, ckpt, workers=0, split="val")
