@@ -107,37 +107,22 @@ class SplitRecord:
         """The record of the split of ``labels`` (every sample of a store) by ``val_fraction`` and ``seed``."""
         return cls(val_fraction, seed, len(labels), _digest(labels))
 
-    def fits(self, labels: np.ndarray) -> bool:
-        """Whether a store whose labels are ``labels`` now begins with the samples this split was drawn from."""
-        return len(labels) >= self.samples and _digest(labels[: self.samples]) == self.labels
-
     def parts(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(train, val)`` indices of this split of a store it :meth:`fits`: exactly the ones drawn, on a store
-        that grew since too (its later samples are in neither)."""
+        """``(train, val)`` indices of this split of a store :func:`run_split` found it for: exactly the ones
+        drawn, on a store that grew since too (its later samples are in neither)."""
         return stratified_split(labels[: self.samples], self.val_fraction, self.seed)
-
-    @classmethod
-    def from_dict(cls, d: Any) -> SplitRecord:
-        """The record ``dataclasses.asdict`` gave (read back from JSON).
-
-        Raises:
-            ValueError: not a record, or one out of range.
-        """
-        if not isinstance(d, dict) or sorted(d) != sorted(cls.__dataclass_fields__):
-            raise ValueError(f"not a split record: {str(d)[:80]!r}")
-        return cls(**d)
 
 
 def run_split(records: Sequence[SplitRecord], labels: np.ndarray, path: Path | None = None) -> SplitRecord:
-    """The one of a run's split ``records`` (one per set of shards under multi-node training) that
-    :meth:`~SplitRecord.fits` a store whose labels are ``labels`` now.
+    """The one of a run's split ``records`` (one per set of shards under multi-node training) drawn from the
+    first samples of a store whose labels are ``labels`` now.
 
     Raises:
-        LmdbStoreError: none does: the store changed since the run (another store, or one replaced).
+        LmdbStoreError: none was: the store changed since the run (another store, or one replaced).
     """
-    for record in records:
-        if record.fits(labels):
-            return record
+    for r in records:
+        if len(labels) >= r.samples and _digest(labels[: r.samples]) == r.labels:
+            return r
     raise LmdbStoreError(
         f"the store changed since the run split its first {records[0].samples} samples: their labels are not the run's",
         path=path,

@@ -280,12 +280,10 @@ def recorded_splits(
     if "split" not in ckpt:
         raise LmdbStoreError("the checkpoint records no split (an earlier version wrote it)", path=path)
     try:
-        records = [SplitRecord.from_dict(d) for d in json.loads(ckpt["split"])]
-        if not records:
-            raise ValueError("no record")
-    except (TypeError, ValueError) as exc:
+        records = [SplitRecord(**d) for d in json.loads(ckpt["split"])]
+        run = records[0]
+    except (TypeError, ValueError, IndexError) as exc:
         raise LmdbStoreError(f"malformed checkpoint: its split record ({first_line(exc)})", path=path) from None
-    run = records[0]
     if val_fraction is not None and (run.val_fraction, run.seed) != (val_fraction, seed):
         raise LmdbStoreError(
             f"the checkpoint's run held out val_fraction {run.val_fraction} with seed {run.seed}, "
