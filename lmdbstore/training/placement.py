@@ -246,7 +246,8 @@ def rank_data(
     splits: Sequence[SplitRecord] | None = None,
 ) -> RankData:
     """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
-    ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
+    ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it
+    (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
     (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
     make this rank's sampler (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded):
     the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
