@@ -62,7 +62,8 @@ def export(
             from .common import require_torch
 
             require_torch("export --checkpoint")
-            from lmdbstore.training.checkpoint import load_checkpoint, recorded_splits
+            from lmdbstore.loader.choose import recorded_splits
+            from lmdbstore.training.checkpoint import load_checkpoint
 
             recorded = recorded_splits(load_checkpoint(checkpoint), checkpoint)
         bar = progress_bar("export") if bars_wanted(progress) else None

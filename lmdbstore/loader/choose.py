@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,16 @@ from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader, data_file_bytes
 from lmdbstore.util.splits import check_val_fraction
 
-__all__ = ["SPLITS", "Sampler", "SplitRecord", "make_sampler_for", "pick_shuffle", "run_split", "split_indices"]
+__all__ = [
+    "SPLITS",
+    "Sampler",
+    "SplitRecord",
+    "make_sampler_for",
+    "pick_shuffle",
+    "recorded_splits",
+    "run_split",
+    "split_indices",
+]
 
 #: Any sampler this module builds (a window or mixed sampler is an epoch sampler; a set's batches come grouped
 #: by store).
@@ -128,6 +138,34 @@ def run_split(records: Sequence[SplitRecord], labels: np.ndarray, path: Path | N
         path=path,
         hint="give the store the run was trained on",
     )
+
+
+def recorded_splits(
+    ckpt: dict[str, Any], path: Path, val_fraction: float | None = None, seed: int | None = None
+) -> list[SplitRecord]:
+    """The records of the split a checkpoint's run drew (:class:`~lmdbstore.loader.choose.SplitRecord`: one, or
+    one per set of shards under multi-node training); with ``val_fraction`` and ``seed`` (a resumed run's), checked
+    to be the run's.
+
+    Raises:
+        LmdbStoreError: none recorded (a checkpoint of an earlier version), malformed, or of another
+            ``val_fraction`` or ``seed``.
+    """
+    if "split" not in ckpt:
+        raise LmdbStoreError("the checkpoint records no split (an earlier version wrote it)", path=path)
+    try:
+        records = [SplitRecord(**d) for d in json.loads(ckpt["split"])]
+        run = records[0]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise LmdbStoreError(f"malformed checkpoint: its split record ({str(exc)[:200]})", path=path) from None
+    if val_fraction is not None and (run.val_fraction, run.seed) != (val_fraction, seed):
+        raise LmdbStoreError(
+            f"the checkpoint's run held out val_fraction {run.val_fraction} with seed {run.seed}, "
+            f"not {val_fraction} with seed {seed}",
+            path=path,
+            hint="resume with the run's val_fraction= and seed=",
+        )
+    return records
 
 
 def _digest(labels: np.ndarray) -> str:

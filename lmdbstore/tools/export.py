@@ -29,7 +29,7 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
-from lmdbstore.loader.choose import SplitRecord, run_split
+from lmdbstore.loader.choose import SPLITS, SplitRecord, run_split
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
@@ -40,8 +40,6 @@ from lmdbstore.util.paths import check_output_file
 
 __all__ = ["SPLITS", "ExportReport", "export_store", "load_indices", "select_indices"]
 
-#: The parts of the training split a selection can name.
-SPLITS = ("train", "val")
 #: Defaults of the split's parameters: the ones ``lmdbstore train`` splits with.
 DEFAULT_VAL_FRACTION = TrainConfig().val_fraction
 DEFAULT_SPLIT_SEED = LoaderConfig().seed
@@ -101,7 +99,7 @@ def select_indices(
         val_fraction, seed: the split's parameters (default ``TrainConfig().val_fraction`` and
             ``LoaderConfig().seed``, as ``lmdbstore train``).
         indices: explicit sample indices (kept in the given order, repeats allowed); default all.
-        recorded: a training run's split records (:func:`~lmdbstore.training.checkpoint.recorded_splits`):
+        recorded: a training run's split records (:func:`~lmdbstore.loader.choose.recorded_splits`):
             ``split`` is then that run's part exactly (its samples, ``val_fraction`` and ``seed``, on a store that
             grew since too) instead of a split drawn over the store as it is.
 

@@ -23,7 +23,6 @@ from lmdbstore.config import BUILTIN_MODEL, MAX_WIDTH
 from lmdbstore.configcheck import check_model_args
 from lmdbstore.errors import LmdbStoreError, ModelError, ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
-from lmdbstore.loader.choose import SplitRecord
 from lmdbstore.training.factory import ModelRef, build_from, feed_shape, model_ref
 from lmdbstore.training.model import build_model, input_channels, state_shapes
 from lmdbstore.util.atomic import atomic_paths
@@ -42,7 +41,6 @@ __all__ = [
     "model_channels",
     "model_from_checkpoint",
     "model_name",
-    "recorded_splits",
 ]
 
 CHECKPOINT_FORMAT = 1
@@ -264,31 +262,3 @@ def model_from_checkpoint(
         net = build_from(ref, feed_shape(tuple(ckpt["sample_shape"])), len(ckpt["classes"]), args)
     load_weights(net, ckpt, ckpt_path)
     return net
-
-
-def recorded_splits(
-    ckpt: dict[str, Any], path: Path, val_fraction: float | None = None, seed: int | None = None
-) -> list[SplitRecord]:
-    """The records of the split a checkpoint's run drew (:class:`~lmdbstore.loader.choose.SplitRecord`: one, or
-    one per set of shards under multi-node training); with ``val_fraction`` and ``seed`` (a resumed run's), checked
-    to be the run's.
-
-    Raises:
-        LmdbStoreError: none recorded (a checkpoint of an earlier version), malformed, or of another
-            ``val_fraction`` or ``seed``.
-    """
-    if "split" not in ckpt:
-        raise LmdbStoreError("the checkpoint records no split (an earlier version wrote it)", path=path)
-    try:
-        records = [SplitRecord(**d) for d in json.loads(ckpt["split"])]
-        run = records[0]
-    except (TypeError, ValueError, IndexError) as exc:
-        raise LmdbStoreError(f"malformed checkpoint: its split record ({first_line(exc)})", path=path) from None
-    if val_fraction is not None and (run.val_fraction, run.seed) != (val_fraction, seed):
-        raise LmdbStoreError(
-            f"the checkpoint's run held out val_fraction {run.val_fraction} with seed {run.seed}, "
-            f"not {val_fraction} with seed {seed}",
-            path=path,
-            hint="resume with the run's val_fraction= and seed=",
-        )
-    return records

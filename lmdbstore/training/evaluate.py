@@ -21,19 +21,13 @@ from torch import nn
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.choose import run_split
+from lmdbstore.loader.choose import recorded_splits, run_split
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import as_reader
 from lmdbstore.training.batches import autocast, place_model, to_device
-from lmdbstore.training.checkpoint import (
-    check_checkpoint,
-    load_checkpoint,
-    model_channels,
-    model_from_checkpoint,
-    recorded_splits,
-)
+from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_channels, model_from_checkpoint
 from lmdbstore.training.distributed import DistInfo, all_reduce, resolve_device
 from lmdbstore.training.factory import call_model
 from lmdbstore.util.paths import check_output_file, write_errors

@@ -33,8 +33,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
+from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_name, recorded_splits
+from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_name
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion

@@ -19,6 +19,7 @@ from conftest import CLASSES, build_store, make_data
 from lmdbstore import LmdbStoreError, ValidationError
 from lmdbstore.config import MAX_WIDTH, LoaderConfig, TrainConfig
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
+from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -27,7 +28,6 @@ from lmdbstore.training.checkpoint import (
     load_weights,
     model_channels,
     model_from_checkpoint,
-    recorded_splits,
 )
 from lmdbstore.training.model import build_model
 from lmdbstore.training.resume import restore_state
