@@ -99,6 +99,7 @@ PARAM_FLAGS: dict[str, str] = {
     "checkpoint_every": "--checkpoint-every",
     "classes": "--classes",
     "compile": "--compile",
+    "compression": "--compression",
     "dtype": "--dtype",
     "epochs": "--epochs",
     "h5_x": "--x-key",
