@@ -490,7 +490,7 @@ def test_files_tensorflow_wrote_read_as_tensorflow_reads_them(tf_files: Any, com
     assert_roundtrip(flt, x, NAMES[y])
     kinds = {"float32": "float", "int64": "int64"}
     with RecordFile(wire, comp, crc32c_module()) as f:
-        records = list(iter(f.read, None))
+        records = list(iter(f.next, None))
     assert len(records) == 12
     for feature, dtype in WIRE_FEATURES.items():
         want = _tf_values(ref, wire.name, feature)

@@ -33,13 +33,11 @@ from lmdbstore.errors import PREVIEW_ITEMS, SourceError, ValidationError, previe
 from lmdbstore.format.dtypes import normalize_dtype
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS
 from lmdbstore.ingestion.sources.base import FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import Label, check_range, stat_file
 from lmdbstore.ingestion.sources.tfrecord_io import (
-    HEADER_BYTES,
     Feature,
     RecordFile,
     crc32c_module,
-    detect_compression,
     feature_names,
     parse_example,
 )
@@ -87,13 +85,11 @@ class TFRecordSource(FileSource):
             normalize_dtype(dtype)  # refuses a dtype no store holds
         self.bytes_dtype = np.dtype(dtype).str if dtype is not None else None  # its byte order kept: it is read so
         self.sample_shape = list(sample_shape) if sample_shape is not None else None
-        crc = crc32c_module(path)  # before anything: a missing package is one line
-        self.compression = compression or self._detect(crc)
-        with RecordFile(path, self.compression, crc) as f:
-            first = f.read()
+        with RecordFile(path, compression, crc32c_module(path)) as f:  # the package first: if missing, one line
+            self.compression, first = f.compression, f.next()
             if first is None:
                 raise SourceError("the TFRecord file holds no records", path=path)
-            while f.skip():
+            while f.next(keep=False) is not None:
                 pass
             self._n = f.index
         feats = self._parse(first, 0)
@@ -101,13 +97,6 @@ class TFRecordSource(FileSource):
         self._y_kind = self._label_kind(first, feats) if label is None else None
 
     # ------------------------------------------------------------------------------------------ opening
-    def _detect(self, crc: Any) -> str:
-        try:
-            with open(self.path, "rb") as f:
-                return detect_compression(f.read(HEADER_BYTES), crc)
-        except OSError as exc:
-            raise SourceError(f"cannot open ({one_line(exc)})", path=self.path) from exc
-
     def _parse(self, data: bytes, i: int) -> dict[str, Feature]:
         wanted: Collection[str] = (self.x_key,) if self.label is not None else (self.x_key, self.y_key)
         try:
@@ -178,7 +167,7 @@ class TFRecordSource(FileSource):
         """``(index, data, features)`` of records ``start..`` in order, every crc checked."""
         with RecordFile(self.path, self.compression, crc32c_module(self.path)) as f:
             for i in range(self._n):
-                data = f.read() if i >= start else b"" if f.skip() else None
+                data = f.next(keep=i >= start)
                 if data is None:
                     raise SourceError(f"the file ends before record {i}; was it changed while read?", path=self.path)
                 if i >= start:

@@ -85,35 +85,25 @@ def masked_crc(crc: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------------- records
-def detect_compression(head: bytes, crc: Any) -> str:
-    """How a TFRecord file beginning with ``head`` is stored (a key of :data:`COMPRESSIONS`): ``"none"`` when
-    its first header's crc matches, else ``"gzip"`` or ``"zlib"`` by their headers, else ``"none"`` (whose
-    first record then reads as damaged)."""
-    if len(head) >= HEADER_BYTES and masked_crc(crc.value(head[:8])) == struct.unpack_from("<I", head, 8)[0]:
-        return "none"
-    if head[:2] == b"\x1f\x8b":
-        return "gzip"
-    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
-        return "zlib"
-    return "none"
-
-
 class RecordFile:
-    """The records of a TFRecord file, in order, plain or inflated as read (``compression``, a key of
-    :data:`COMPRESSIONS`), in pieces of at most 1 MiB: a record's claimed length allocates nothing by itself.
+    """The records of a TFRecord file, in order: plain, or one GZIP or ZLIB stream inflated as read
+    (``compression``, a key of :data:`COMPRESSIONS`; ``None``: told by the first bytes, a plain file by its first
+    length's crc32c), in pieces of at most 1 MiB, so a record's claimed length allocates nothing by itself.
+    :meth:`next` reads a record (or passes over it); every fault is a one-line SourceError naming the record."""
 
-    :meth:`read` returns the next record's data, :meth:`skip` passes over it (a seek when plain); both check its
-    length's crc32c, :meth:`read` its data's too.  Every fault is a one-line SourceError naming the record.
-    """
-
-    def __init__(self, path: Path, compression: str, crc: Any) -> None:
+    def __init__(self, path: Path, compression: str | None, crc: Any) -> None:
         self.path, self.index, self._crc = path, 0, crc
-        self._wbits = COMPRESSIONS[compression]
-        self._inflate = zlib.decompressobj(self._wbits) if self._wbits else None
         try:
             self._f = open(path, "rb", buffering=_CHUNK)  # noqa: SIM115 (closed by __exit__)
+            head = self._f.peek(HEADER_BYTES)[:HEADER_BYTES]
         except OSError as exc:
             raise SourceError(f"cannot open ({one_line(exc)})", path=path) from exc
+        if compression is None:
+            plain = len(head) == HEADER_BYTES and masked_crc(crc.value(head[:8])) == struct.unpack("<I", head[8:])[0]
+            zlib_head = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+            compression = "none" if plain else "gzip" if head[:2] == b"\x1f\x8b" else "zlib" if zlib_head else "none"
+        self.compression, self._wbits = compression, COMPRESSIONS[compression]
+        self._inflate = zlib.decompressobj(self._wbits) if self._wbits else None
         self._size = os.fstat(self._f.fileno()).st_size
 
     def __enter__(self) -> RecordFile:
@@ -135,37 +125,29 @@ class RecordFile:
                 d = self._inflate = zlib.decompressobj(self._wbits)
             elif d.unconsumed_tail:
                 data = d.unconsumed_tail
-            else:
-                data = self._f.read(_CHUNK)
-                if not data:
-                    raise EOFError("the compressed stream is cut short")
-            out = d.decompress(data, n)
-            if out:
+            elif not (data := self._f.read(_CHUNK)):
+                raise EOFError("the compressed stream is cut short")
+            if out := d.decompress(data, n):
                 return out
 
-    def _read(self, n: int) -> bytes:
-        """The next ``n`` bytes (fewer at the end)."""
-        parts = []
-        while n > 0 and (piece := self._some(min(n, _CHUNK))):
-            parts.append(piece)
-            n -= len(piece)
-        return b"".join(parts)
-
-    def _pass(self, n: int) -> int:
-        """Pass over the next ``n`` bytes; how many there were."""
-        if self._inflate is None:
+    def _take(self, n: int, keep: bool = True) -> tuple[bytes, int]:
+        """The next ``n`` bytes (fewer at the end) when ``keep`` (else passed over: a seek when plain), and how
+        many there were."""
+        if not keep and self._inflate is None:
             at = self._f.tell()
-            return self._f.seek(min(at + n, self._size)) - at
-        got = 0
+            return b"", self._f.seek(min(at + n, self._size)) - at
+        parts, got = [], 0
         while got < n and (piece := self._some(min(n - got, _CHUNK))):
+            parts.append(piece if keep else b"")
             got += len(piece)
-        return got
+        return b"".join(parts), got
 
-    def _next(self, keep: bool) -> bytes | None:
-        """The next record's data (``b""`` when passed over), ``None`` after the last."""
+    def next(self, keep: bool = True) -> bytes | None:
+        """The next record's data, its crc32c checked (``b""`` when not ``keep``: passed over, its length
+        checked); ``None`` after the last record."""
         i, where = self.index, self.path
         try:
-            head = self._read(HEADER_BYTES)
+            head, _ = self._take(HEADER_BYTES)
             if not head:
                 return None
             if len(head) < HEADER_BYTES:
@@ -179,9 +161,8 @@ class RecordFile:
                     path=where,
                     hint="is it compressed some other way? (compression=)" if i == 0 else None,
                 )
-            data = self._read(length) if keep else b""
-            got = len(data) if keep else self._pass(length)
-            foot = self._read(FOOTER_BYTES)
+            data, got = self._take(length, keep)
+            foot, _ = self._take(FOOTER_BYTES)
         except (OSError, EOFError, zlib.error) as exc:
             raise SourceError(f"read failed at record {i} ({one_line(exc)})", path=where) from exc
         if got < length or len(foot) < FOOTER_BYTES:
@@ -192,14 +173,6 @@ class RecordFile:
             raise SourceError(f"record {i} is damaged: the crc32c of its data does not match", path=where)
         self.index += 1
         return data
-
-    def read(self) -> bytes | None:
-        """The next record's data, its crc32c checked; ``None`` after the last record."""
-        return self._next(True)
-
-    def skip(self) -> bool:
-        """Pass over the next record (its length checked); False after the last record."""
-        return self._next(False) is not None
 
 
 # --------------------------------------------------------------------------------------------------- messages
