@@ -95,7 +95,7 @@ class RecordFile:
     def __init__(self, path: Path, compression: str | None, crc: Any) -> None:
         self.path, self.index, self._crc = path, 0, crc
         try:
-            self._f: io.BufferedReader = open(path, "rb", buffering=_CHUNK)  # noqa: SIM115 (closed by __exit__)
+            self._f = io.BufferedReader(io.FileIO(path), _CHUNK)  # closed by __exit__
             head = self._f.peek(HEADER_BYTES)[:HEADER_BYTES]
         except OSError as exc:
             raise SourceError(f"cannot open ({one_line(exc)})", path=path) from exc
