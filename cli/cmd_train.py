@@ -28,8 +28,15 @@ from lmdbstore.util.runfiles import BEST_NAME
 from lmdbstore.util.splits import check_val_limit
 
 from .common import (
+    CHECKPOINTS,
+    DATA,
+    DEVICES,
     LOADER,
+    MODEL,
+    OPTIMISATION,
+    OUTPUT,
     TRAIN,
+    VALIDATION,
     JsonOption,
     ModelArgOption,
     ModelOption,
@@ -48,109 +55,161 @@ __all__ = ["demo", "eval_cmd", "train"]
 
 def train(
     stores: Annotated[list[Path], typer.Argument(help="Store directory (several: read as one set).")],
-    batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = LOADER.batch_size,
-    epochs: Annotated[int, typer.Option(help="Epochs.")] = TRAIN.epochs,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
-    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
+    batch: Annotated[
+        int, typer.Option(help="Samples per batch (per process under torchrun).", rich_help_panel=OPTIMISATION)
+    ] = LOADER.batch_size,
+    epochs: Annotated[int, typer.Option(help="Epochs.", rich_help_panel=OPTIMISATION)] = TRAIN.epochs,
+    lr: Annotated[
+        float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).", rich_help_panel=OPTIMISATION)
+    ] = TRAIN.lr,
+    workers: Annotated[
+        int, typer.Option(help="Reader processes that read batches ahead.", rich_help_panel=DEVICES)
+    ] = LOADER.workers,
     val_fraction: Annotated[
         float,
         typer.Option(
             help="Share of every class held out for validation, or a number of samples (e.g. 20000, held out in "
-            "proportion to the classes)."
+            "proportion to the classes).",
+            rich_help_panel=VALIDATION,
         ),
     ] = TRAIN.val_fraction,
     balanced: Annotated[
-        bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")
+        bool, typer.Option("--balanced", help="Draw classes equally (with replacement).", rich_help_panel=DATA)
     ] = LOADER.balanced,
     shuffle: Annotated[
         str,
         typer.Option(
             help="auto: random if the store fits in memory, else window; random: new permutation per epoch; "
-            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs."
+            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs.",
+            rich_help_panel=DATA,
         ),
     ] = LOADER.order,
     window_mb: Annotated[
-        int | None, typer.Option(help="Window shuffle: window size in MiB (default: 1/8 of available memory).")
+        int | None,
+        typer.Option(
+            help="Window shuffle: window size in MiB (default: 1/8 of available memory).", rich_help_panel=DATA
+        ),
     ] = LOADER.window_mb,
     block_buffer: Annotated[
         int,
-        typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
+        typer.Option(
+            help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more).",
+            rich_help_panel=DATA,
+        ),
     ] = LOADER.block_buffer,
-    seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = LOADER.seed,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the split, the order and the weights.", rich_help_panel=DATA)
+    ] = LOADER.seed,
     weights: Annotated[
         str | None,
         typer.Option(
             help="Several stores: each one's share of every epoch, e.g. 0.7,0.3 (exact per epoch, drawn without "
-            "repeats until a store is used up; random order)."
+            "repeats until a store is used up; random order).",
+            rich_help_panel=DATA,
         ),
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
+        typer.Option(
+            help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>).",
+            rich_help_panel=CHECKPOINTS,
+        ),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt (inside the epoch it was written in).")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue from OUT/checkpoint.pt (inside the epoch it was written in).",
+            rich_help_panel=CHECKPOINTS,
+        ),
     ] = False,
     checkpoint_every: Annotated[
         int | None,
-        typer.Option(help="Also write OUT/checkpoint.pt every N steps, so --resume continues inside the epoch."),
+        typer.Option(
+            help="Also write OUT/checkpoint.pt every N steps, so --resume continues inside the epoch.",
+            rich_help_panel=CHECKPOINTS,
+        ),
     ] = TRAIN.checkpoint_every,
-    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = TRAIN.device,
-    width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = TRAIN.width,
-    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = TRAIN.amp,
+    device: Annotated[
+        str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.", rich_help_panel=DEVICES)
+    ] = TRAIN.device,
+    width: Annotated[
+        int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).", rich_help_panel=MODEL)
+    ] = TRAIN.width,
+    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.", rich_help_panel=DEVICES)] = TRAIN.amp,
     max_steps: Annotated[
-        int | None, typer.Option(help="Cut every epoch after this many steps.")
+        int | None, typer.Option(help="Cut every epoch after this many steps.", rich_help_panel=OPTIMISATION)
     ] = TRAIN.max_steps_per_epoch,
     val_every: Annotated[
         int | None,
-        typer.Option(min=1, help="Also validate every N steps inside epochs (every epoch's end always validates)."),
+        typer.Option(
+            min=1,
+            help="Also validate every N steps inside epochs (every epoch's end always validates).",
+            rich_help_panel=VALIDATION,
+        ),
     ] = TRAIN.val_every,
     val_limit: Annotated[
         str | None,
         typer.Option(
             help="What one validation reads: N batches a process (e.g. 50) or a share of the split (e.g. 0.25); "
-            "a fixed stratified subset, the same each time (default: the whole split)."
+            "a fixed stratified subset, the same each time (default: the whole split).",
+            rich_help_panel=VALIDATION,
         ),
     ] = None,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
     plot: Annotated[
-        bool, typer.Option("--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.")
+        bool,
+        typer.Option(
+            "--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.", rich_help_panel=OUTPUT
+        ),
     ] = False,
     model: ModelOption = None,
     model_arg: ModelArgOption = None,
     optimizer: Annotated[
-        str, typer.Option(help=f"Optimizer: {or_list(OPTIMIZERS)} (sgd: momentum {SGD_MOMENTUM}).")
+        str,
+        typer.Option(
+            help=f"Optimizer: {or_list(OPTIMIZERS)} (sgd: momentum {SGD_MOMENTUM}).", rich_help_panel=OPTIMISATION
+        ),
     ] = TRAIN.optimizer,
-    weight_decay: Annotated[float, typer.Option(help="Weight decay of the optimizer.")] = TRAIN.weight_decay,
+    weight_decay: Annotated[
+        float, typer.Option(help="Weight decay of the optimizer.", rich_help_panel=OPTIMISATION)
+    ] = TRAIN.weight_decay,
     label_smoothing: Annotated[
-        float, typer.Option(help="Label smoothing of the training loss, in [0, 1).")
+        float, typer.Option(help="Label smoothing of the training loss, in [0, 1).", rich_help_panel=OPTIMISATION)
     ] = TRAIN.label_smoothing,
     compile_model: Annotated[
-        bool, typer.Option("--compile", help="Run the steps through torch.compile (needs a C++ compiler on CPU).")
+        bool,
+        typer.Option(
+            "--compile",
+            help="Run the steps through torch.compile (needs a C++ compiler on CPU).",
+            rich_help_panel=MODEL,
+        ),
     ] = TRAIN.compile,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Start afresh in an --out holding an earlier run (its files removed).")
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Start afresh in an --out holding an earlier run (its files removed).",
+            rich_help_panel=CHECKPOINTS,
+        ),
     ] = False,
     allow_disjoint_classes: Annotated[
         bool,
         typer.Option(
             "--allow-disjoint-classes",
             help="Train on a set in which a store of bare class ids (0, 1, ...) shares no class name with the others.",
+            rich_help_panel=DATA,
         ),
     ] = TRAIN.allow_disjoint_classes,
 ) -> None:
-    """Train the CNN on STORE.
+    """Train the built-in CNN (or --model's) on STORE.
 
-    Reads batches with lock-free random reads from DataLoader workers; uses the GPU when there is one.
-    Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
-    waiting for data; metrics.jsonl, checkpoint.pt (every epoch, and every --checkpoint-every steps),
-    best.pt and TensorBoard scalars (with the tensorboard package) go to --out.
-    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
-    set: one index space, classes mapped by name.  --model trains your own model instead: a factory
-    FILE.py:FUNCTION or MODULE:FUNCTION called as FUNCTION(in_shape, classes, **model_args).  An --out holding
-    an earlier run needs --resume or --overwrite.  Ctrl-C writes a checkpoint at the step reached; --resume
-    continues from it.
+    Reader processes read whole batches ahead, lock-free; the GPU is used when there is one.  Each epoch prints
+    train and validation loss and accuracy, samples/s and the share of time spent waiting for data; metrics,
+    checkpoints and TensorBoard scalars go to --out.  Under `torchrun --nproc_per_node N` it trains with
+    DistributedDataParallel.  Several stores are read as one set: one index space, classes mapped by name.
+    Ctrl-C writes a checkpoint at the step reached; --resume continues from it.
     """
     with cli_errors(as_json=as_json, interrupted=TRAIN_INTERRUPTED):
         require_torch("train")
@@ -223,8 +282,9 @@ def parse_val_limit(text: str | None) -> int | float | None:
 
 def _train_json(result: Any) -> dict[str, Any]:
     """``train --json``: every epoch's metrics (numbered from 1, as the lines say), the last one, the
-    validation confusion matrix, the classes and the run directory."""
+    validation confusion matrix, the classes, the run directory and the model (factory and arguments)."""
     return {
+        "model": result.model,
         "epochs": [asdict(m) for m in result.epochs],
         "final": asdict(result.final) if result.epochs else None,
         "confusion": result.confusion,
@@ -286,7 +346,7 @@ def demo(
     n: Annotated[int, typer.Option("-n", "--samples", help="Synthetic samples.")] = DEFAULT_SYNTH_SAMPLES,
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = TRAIN.epochs,
     batch: Annotated[int, typer.Option(help="Batch size.")] = LOADER.batch_size,
-    workers: Annotated[int, typer.Option(help="DataLoader workers.")] = LOADER.workers,
+    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
 ) -> None:
