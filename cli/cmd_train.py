@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
 
@@ -37,6 +37,7 @@ from .common import (
     OUTPUT,
     TRAIN,
     VALIDATION,
+    Command,
     JsonOption,
     ModelArgOption,
     ModelOption,
@@ -50,156 +51,114 @@ from .common import (
     stop_on_ctrl_c,
 )
 
-__all__ = ["demo", "eval_cmd", "train"]
+__all__ = ["TrainCommand", "demo", "eval_cmd", "train"]
+
+
+class TrainCommand(Command):
+    """``train``: its many options in panels."""
+
+    panels: ClassVar[dict[str, tuple[str, ...]]] = {
+        DATA: ("balanced", "shuffle", "window_mb", "block_buffer", "seed", "weights", "allow_disjoint_classes"),
+        MODEL: ("width", "model", "model_arg", "compile_model"),
+        OPTIMISATION: ("batch", "epochs", "lr", "optimizer", "weight_decay", "label_smoothing", "max_steps"),
+        VALIDATION: ("val_fraction", "val_every", "val_limit"),
+        CHECKPOINTS: ("out", "resume", "checkpoint_every", "overwrite"),
+        DEVICES: ("workers", "device", "amp"),
+        OUTPUT: ("progress", "as_json", "plot"),
+    }  # fmt: skip
 
 
 def train(
     stores: Annotated[list[Path], typer.Argument(help="Store directory (several: read as one set).")],
-    batch: Annotated[
-        int, typer.Option(help="Samples per batch (per process under torchrun).", rich_help_panel=OPTIMISATION)
-    ] = LOADER.batch_size,
-    epochs: Annotated[int, typer.Option(help="Epochs.", rich_help_panel=OPTIMISATION)] = TRAIN.epochs,
-    lr: Annotated[
-        float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).", rich_help_panel=OPTIMISATION)
-    ] = TRAIN.lr,
-    workers: Annotated[
-        int, typer.Option(help="Reader processes that read batches ahead.", rich_help_panel=DEVICES)
-    ] = LOADER.workers,
+    batch: Annotated[int, typer.Option(help="Samples per batch (per process under torchrun).")] = LOADER.batch_size,
+    epochs: Annotated[int, typer.Option(help="Epochs.")] = TRAIN.epochs,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW, one-cycle schedule).")] = TRAIN.lr,
+    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     val_fraction: Annotated[
         float,
         typer.Option(
             help="Share of every class held out for validation, or a number of samples (e.g. 20000, held out in "
-            "proportion to the classes).",
-            rich_help_panel=VALIDATION,
+            "proportion to the classes)."
         ),
     ] = TRAIN.val_fraction,
     balanced: Annotated[
-        bool, typer.Option("--balanced", help="Draw classes equally (with replacement).", rich_help_panel=DATA)
+        bool, typer.Option("--balanced", help="Draw classes equally (with replacement).")
     ] = LOADER.balanced,
     shuffle: Annotated[
         str,
         typer.Option(
             help="auto: random if the store fits in memory, else window; random: new permutation per epoch; "
-            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs.",
-            rich_help_panel=DATA,
+            "block: shuffled packed values, fewer lookups; window: random batches from a window of large runs."
         ),
     ] = LOADER.order,
     window_mb: Annotated[
-        int | None,
-        typer.Option(
-            help="Window shuffle: window size in MiB (default: 1/8 of available memory).", rich_help_panel=DATA
-        ),
+        int | None, typer.Option(help="Window shuffle: window size in MiB (default: 1/8 of available memory).")
     ] = LOADER.window_mb,
     block_buffer: Annotated[
         int,
-        typer.Option(
-            help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more).",
-            rich_help_panel=DATA,
-        ),
+        typer.Option(help="Block mode: spread each packed value over this many batches (1 fastest, more mixes more)."),
     ] = LOADER.block_buffer,
-    seed: Annotated[
-        int, typer.Option(help="Seed of the split, the order and the weights.", rich_help_panel=DATA)
-    ] = LOADER.seed,
+    seed: Annotated[int, typer.Option(help="Seed of the split, the order and the weights.")] = LOADER.seed,
     weights: Annotated[
         str | None,
         typer.Option(
             help="Several stores: each one's share of every epoch, e.g. 0.7,0.3 (exact per epoch, drawn without "
-            "repeats until a store is used up; random order).",
-            rich_help_panel=DATA,
+            "repeats until a store is used up; random order)."
         ),
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(
-            help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>).",
-            rich_help_panel=CHECKPOINTS,
-        ),
+        typer.Option(help=f"Directory for checkpoints and metrics (default {DEFAULT_RUNS_DIR}/<store name>)."),
     ] = None,
     resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="Continue from OUT/checkpoint.pt (inside the epoch it was written in).",
-            rich_help_panel=CHECKPOINTS,
-        ),
+        bool, typer.Option("--resume", help="Continue from OUT/checkpoint.pt (inside the epoch it was written in).")
     ] = False,
     checkpoint_every: Annotated[
         int | None,
-        typer.Option(
-            help="Also write OUT/checkpoint.pt every N steps, so --resume continues inside the epoch.",
-            rich_help_panel=CHECKPOINTS,
-        ),
+        typer.Option(help="Also write OUT/checkpoint.pt every N steps, so --resume continues inside the epoch."),
     ] = TRAIN.checkpoint_every,
-    device: Annotated[
-        str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.", rich_help_panel=DEVICES)
-    ] = TRAIN.device,
-    width: Annotated[
-        int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).", rich_help_panel=MODEL)
-    ] = TRAIN.width,
-    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.", rich_help_panel=DEVICES)] = TRAIN.amp,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N.")] = TRAIN.device,
+    width: Annotated[int, typer.Option(help="Channels of the first CNN block (later blocks 2x, 4x).")] = TRAIN.width,
+    amp: Annotated[bool, typer.Option(help="bfloat16 mixed precision on CUDA.")] = TRAIN.amp,
     max_steps: Annotated[
-        int | None, typer.Option(help="Cut every epoch after this many steps.", rich_help_panel=OPTIMISATION)
+        int | None, typer.Option(help="Cut every epoch after this many steps.")
     ] = TRAIN.max_steps_per_epoch,
     val_every: Annotated[
         int | None,
-        typer.Option(
-            min=1,
-            help="Also validate every N steps inside epochs (every epoch's end always validates).",
-            rich_help_panel=VALIDATION,
-        ),
+        typer.Option(min=1, help="Also validate every N steps inside epochs (every epoch's end always validates)."),
     ] = TRAIN.val_every,
     val_limit: Annotated[
         str | None,
         typer.Option(
             help="What one validation reads: N batches a process (e.g. 50) or a share of the split (e.g. 0.25); "
-            "a fixed stratified subset, the same each time (default: the whole split).",
-            rich_help_panel=VALIDATION,
+            "a fixed stratified subset, the same each time (default: the whole split)."
         ),
     ] = None,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
     plot: Annotated[
-        bool,
-        typer.Option(
-            "--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.", rich_help_panel=OUTPUT
-        ),
+        bool, typer.Option("--plot", help=f"Draw OUT/{DEFAULT_RUN_PNG} (loss, accuracy, samples/s) at the end.")
     ] = False,
     model: ModelOption = None,
     model_arg: ModelArgOption = None,
     optimizer: Annotated[
-        str,
-        typer.Option(
-            help=f"Optimizer: {or_list(OPTIMIZERS)} (sgd: momentum {SGD_MOMENTUM}).", rich_help_panel=OPTIMISATION
-        ),
+        str, typer.Option(help=f"Optimizer: {or_list(OPTIMIZERS)} (sgd: momentum {SGD_MOMENTUM}).")
     ] = TRAIN.optimizer,
-    weight_decay: Annotated[
-        float, typer.Option(help="Weight decay of the optimizer.", rich_help_panel=OPTIMISATION)
-    ] = TRAIN.weight_decay,
+    weight_decay: Annotated[float, typer.Option(help="Weight decay of the optimizer.")] = TRAIN.weight_decay,
     label_smoothing: Annotated[
-        float, typer.Option(help="Label smoothing of the training loss, in [0, 1).", rich_help_panel=OPTIMISATION)
+        float, typer.Option(help="Label smoothing of the training loss, in [0, 1).")
     ] = TRAIN.label_smoothing,
     compile_model: Annotated[
-        bool,
-        typer.Option(
-            "--compile",
-            help="Run the steps through torch.compile (needs a C++ compiler on CPU).",
-            rich_help_panel=MODEL,
-        ),
+        bool, typer.Option("--compile", help="Run the steps through torch.compile (needs a C++ compiler on CPU).")
     ] = TRAIN.compile,
     overwrite: Annotated[
-        bool,
-        typer.Option(
-            "--overwrite",
-            help="Start afresh in an --out holding an earlier run (its files removed).",
-            rich_help_panel=CHECKPOINTS,
-        ),
+        bool, typer.Option("--overwrite", help="Start afresh in an --out holding an earlier run (its files removed).")
     ] = False,
     allow_disjoint_classes: Annotated[
         bool,
         typer.Option(
             "--allow-disjoint-classes",
             help="Train on a set in which a store of bare class ids (0, 1, ...) shares no class name with the others.",
-            rich_help_panel=DATA,
         ),
     ] = TRAIN.allow_disjoint_classes,
 ) -> None:

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
 from typer.core import TyperCommand
@@ -63,15 +63,17 @@ LOADER = LoaderConfig()
 TRAIN = TrainConfig()
 
 
-#: Help panels of the options (``rich_help_panel=``), in the order :class:`Command` lists them.
-PANELS = DATA, MODEL, OPTIMISATION, VALIDATION, CHECKPOINTS, DEVICES, OUTPUT = (
+#: Titles of the help panels of :class:`Command`.
+DATA, MODEL, OPTIMISATION, VALIDATION, CHECKPOINTS, DEVICES, OUTPUT = (
     "Data", "Model", "Optimisation", "Validation", "Checkpoints", "Workers and devices", "Output"
 )  # fmt: skip
 
 
 class Command(TyperCommand):
-    """A command whose help lists its options under their ``rich_help_panel`` in plain text too (Typer groups
-    them only in rich output) and names its arguments as ``STORES...``, not by their Python type."""
+    """A command whose help names its arguments as ``STORES...`` (not by their Python type) and lists its options
+    in the panels a subclass names in :attr:`panels` (parameter names by panel title; the others: "Options")."""
+
+    panels: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @staticmethod
     def _name(p: Any) -> str:
@@ -82,11 +84,12 @@ class Command(TyperCommand):
         return [self.options_metavar or "", *(self._name(p) if p.required else f"[{self._name(p)}]" for p in args)]
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
-        panels: dict[str, list[tuple[str, str]]] = {title: [] for title in ("Arguments", *PANELS, "Options")}
+        panels: dict[str, list[tuple[str, str]]] = {title: [] for title in ("Arguments", *self.panels, "Options")}
+        panel_of = {name: title for title, names in self.panels.items() for name in names}
         for p in self.get_params(ctx):
             if (row := p.get_help_record(ctx)) is not None:
                 arg = p.param_type_name == "argument"
-                panel = "Arguments" if arg else getattr(p, "rich_help_panel", None) or "Options"
+                panel = "Arguments" if arg else panel_of.get(p.name, "Options")
                 panels.setdefault(panel, []).append((self._name(p), row[1]) if arg else row)
         for title, rows in panels.items():
             if rows:
@@ -95,18 +98,11 @@ class Command(TyperCommand):
 
 
 #: ``--json``: only JSON on stdout; the human lines go to stderr.
-JsonOption = Annotated[
-    bool,
-    typer.Option("--json", help="Print only JSON on stdout (the human lines go to stderr).", rich_help_panel=OUTPUT),
-]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (the human lines go to stderr).")]
 #: ``--progress/--no-progress``: bars on stderr; by default only when stderr is a terminal.
 ProgressOption = Annotated[
     bool | None,
-    typer.Option(
-        "--progress/--no-progress",
-        help="Show progress bars (default: when stderr is a terminal).",
-        rich_help_panel=OUTPUT,
-    ),
+    typer.Option("--progress/--no-progress", help="Show progress bars (default: when stderr is a terminal)."),
 ]
 
 
@@ -117,7 +113,6 @@ ModelOption = Annotated[
         metavar="FILE.py:FUNCTION",
         help="Your own model: FILE.py:FUNCTION or MODULE:FUNCTION, called as FUNCTION(in_shape, classes, "
         "**model_args) and returning a torch.nn.Module (default: the built-in CNN).",
-        rich_help_panel=MODEL,
     ),
 ]
 #: ``--model-arg k=v`` (repeated): the factory's keyword arguments.
@@ -127,7 +122,6 @@ ModelArgOption = Annotated[
         metavar="NAME=VALUE",
         help="Keyword argument of the --model factory (repeat it); VALUE is read as JSON when it is a number, "
         "true/false/null or a quoted string, else as a string.",
-        rich_help_panel=MODEL,
     ),
 ]
 
