@@ -218,7 +218,7 @@ def test_the_readme_runs_top_to_bottom_in_one_directory(tmp_path: Path, monkeypa
 
 
 def _params() -> list[object]:
-    out = []
+    out: list[object] = []
     for b in doc_blocks(sorted((REPO / "docs").glob("*.md"))):
         if b.marker == "skip":
             out.append(pytest.param(b, id=b.id, marks=pytest.mark.skip(reason=f"{b.id}: {b.why}")))
