@@ -73,10 +73,7 @@ def ingest(
         ),
     ] = None,
     compression: Annotated[
-        str | None,
-        typer.Option(
-            metavar="none|gzip|zlib", help="How TFRecord files are stored (default: told by their first bytes)."
-        ),
+        str | None, typer.Option(metavar="none|gzip|zlib", help="TFRecord files' compression (default: by content).")
     ] = None,
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")

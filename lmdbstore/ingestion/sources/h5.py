@@ -44,27 +44,23 @@ def _attribute_names(value: Any, what: str, path: Path) -> np.ndarray:
     arr = np.asarray(value)
     text = arr.item() if arr.ndim == 0 else None
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-    if isinstance(text, str):
-        text = text.strip()
-        seps = [sep for sep in (",", "\n") if sep in text]
-        names: Any = None
-        if text.startswith("["):
-            try:
-                names = json.loads(text)
-            except ValueError:
-                names = None
-        elif len(seps) == 1:
-            names = [name.strip() for name in text.split(seps[0])]
-        elif not seps and not any(c.isspace() for c in text):
-            names = [text]
-        if not isinstance(names, list):
-            raise SourceError(
-                f"{what} does not list class names unambiguously: {clip(text)!r} (a JSON list, or names separated "
-                "by commas or newlines)",
-                path=path,
-            )
-        arr = np.array(names, dtype=object)
-    return arr
+    if not isinstance(text, str):
+        return arr  # an array, or a scalar that is no string: checked by the caller
+    text = text.strip()
+    seps = [sep for sep in (",", "\n") if sep in text]
+    try:
+        names = json.loads(text) if text.startswith("[") else None
+    except ValueError:
+        names = None
+    if not text.startswith("["):
+        names = [n.strip() for n in text.split(seps[0])] if len(seps) == 1 else None if seps else text.split()
+    if not isinstance(names, list) or (not seps and len(names) > 1):  # "cat dog": a name with a space, or two?
+        raise SourceError(
+            f"{what} does not list class names unambiguously: {clip(text)!r} (a JSON list, or names separated "
+            "by commas or newlines)",
+            path=path,
+        )
+    return np.array(names, dtype=object)
 
 
 def _h5_dataset_names(f: Any) -> str:

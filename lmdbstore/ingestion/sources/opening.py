@@ -39,9 +39,6 @@ class _Keys:
     y_key: str
     h5_x: str | None
     h5_y: str | None
-    dtype: Any = None
-    sample_shape: tuple[int, ...] | None = None
-    compression: str | None = None
 
 
 #: File suffix (lower case) -> how a file with it is opened: the one place a suffix picks the kind.
@@ -51,18 +48,6 @@ _FILE_OPENERS: dict[str, Callable[[Path, Label | None, _Keys], Source]] = {
     ".h5": lambda p, lab, k: H5Source(p, label=lab, h5_x=k.h5_x or "x", h5_y=k.h5_y or "y"),
     ".hdf5": lambda p, lab, k: H5Source(p, label=lab, h5_x=k.h5_x or "x", h5_y=k.h5_y or "y"),
 }
-
-
-def _tfrecord(p: Path, lab: Label | None, k: _Keys) -> Source:
-    return TFRecordSource(
-        p,
-        label=lab,
-        x_key=k.x_key,
-        y_key=k.y_key,
-        dtype=k.dtype,
-        sample_shape=k.sample_shape,
-        compression=k.compression,
-    )
 
 
 def _is_source_name(name: str) -> bool:
@@ -158,20 +143,20 @@ def open_source(
         )
     if not p.exists():
         raise SourceError("no such file or directory", path=p)
-    keys = _Keys(x_key, y_key, h5_x, h5_y, dtype, shape, compression and compression.lower())
+    kinds = _directory_kinds(p) if p.is_dir() else {}
+    if "a store" in kinds:  # a store is a source too
+        return open_store_source(p, label=lab)
+    shards = [p / f for f in kinds.get("TFRecord files", [])] if p.is_dir() else [p] if is_tfrecord_name(p.name) else []
+    if shards:
+        how = compression and compression.lower()
+        kw = {"x_key": x_key, "y_key": y_key, "dtype": dtype, "sample_shape": shape, "compression": how}
+        return [TFRecordSource(f, label=lab, **kw) for f in shards]
     if p.is_dir():
-        kinds = _directory_kinds(p)
-        if "a store" in kinds:  # a store is a source too
-            return open_store_source(p, label=lab)
-        return [_tfrecord(p / f, lab, keys) for f in kinds.get("TFRecord files", [])] or open_directory(
-            p, lab, shape, _is_source_name
-        )
-    if is_tfrecord_name(p.name):
-        return [_tfrecord(p, lab, keys)]
+        return open_directory(p, lab, shape, _is_source_name)
     suffix = p.suffix.lower()
     opener = _FILE_OPENERS.get(suffix)
     if opener is not None:
-        return [opener(p, lab, keys)]
+        return [opener(p, lab, _Keys(x_key, y_key, h5_x, h5_y))]
     raise SourceError(
         f"unsupported source type {suffix or '(no suffix)'!r}",
         path=p,

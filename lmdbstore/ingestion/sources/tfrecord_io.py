@@ -8,18 +8,16 @@ A TFRecord file is a sequence of records, each framed as::
     uint32 masked crc32c     of the data
 
 where ``masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 (mod 2**32)``; the whole file may be one GZIP or ZLIB
-stream (TensorFlow's ``compression_type``), which :class:`RecordFile` inflates as it reads.  The crc32c
-(Castagnoli) comes from ``google-crc32c`` (the optional ``tfrecord`` extra: Google's C implementation,
-hardware-accelerated, 40 KB, no dependencies; docs/design.md says why it and not ``protobuf``/TensorFlow).
+stream (TensorFlow's ``compression_type``), inflated as read (:class:`RecordFile`).  The crc32c comes from
+``google-crc32c`` (the ``tfrecord`` extra; docs/design.md says why it and not ``protobuf``/TensorFlow).
 
-``tf.train.Example`` is the protobuf message ``Example{Features features = 1}``, ``Features{map<string, Feature>
-feature = 1}``, ``Feature{oneof {BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}}``,
-each list ``repeated <type> value = 1``.  :func:`parse_example` decodes the wire format of just these messages
-through one walker of every wire type (:func:`_fields`): lists packed or unpacked (one field per value) alike,
-unknown fields skipped, every length checked against the bytes it lies in, and a list's values counted before
-one array is allocated for them, so a damaged or hostile record is a :class:`ValueError` and never an allocation
-beyond a few times its own size.  :func:`encode_example` and :func:`write_records` write the same format (what
-the tests and the benchmark make their shards with; TensorFlow reads them).
+``tf.train.Example`` is ``Example{Features features = 1}``, ``Features{map<string, Feature> feature = 1}``,
+``Feature{oneof {BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}}``, each list
+``repeated <type> value = 1``.  :func:`parse_example` decodes them through one walker of every wire type
+(:func:`_fields`): lists packed or not alike, unknown fields skipped, every length checked against the bytes it
+lies in, a list's values counted before one array is allocated for them, so a damaged or hostile record is a
+:class:`ValueError` and never an allocation beyond a few times its own size.  :func:`encode_example` and
+:func:`write_records` write the format (the tests' and the benchmark's shards; TensorFlow reads them).
 """
 
 from __future__ import annotations
