@@ -105,9 +105,8 @@ def _as_label_array(y: np.ndarray, path: Path, first: int) -> np.ndarray:
     """Labels as int64 ids or a str (``U``) array.
 
     Raises:
-        ValidationError: a name holding a control character (see :func:`~lmdbstore.format.meta.controlled_name`).
-        ValidationError: an unsigned id beyond the int64 range (named exactly, not wrapped negative):
-            no store has that many classes.
+        ValidationError: a name holding a control character (:func:`~lmdbstore.format.meta.controlled_name`), or
+            an unsigned id beyond the int64 range (named exactly, not wrapped negative): no store has that many.
     """
     if y.dtype.kind in "USO":  # names; Python strings (TFRecord, HDF5) keep a trailing NUL numpy would drop
         if controlled_name(np.unique(y).tolist()) is not None:
