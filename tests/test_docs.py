@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, build_store, make_data, run_cli
-
-from lmdbstore.ingestion.sources.tfrecord_io import encode_example, write_records
+from tfrecord_writer import encode_example, write_records
 
 LANGS = ("python", "bash", "json")
 

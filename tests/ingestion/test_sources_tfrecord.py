@@ -18,17 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import assert_roundtrip, make_data, one_error_line, run_cli
+from tfrecord_writer import encode_example, write_records
 
 from lmdbstore.errors import SourceError, ValidationError
 from lmdbstore.ingestion.pipeline import ingest
 from lmdbstore.ingestion.sources import TFRecordSource, open_source, open_sources
-from lmdbstore.ingestion.sources.tfrecord_io import (
-    RecordFile,
-    crc32c_module,
-    encode_example,
-    parse_example,
-    write_records,
-)
+from lmdbstore.ingestion.sources.tfrecord_io import RecordFile, crc32c_module, parse_example
 from lmdbstore.store.reader import StoreReader
 
 NAMES = np.array(["a", "b", "c", "d", "e"])

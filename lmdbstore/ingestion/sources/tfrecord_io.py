@@ -16,8 +16,7 @@ stream (TensorFlow's ``compression_type``), inflated as read (:class:`RecordFile
 ``repeated <type> value = 1``.  :func:`parse_example` decodes them through one walker of every wire type
 (:func:`_fields`): lists packed or not alike, unknown fields skipped, every length checked against the bytes it
 lies in, a list's values counted before one array is allocated for them, so a damaged or hostile record is a
-:class:`ValueError` and never an allocation beyond a few times its own size.  :func:`encode_example` and
-:func:`write_records` write the format (the tests' and the benchmark's shards; TensorFlow reads them).
+:class:`ValueError` and never an allocation beyond a few times its own size.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,13 @@ from lmdbstore.ingestion.sources.checks import one_line
 
 __all__ = [
     "COMPRESSIONS",
+    "KINDS",
     "Feature",
     "RecordFile",
     "crc32c_module",
-    "encode_example",
     "feature_names",
     "masked_crc",
     "parse_example",
-    "write_records",
 ]
 
 #: Bytes before a record's data: its length and that length's masked crc32c.
@@ -309,65 +307,3 @@ def feature_names(buf: bytes, limit: int) -> tuple[list[str], int]:
         if len(names) < limit:
             names.append(buf[n0:n1].decode("utf-8", "replace"))
     return names, n
-
-
-# --------------------------------------------------------------------------------------------------- writing
-def _key(field: int, wire: int) -> bytes:
-    return _put_varint((field << 3) | wire)
-
-
-def _put_varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _len_field(field: int, payload: bytes) -> bytes:
-    return _key(field, 2) + _put_varint(len(payload)) + payload
-
-
-def _feature(value: Any) -> bytes:
-    """A serialized ``Feature``: ``bytes`` (or a list of them) as a BytesList, float arrays as a FloatList,
-    integer arrays and ints as an Int64List."""
-    if isinstance(value, (bytes, bytearray)):
-        value = [bytes(value)]
-    if isinstance(value, str):
-        value = [value.encode()]
-    if isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray)):
-        return _len_field(_BYTES, b"".join(_len_field(1, bytes(v)) for v in value))
-    arr = np.atleast_1d(np.asarray(value))
-    if arr.dtype.kind == "f":
-        packed = arr.astype("<f4").tobytes()
-        return _len_field(_FLOATS, _len_field(1, packed))
-    if arr.dtype.kind in "iub":
-        packed = b"".join(_put_varint(int(v)) for v in arr.reshape(-1))
-        return _len_field(_INTS, _len_field(1, packed))
-    raise TypeError(f"cannot encode a feature of dtype {arr.dtype}")
-
-
-def encode_example(features: Mapping[str, Any]) -> bytes:
-    """A serialized ``tf.train.Example`` of ``features`` (name -> bytes, float array or int array)."""
-    entries = b"".join(
-        _len_field(1, _len_field(1, name.encode()) + _len_field(2, _feature(value))) for name, value in features.items()
-    )
-    return _len_field(1, entries)
-
-
-def write_records(path: str | os.PathLike[str], records: Iterable[bytes]) -> int:
-    """Write ``records`` to a TFRecord file at ``path`` (framed and crc32c-checked); return how many."""
-    crc = crc32c_module()
-    n = 0
-    with open(path, "wb") as f:
-        for data in records:
-            head = struct.pack("<Q", len(data))
-            f.write(head + struct.pack("<I", masked_crc(crc.value(head))))
-            f.write(data + struct.pack("<I", masked_crc(crc.value(data))))
-            n += 1
-    return n
