@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lmdbstore.config import LoaderConfig, TrainConfig
+from lmdbstore.config import BUILTIN_MODEL, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.batches import place_model
@@ -70,6 +70,8 @@ class TrainResult:
     classes: list[str]
     out_dir: Path | None
     checkpoint: Path | None
+    #: the model trained: its factory (``lmdbstore.training.model:build_cnn``: the built-in CNN) and arguments
+    model: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> EpochMetrics:
@@ -179,7 +181,10 @@ def train(
         _report(run, conf, state, has_val=val_loader is not None)
     if info.active:
         dist.barrier()
-    return TrainResult(state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None)
+    model_ = {"factory": cfg.model, "args": cfg.model_kwargs}
+    return TrainResult(
+        state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None, model_
+    )
 
 
 def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None) -> None:
@@ -240,11 +245,13 @@ def _build_model(
 
 def _plan_line(run: TrainRun, n_train: int, n_val: int, validation: str = "") -> str:
     """The line that says what the run is about to do (``validation``: what each validation reads, and when)."""
-    lcfg = run.lcfg
+    lcfg, cfg = run.lcfg, run.cfg
+    model = "the built-in CNN" if cfg.model == BUILTIN_MODEL else cfg.model
     return (
         f"training on {run.device} ({run.info.world_size} process(es)): {n_train} train / {n_val} val samples, "
         f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {validation + ', ' if validation else ''}"
-        f"{lcfg.workers} workers, shuffle {_shuffle_used(run)}"
+        f"{lcfg.workers} workers, shuffle {_shuffle_used(run)}, model {model}"
+        f"({', '.join(f'{k}={v!r}' for k, v in cfg.model_kwargs.items())})"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -223,6 +224,25 @@ def test_help_explains_commands() -> None:
     r = run_cli("ingest", "--help")
     assert "--allow-nonfinite" in r.stdout and "interrupted" in r.stdout
     assert "--no-allow-nonfinite" not in r.stdout
+
+
+COMMANDS = ("ingest", "stats", "verify", "synth", "train", "eval", "demo", "export", "copy", "show", "plot")
+
+
+def test_help_groups_options_and_shows_no_python_types() -> None:
+    """Issue 40: `train --help` was 95 lines of 33 options in one flat list, spoke of "DataLoader workers" and
+    showed `<list[Path]>`; its options are now in panels, and no command's help shows a Python type."""
+    r = run_cli("train", "--help")
+    sections = [ln[:-1] for ln in r.stdout.splitlines() if ln and not ln.startswith(" ") and ln.endswith(":")]
+    assert sections == ["Arguments", "Data", "Model", "Optimisation", "Validation", "Checkpoints",
+                        "Workers and devices", "Output", "Options"]  # fmt: skip
+    options = r.stdout[r.stdout.index("\nOptions:") :]
+    assert options.count("\n  --") == 1 and "--help" in options  # every option of train has its panel
+    assert r.stdout.startswith("Usage: lmdbstore train [OPTIONS] STORES...") and "built-in CNN" in r.stdout
+    for cmd in COMMANDS:
+        text = run_cli(cmd, "--help").stdout
+        assert not re.search(r"<list|\{\w+\}|DataLoader", text), (cmd, text)
+    assert "--model-arg NAME=VALUE" in run_cli("eval", "--help").stdout
 
 
 def test_console_script_as_subprocess(tmp_path: Path) -> None:

@@ -51,6 +51,9 @@ def test_train_eval_and_plot_json_agree_with_their_lines(small_store: StoreInfo,
     assert [m["epoch"] for m in doc["epochs"]] == [1, 2] and doc["final"]["epoch"] == 2  # type: ignore[index]
     assert "epoch 1: train loss" in err and "epoch 2: train loss" in err and "confusion matrix" in err
     assert doc["out_dir"] == str(run) and len(doc["confusion"]) == 5  # type: ignore[index]
+    # which model it trained (issue 40): in the plan line and the JSON
+    assert doc["model"] == {"factory": "lmdbstore.training.model:build_cnn", "args": {"width": 4}}  # type: ignore[index]
+    assert "shuffle random (auto), model the built-in CNN(width=4)" in err
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in lines] == [1, 2]
     doc, err = _json("eval", small_store.path, run / "best.pt", "--workers", "0")

@@ -340,7 +340,7 @@ def test_the_start_line_names_the_shuffle_used(synth_store: Path, shuffle: str, 
     cfg = TrainConfig(epochs=1, max_steps_per_epoch=2)
     train(synth_store, None, cfg, LoaderConfig(shuffle=shuffle, workers=0), log=lines.append, progress=False)  # type: ignore[arg-type]
     start = next(ln for ln in lines if ln.startswith("training on"))
-    assert start.endswith(said)
+    assert start.endswith(f"{said}, model the built-in CNN(width={cfg.width})")  # and which model (issue 40)
 
 
 def test_eval_and_resume_keep_the_runs_split_after_the_store_grew(

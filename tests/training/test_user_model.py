@@ -129,6 +129,7 @@ def test_resume_inside_an_epoch_with_a_user_model_ends_as_the_uninterrupted_run(
     done = run_cli(*args, "--workers", 0, "--shuffle", "random", "--model", FACTORY, "--model-arg", "width=8")
     assert done.exit_code == 0, done.stderr
     assert "resuming epoch 1 after its step 5" in done.stdout
+    assert f"model {FACTORY}(width=8)" in done.stdout  # the plan line says which model it trains (issue 40)
     a, b = _weights(whole / CHECKPOINT_NAME), _weights(cut / CHECKPOINT_NAME)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
