@@ -1,7 +1,7 @@
-"""Resuming inside an epoch: ``lmdbstore train --checkpoint-every`` killed with SIGKILL at a random moment
-and resumed ends with exactly the weights of a run never interrupted (same seed, CPU), every epoch's
-metrics count every training sample once, and a checkpoint written inside an epoch that does not fit the
-resumed run (another batch size, a malformed position) is refused in one line."""
+"""Resuming inside an epoch: ``lmdbstore train --checkpoint-every`` killed with SIGKILL at a random moment (a child
+process) and resumed (through CliRunner) ends with exactly the weights of a run never interrupted (same seed, CPU),
+every epoch's metrics count every training sample once, and a checkpoint written inside an epoch that does not fit
+the resumed run (another batch size, a malformed position) is refused in one line."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cli_subprocess, one_error_line, run_cli
+from conftest import REPO, one_error_line, run_cli
 
 from lmdbstore import LmdbStoreError
 from lmdbstore.config import LoaderConfig, TrainConfig
@@ -75,8 +75,8 @@ def _killed_inside_an_epoch(store: Path, out: Path) -> dict[str, object]:
 
 def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(store: Path, tmp_path: Path) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
-    done = cli_subprocess("train", store, *ARGS, "--checkpoint-every", EVERY, "--out", full)
-    assert done.returncode == 0, done.stderr
+    done = run_cli("train", store, *ARGS, "--checkpoint-every", EVERY, "--out", full)  # in this process
+    assert done.exit_code == 0, done.stderr
     ckpt = _killed_inside_an_epoch(store, killed)
     step, epoch = ckpt["step"], ckpt["epoch"]
     assert isinstance(step, int) and isinstance(epoch, int) and 0 < step < 14
@@ -84,8 +84,8 @@ def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(store: Path
     assert totals[1] == 100 * step  # type: ignore[index]  # the samples of the steps trained so far
     position = json.loads(ckpt["sampler"])  # type: ignore[arg-type]
     assert (position["epoch"], position["position"]) == (epoch + 1, step)
-    resumed = cli_subprocess("train", store, *ARGS, "--checkpoint-every", EVERY, "--out", killed, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = run_cli("train", store, *ARGS, "--checkpoint-every", EVERY, "--out", killed, "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
     assert f"resuming epoch {epoch + 2} after its step {step}" in resumed.stdout
     a = load_checkpoint(full / CHECKPOINT_NAME)["model"]
     b = load_checkpoint(killed / CHECKPOINT_NAME)["model"]

@@ -38,9 +38,15 @@ def _quiet_train(store: Path, out: Path | None, epochs: int = 2, **loader: objec
     return train(store, out, TrainConfig(epochs=epochs, lr=5e-3), lcfg, log=None, progress=False)
 
 
-def test_train_learns_and_writes_checkpoints(synth_store: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    result = _quiet_train(synth_store, out, epochs=3, workers=1)
+@pytest.fixture(scope="module")
+def three_epochs(synth_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A run of 3 epochs (batch 256, one reader process) on ``synth_store``: its directory and result."""
+    out = tmp_path_factory.mktemp("three") / "run"
+    return out, _quiet_train(synth_store, out, epochs=3, workers=1)
+
+
+def test_train_learns_and_writes_checkpoints(synth_store: Path, three_epochs: tuple[Path, object]) -> None:
+    out, result = three_epochs
     final = result.final  # type: ignore[attr-defined]
     assert final.val_accuracy is not None and final.val_accuracy > 0.85
     assert result.epochs[0].train_loss > final.train_loss  # type: ignore[attr-defined]
@@ -104,9 +110,8 @@ def test_block_and_balanced_modes_train(synth_store: Path, loader: dict[str, obj
     assert result.final.train_samples > 0  # type: ignore[attr-defined]
 
 
-def test_evaluate_scores_the_store(synth_store: Path, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    _quiet_train(synth_store, out, epochs=2)
+def test_evaluate_scores_the_store(synth_store: Path, three_epochs: tuple[Path, object], tmp_path: Path) -> None:
+    out, _ = three_epochs
     preds = tmp_path / "pred.npy"
     r = evaluate(synth_store, out / BEST_NAME, batch_size=1000, workers=1, predictions_out=preds)
     assert r["samples"] == 6000
