@@ -1,8 +1,6 @@
 """``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store
 (see lmdbstore.tools.export and lmdbstore.tools.copy)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

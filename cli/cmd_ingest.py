@@ -1,7 +1,5 @@
 """``lmdbstore ingest`` and ``lmdbstore synth``: data into a store (see lmdbstore.ingestion)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 

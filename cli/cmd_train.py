@@ -1,8 +1,6 @@
 """``lmdbstore train``, ``lmdbstore eval`` and ``lmdbstore demo``: the CNN on a store
 (see lmdbstore.training.trainer and lmdbstore.training.evaluate)."""
 
-from __future__ import annotations
-
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, ClassVar

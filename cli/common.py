@@ -6,8 +6,6 @@ The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`
 :data:`TRAIN` are the default configurations whose fields the options default to.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

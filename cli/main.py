@@ -7,8 +7,6 @@ status 1; ``verify`` exits 1 when it finds problems.  The commands live one grou
 into :data:`app` and is the console script's entry point, :func:`main`.
 """
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 
