@@ -1,37 +1,56 @@
-"""``lmdbstore ARGS`` inside a process that ``torchrun`` started, as ``torchrun ... -m lmdbstore ARGS`` runs it, for
-the rank scripts of test_ddp.py and test_multinode.py: one launch (three or four interpreters importing torch)
-serves several runs and checks.  Each run's stdout and stderr go to files of its own, redirected at the file
-descriptors (what C code prints is caught too); a run that fails ends the process with its exit status (torchrun
-then stops the other ranks rather than leaving them waiting in a collective)."""
+"""``lmdbstore ARGS`` run in this process as the console script runs it, several runs to one interpreter's start
+(seconds where torch is imported), each run's stdout and stderr redirected at the file descriptors into files of
+its own: what C code and child processes (reader workers) print is caught as a subprocess's pipes would catch it.
+
+:func:`cli` runs one command through the console script's ``main()`` (its exit status caught; an exception it lets
+out is printed as Python prints it, exit status 1).  Rank scripts under ``torchrun`` call it
+(tests/training/test_ddp.py, test_multinode.py); tests of commands that could crash a process run it as a script,
+``python cli_runs.py PLAN.json``: every ``[name, argv]`` of the plan in turn, ``NAME.out``, ``NAME.err`` and
+``NAME.code`` written beside the plan.  A run killed by a signal kills this process, which its caller sees (and
+the run without a ``.code`` file is the one that died).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import traceback
+from pathlib import Path
 
 
-def cli(name: str, argv: list[str], tag: str) -> None:
-    """Run ``lmdbstore ARGV``, its outputs to ``NAME.TAG.out`` and ``NAME.TAG.err`` in the current directory."""
+def cli(name: str, argv: list[str], where: Path = Path()) -> int:
+    """Run ``lmdbstore ARGV``, its outputs to ``where/NAME.out`` and ``where/NAME.err``; its exit status."""
     from lmdbstore_cli.main import main
 
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    argv0 = sys.argv
-    with open(f"{name}.{tag}.out", "w") as out, open(f"{name}.{tag}.err", "w") as err:
+    saved, argv0 = (os.dup(1), os.dup(2)), sys.argv
+    with open(where / f"{name}.out", "w") as out, open(where / f"{name}.err", "w") as err:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         sys.argv = ["lmdbstore", *argv]
-        code: object = 0
+        code = 0
         try:
             main()
         except SystemExit as exc:
-            code = exc.code
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
             sys.argv = argv0
-    if code:
-        sys.exit(f"{name} ({tag}) exited with {code}")
+    return code
+
+
+if __name__ == "__main__":
+    plan = Path(sys.argv[1])
+    for run_name, run_argv in json.loads(plan.read_text()):
+        status = cli(run_name, run_argv, plan.parent)
+        (plan.parent / f"{run_name}.code").write_text(str(status))

@@ -15,9 +15,10 @@ import pytest
 from conftest import (
     CLASSES,
     DAMAGES,
+    REPO,
+    TESTS,
     StoreInfo,
     build_store,
-    cli_subprocess,
     damage_store,
     make_data,
     one_error_line,
@@ -262,23 +263,17 @@ def test_console_script_as_subprocess(tmp_path: Path) -> None:
     assert p.returncode == 0 and p.stdout.startswith("lmdbstore ")
 
 
-def _cli_subprocess(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("lmdbstore", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "lmdbstore"]
-    return subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300)
-
-
-def test_train_and_eval_other_dtypes_and_shapes_as_subprocess(tmp_path: Path) -> None:
+def test_train_and_eval_other_dtypes_and_shapes(tmp_path: Path) -> None:
     """float64 and (C, H, W) stores train and score; a shape the CNN cannot take is one line, no traceback."""
     small = ("--batch", "64", "--epochs", "1", "--max-steps", "2", "--workers", "0", "--no-progress")
     for name, shape, dtype in (("f64", (25, 25), np.float64), ("rgb", (3, 16, 16), np.float32)):
         store = build_store(tmp_path / name, *make_data(256, 3, shape=shape, dtype=dtype))
-        p = _cli_subprocess("train", store, *small, "--out", tmp_path / f"run_{name}")
-        assert p.returncode == 0, p.stderr
-        assert "epoch 1:" in p.stdout and "Traceback" not in p.stderr
-        p = _cli_subprocess("eval", store, tmp_path / f"run_{name}" / "checkpoint.pt", "--workers", "0", "--json")
-        assert p.returncode == 0, p.stderr
-        assert json.loads(p.stdout)["samples"] == 256
+        r = run_cli("train", store, *small, "--out", tmp_path / f"run_{name}")
+        assert r.exit_code == 0 and r.exception is None, r.output
+        assert "epoch 1:" in r.stdout and "Traceback" not in r.stderr
+        r = run_cli("eval", store, tmp_path / f"run_{name}" / "checkpoint.pt", "--workers", "0", "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["samples"] == 256
     # a 1-channel checkpoint against the 3-channel store (the refusals in this process: the CLI's one line)
     r = run_cli("eval", tmp_path / "rgb", tmp_path / "run_f64" / "checkpoint.pt", "--workers", "0")
     line = one_error_line(r)
@@ -367,39 +362,54 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("tiny")
     x, y = make_data(300, 3)
     store = build_store(base / "store", x, y)
-    p = cli_subprocess(
-        "train", store, *TINY_TRAIN, "--workers", "0",
-        "--out", base / "run",
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr
+    r = run_cli("train", store, *TINY_TRAIN, "--workers", "0", "--out", base / "run")
+    assert r.exit_code == 0, r.output
     return store, base / "run" / "checkpoint.pt"
 
 
-@pytest.mark.parametrize("how", DAMAGES)
-def test_damaged_store_gives_one_line_from_every_reading_command(
-    tmp_path: Path, tiny_run: tuple[Path, Path], how: str
-) -> None:
+@pytest.fixture(scope="module")
+def damaged_runs(tiny_run: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every reading command on a copy of the tiny store under each damage, run as the console script runs them,
+    all in one child process (tests/cli_runs.py: each command's stdout and stderr, its reader processes' included,
+    in files ``HOW-NAME.out``/``.err``, its exit status in ``HOW-NAME.code``): a crash is that child's death, not
+    the test process's.  The directory of those files."""
     good, ckpt = tiny_run
-    store = damage_store(Path(shutil.copytree(good, tmp_path / "store")), how)
-    commands = {
-        "stats": ["stats", store, "--sample", "100"],
-        "train": ["train", store, *TINY_TRAIN, "--workers", "1",
-                  "--out", tmp_path / "run"],
-        "eval": ["eval", store, ckpt, "--workers", "1", "--device", "cpu", "--batch", "64"],
-        "verify": ["verify", store, "--no-progress"],
-    }  # fmt: skip
-    for name, args in commands.items():
-        p = cli_subprocess(*args)
-        assert p.returncode > 0, (name, p.returncode, p.stderr)  # an error, not success or a signal
-        assert "Traceback" not in p.stderr + p.stdout, (name, p.stderr)
-        if name == "verify" and p.returncode == 1:  # damage found and listed on stdout
-            assert p.stderr == "" and "problem" in p.stdout, (name, p.stdout, p.stderr)
+    base = tmp_path_factory.mktemp("damaged")
+    plan = []
+    for how in DAMAGES:
+        store = damage_store(Path(shutil.copytree(good, base / how / "store")), how)
+        commands = {
+            "stats": ["stats", store, "--sample", "100"],
+            "train": ["train", store, *TINY_TRAIN, "--workers", "1", "--out", base / how / "run"],
+            "eval": ["eval", store, ckpt, "--workers", "1", "--device", "cpu", "--batch", "64"],
+            "verify": ["verify", store, "--no-progress"],
+        }
+        plan += [(f"{how}-{name}", [str(a) for a in args]) for name, args in commands.items()]
+    (base / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
+    p = subprocess.run([sys.executable, str(TESTS / "cli_runs.py"), str(base / "plan.json")], capture_output=True,
+                       text=True, env=env, cwd=REPO, timeout=600)  # fmt: skip
+    died = [name for name, _ in plan if not (base / f"{name}.code").exists()]
+    assert p.returncode == 0 and not died, (p.returncode, died[:1], p.stderr[-3000:])  # no signal, no crash
+    return base
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_damaged_store_gives_one_line_from_every_reading_command(damaged_runs: Path, how: str) -> None:
+    store = damaged_runs / how / "store"
+    for name in ("stats", "train", "eval", "verify"):
+        code = int((damaged_runs / f"{how}-{name}.code").read_text())
+        stdout, stderr = ((damaged_runs / f"{how}-{name}.{k}").read_text() for k in ("out", "err"))
+        assert code > 0, (name, code, stderr)  # an error, not success or a signal
+        assert "Traceback" not in stderr + stdout, (name, stderr)
+        if name == "verify" and code == 1:  # damage found and listed on stdout
+            assert stderr == "" and "problem" in stdout, (name, stdout, stderr)
             continue
-        lines = p.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), (name, p.stderr)
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (name, stderr)
         assert str(store) in lines[0] and "DataLoader" not in lines[0], (name, lines[0])
         if name == "verify":
-            assert p.returncode == 2, p.stderr  # cannot be opened at all
+            assert code == 2, stderr  # cannot be opened at all
 
 
 def test_output_paths_are_refused_up_front(tmp_path: Path, small_store: StoreInfo) -> None:

@@ -1,12 +1,8 @@
-"""CLI: export, copy, ingest from a store, show, plot, stats --plot, train --plot (CliRunner and a subprocess)."""
+"""CLI: export, copy, ingest from a store, show, plot, stats --plot, train --plot (CliRunner)."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -108,25 +104,16 @@ def test_show_plot_and_stats_plot(small_store: StoreInfo, tmp_path: Path) -> Non
     assert r.exit_code == 1 and "metrics" in one_error_line(r)
 
 
-@pytest.mark.slow
-def test_train_plot_then_plot_two_runs_as_subprocess(small_store: StoreInfo, tmp_path: Path) -> None:
+def test_train_plot_then_plot_two_runs(small_store: StoreInfo, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    exe = shutil.which("lmdbstore", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "lmdbstore"]
     for name in ("r1", "r2"):
-        p = subprocess.run(
-            [*cmd, "train", str(small_store.path), "--epochs", "2", "--batch", "256", "--workers", "0", "--width", "4",
-             "--device", "cpu", "--out", str(tmp_path / name), "--plot", "--no-progress"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr
+        r = run_cli("train", small_store.path, "--epochs", "2", "--batch", "256", "--workers", "0", "--width", "4",
+                    "--device", "cpu", "--out", tmp_path / name, "--plot", "--no-progress")  # fmt: skip
+        assert r.exit_code == 0, r.output
         with Image.open(tmp_path / name / "run.png") as im:
             assert im.size == (1500, 420)
-    p = subprocess.run(
-        [*cmd, "plot", str(tmp_path / "r1"), str(tmp_path / "r2"), "-o", str(tmp_path / "both.png"), "--dpi", "50"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert p.returncode == 0 and "(750x210 px)" in p.stdout, p.stderr
+    r = run_cli("plot", tmp_path / "r1", tmp_path / "r2", "-o", tmp_path / "both.png", "--dpi", "50")
+    assert r.exit_code == 0 and "(750x210 px)" in r.stdout, r.output
     assert json.loads((tmp_path / "r2" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, cli_subprocess, default_sigint, make_data, one_error_line, run_cli
+from conftest import REPO, default_sigint, make_data, one_error_line, run_cli
 from lmdbstore_cli.common import PARAM_FLAGS, flag_names
 from lmdbstore_cli.main import app
 
@@ -54,8 +54,8 @@ def _h5(path: Path, n: int = 400, names: str | None = "attr") -> Path:
 # ---------------------------------------------------------------------------------------------- cases 3 and 4
 def test_hdf5_ingests_with_two_workers(tmp_path: Path) -> None:
     src = _h5(tmp_path / "d.h5", 3000)
-    done = cli_subprocess("ingest", tmp_path / "s", src, "--workers", "2")
-    assert done.returncode == 0, done.stderr
+    done = run_cli("ingest", tmp_path / "s", src, "--workers", "2")
+    assert done.exit_code == 0, done.output
     with StoreReader(tmp_path / "s") as r, h5py.File(src) as f:
         assert r.meta.count == 3000 and np.array_equal(r.read_range(0, 3000), f["x"][()])
 
@@ -72,10 +72,10 @@ def test_hdf5_class_names_from_an_attribute_or_a_classes_dataset(tmp_path: Path,
 def test_per_class_stacks_one_at_a_time_say_to_name_the_classes(tmp_path: Path) -> None:
     for k in (0, 36):
         np.save(tmp_path / f"wave{k}.npy", make_data(50, k)[0])
-    assert cli_subprocess("ingest", tmp_path / "s", tmp_path / "wave0.npy", "--label", "wave0").returncode == 0
-    done = cli_subprocess("ingest", tmp_path / "s", tmp_path / "wave36.npy", "--label", "wave36")
-    line = done.stderr.strip()
-    assert done.returncode == 1 and "\n" not in line and "unknown class label 'wave36'" in line
+    assert run_cli("ingest", tmp_path / "s", tmp_path / "wave0.npy", "--label", "wave0").exit_code == 0
+    done = run_cli("ingest", tmp_path / "s", tmp_path / "wave36.npy", "--label", "wave36")
+    line = one_error_line(done)
+    assert done.exit_code == 1 and "unknown class label 'wave36'" in line
     assert "hint: a store's classes are fixed when it is created: name them all with --classes" in line
     # what the hint says works
     res = run_cli("ingest", tmp_path / "t", tmp_path / "wave0.npy", "--label", "wave0", "--classes", "wave0,wave36")
@@ -86,11 +86,11 @@ def test_per_class_stacks_one_at_a_time_say_to_name_the_classes(tmp_path: Path) 
 # ---------------------------------------------------------------------------------------------- case 7
 def test_eval_split_val_scores_the_runs_held_out_part(synth: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = cli_subprocess("train", synth, "--out", out, *TRAIN_FAST, "--val-fraction", "0.2", "--seed", "3", "--json")
-    assert done.returncode == 0, done.stderr
+    done = run_cli("train", synth, "--out", out, *TRAIN_FAST, "--val-fraction", "0.2", "--seed", "3", "--json")
+    assert done.exit_code == 0, done.output
     final = json.loads(done.stdout)["final"]
-    ev = cli_subprocess("eval", synth, out / CHECKPOINT_NAME, "--split", "val", "--workers", "0", "--json")
-    assert ev.returncode == 0, ev.stderr
+    ev = run_cli("eval", synth, out / CHECKPOINT_NAME, "--split", "val", "--workers", "0", "--json")
+    assert ev.exit_code == 0, ev.output
     r = json.loads(ev.stdout)
     # the checkpoint's own split (--val-fraction 0.2, --seed 3): the samples and the accuracy the run validated on
     with StoreReader(synth) as reader:
@@ -110,19 +110,17 @@ def test_eval_split_val_scores_the_runs_held_out_part(synth: Path, tmp_path: Pat
 # ---------------------------------------------------------------------------------------------- case 8
 def test_a_second_run_into_the_same_out_never_replaces_best_silently(synth: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    assert cli_subprocess("train", synth, "--out", out, *TRAIN_FAST).returncode == 0
+    assert run_cli("train", synth, "--out", out, *TRAIN_FAST).exit_code == 0
     best = (out / BEST_NAME).read_bytes()
-    again = cli_subprocess("train", synth, "--out", out, *TRAIN_FAST, "--lr", "1e-6")
-    line = again.stderr.strip()
-    assert again.returncode == 1 and "\n" not in line and "holds an earlier training run" in line
+    again = run_cli("train", synth, "--out", out, *TRAIN_FAST, "--lr", "1e-6")
+    line = one_error_line(again)
+    assert again.exit_code == 1 and "holds an earlier training run" in line
     assert "--resume" in line and "--overwrite" in line and "--out" in line
     assert (out / BEST_NAME).read_bytes() == best  # untouched
     both = run_cli("train", synth, "--out", out, *TRAIN_FAST, "--resume", "--overwrite")
     assert "resume and overwrite exclude each other" in one_error_line(both)
-    fresh = cli_subprocess(
-        "train", synth, "--out", out, *TRAIN_FAST, "--lr", "1e-6", "--overwrite", "--val-fraction", "0"
-    )
-    assert fresh.returncode == 0, fresh.stderr
+    fresh = run_cli("train", synth, "--out", out, *TRAIN_FAST, "--lr", "1e-6", "--overwrite", "--val-fraction", "0")
+    assert fresh.exit_code == 0, fresh.output
     assert not (out / BEST_NAME).exists()  # the earlier run's best.pt went with it (no validation: no new best)
 
 
@@ -151,8 +149,8 @@ def test_ctrl_c_in_train_writes_a_checkpoint_and_says_how_to_resume(synth: Path,
     if m.group(1):
         assert (ckpt["epoch"], ckpt["step"]) == (epochs - 2, int(m.group(1)))
     # what it says works: the same command with --resume (up to the end of the epoch it stopped in)
-    done = cli_subprocess(*args[:-6], "--epochs", str(epochs), "--batch", "50", "--workers", "0", "--resume")
-    assert done.returncode == 0, done.stderr
+    done = run_cli(*args[:-6], "--epochs", str(epochs), "--batch", "50", "--workers", "0", "--resume")
+    assert done.exit_code == 0, done.output
     assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == epochs - 1
 
 
@@ -162,21 +160,21 @@ def test_a_set_with_a_store_of_bare_class_ids_is_refused_unless_asked(synth: Pat
     with h5py.File(tmp_path / "ids.h5", "w") as f:
         f["x"], f["y"] = x, y  # ids 0..4, no names
     assert run_cli("ingest", tmp_path / "ids", tmp_path / "ids.h5").exit_code == 0
-    done = cli_subprocess("train", synth, tmp_path / "ids", "--out", tmp_path / "run", *TRAIN_FAST)
-    line = done.stderr.strip()
-    assert done.returncode == 1 and "\n" not in line and "are the bare ids [0, 1, 2, 3, 4]" in line
+    done = run_cli("train", synth, tmp_path / "ids", "--out", tmp_path / "run", *TRAIN_FAST)
+    line = one_error_line(done)
+    assert done.exit_code == 1 and "are the bare ids [0, 1, 2, 3, 4]" in line
     assert "train 10 separate classes" in line and "--allow-disjoint-classes" in line and "--classes" in line
-    ok = cli_subprocess(
+    ok = run_cli(
         "train", synth, tmp_path / "ids", "--out", tmp_path / "run", *TRAIN_FAST, "--allow-disjoint-classes", "--json"
     )
-    assert ok.returncode == 0, ok.stderr
+    assert ok.exit_code == 0, ok.output
     assert len(json.loads(ok.stdout)["classes"]) == 10
 
 
 # ---------------------------------------------------------------------------------------------- case 12
 def test_synthetic_in_float16_and_options_that_do_not_apply(tmp_path: Path) -> None:
-    done = cli_subprocess("ingest", tmp_path / "s", "--synthetic", "1000", "--dtype", "float16")
-    assert done.returncode == 0, done.stderr
+    done = run_cli("ingest", tmp_path / "s", "--synthetic", "1000", "--dtype", "float16")
+    assert done.exit_code == 0, done.output
     with StoreReader(tmp_path / "s") as r:
         assert r.meta.dtype == "<f2" and r.read_range(0, 10).dtype == np.float16
     np.save(tmp_path / "x.npy", make_data(10, 1)[0])
@@ -196,7 +194,7 @@ def test_synthetic_in_float16_and_options_that_do_not_apply(tmp_path: Path) -> N
     assert not (tmp_path / "t").exists()
     assert (
         "--dtype does not apply"
-        not in cli_subprocess(
+        not in run_cli(
             "ingest", tmp_path / "u", tmp_path / "x.npy", "--label", "a", "--dtype", "float16", "--cast"
         ).stderr
     )

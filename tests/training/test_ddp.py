@@ -1,7 +1,7 @@
 """Distributed training with torchrun, the gloo backend and 2 CPU processes (real process groups).
 
 One ``torchrun --nproc_per_node 2`` serves every test here (each launch starts three interpreters importing
-torch): in each rank, ``lmdbstore train`` as ``torchrun -m lmdbstore train`` runs it (rank_cli.py), with the
+torch): in each rank, ``lmdbstore train`` as ``torchrun -m lmdbstore train`` runs it (tests/cli_runs.py), with the
 built-in CNN, then with a user's model (the first run joins the process group itself), each run's outputs in
 files of their own; then the samplers' shares through real DataLoader workers, in both orders."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, build_store, make_data
+from conftest import REPO, TESTS, build_store, make_data
 
 from lmdbstore.ingestion.pipeline import ingest_synthetic
 from lmdbstore.loader.samplers import stratified_split
@@ -27,7 +27,6 @@ from lmdbstore.util.runfiles import CHECKPOINT_NAME
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux")
 
-HERE = Path(__file__).resolve().parent  # rank_cli.py
 MY_CNN = REPO / "examples" / "my_cnn.py"
 FACTORY = f"{MY_CNN}:build"
 MODES = ("random", "block")
@@ -38,10 +37,11 @@ RANK_SCRIPT = r"""
 import json, os, sys
 import numpy as np
 import torch.distributed as dist
-from rank_cli import cli
+from cli_runs import cli
 
 for name, argv in json.load(open("runs.json")):
-    cli(name, argv, os.environ["RANK"])
+    if cli(f"{name}.{os.environ['RANK']}", argv):  # a failed run ends the rank (torchrun then stops the other)
+        sys.exit(f"{name} failed on rank {os.environ['RANK']}")
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
@@ -109,7 +109,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> Launch:
     (base / "rank.py").write_text(RANK_SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
     cmd += ["--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(base / "rank.py"), str(shares)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
     proc = subprocess.run(cmd, cwd=base, env=env, capture_output=True, text=True, timeout=300)
     logs = "".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(base.glob("*.err")))
     assert proc.returncode == 0, proc.stderr[-3000:] + logs

@@ -17,16 +17,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, SetInfo, build_set
+from conftest import REPO, TESTS, SetInfo, build_set
 
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.tools.copy import copy_store
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux")
 
-HERE = Path(__file__).resolve().parent  # rank_cli.py
-
-#: What node ``argv[1]`` runs (one process a node): ``lmdbstore train`` on its shards (rank_cli.py), then the
+#: What node ``argv[1]`` runs (one process a node): ``lmdbstore train`` on its shards (tests/cli_runs.py), then the
 #: trainer's data steps (rank_data: placement, split, sampler; make_loaders) on a copy of one store per node and on
 #: shards per node: which samples (first pixel: a sample's id across both nodes) each rank reads per epoch,
 #: gathered by rank 0 into ``seen-CASE.json``.  ``node{argv[1]}.json`` holds its CLI arguments and its stores.
@@ -34,11 +32,12 @@ RANK_SCRIPT = r"""
 import json, sys
 import torch
 import torch.distributed as dist
-from rank_cli import cli
+from cli_runs import cli
 
 node = sys.argv[1]
 plan = json.load(open(f"node{node}.json"))
-cli("train", plan["train"], node)
+if cli(f"train.{node}", plan["train"]):  # a failed run ends the node (torchrun then stops the other)
+    sys.exit(f"train failed on node {node}")
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.training.data import make_loaders, read_store
@@ -109,7 +108,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Nodes:
         (base / f"node{k}.json").write_text(json.dumps(plan))
     (base / "rank.py").write_text(RANK_SCRIPT)
     port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
     procs = [
         subprocess.Popen(
             [
