@@ -1,5 +1,5 @@
 """``stats``, ``verify``, ``export`` and ``train`` over a set of stores (``lmdbstore CMD A B C``), through
-typer's CliRunner and as a subprocess: the set's figures by class name, a damaged store named in its set, stores
+typer's CliRunner: the set's figures by class name, a damaged store named in its set, stores
 that make no set refused in one line, the export and the training run covering the whole set."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from conftest import (
     SetInfo,
     build_set,
     build_store,
-    cli_subprocess,
     damage_store,
     make_data,
     one_error_line,
@@ -42,9 +41,9 @@ def test_stats_of_a_set_by_class_name(three: SetInfo) -> None:
     assert whole["values"]["mean"] == pytest.approx(float(three.x.astype(np.float64).mean()), rel=1e-6)
     sampled = set_stats(three.paths, sample=500)["set"]["values"]
     assert sampled["method"].startswith("random sample of 500 of 1780")
-    proc = cli_subprocess("stats", *three.paths)
-    assert proc.returncode == 0, proc.stderr
-    assert "3 stores read as one" in proc.stdout and "1,780 (1,000 + 517 + 263)" in proc.stdout
+    r = run_cli("stats", *three.paths)
+    assert r.exit_code == 0, r.output
+    assert "3 stores read as one" in r.stdout and "1,780 (1,000 + 517 + 263)" in r.stdout
 
 
 def test_verify_a_set_names_the_damaged_store(three: SetInfo, tmp_path: Path) -> None:
