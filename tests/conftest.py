@@ -457,6 +457,7 @@ def write_h5(path: Path, n: int = 400, names: str | None = "attr") -> Path:
             f["y"].attrs["class_names"] = np.array(["cat", "dog", "eel"], dtype=h5py.string_dtype())
     return path
 
+
 #: Per-sample shape and sample count of the arrays the source tests write (:func:`make_x`).
 SOURCE_SHAPE = (4, 3)
 SOURCE_N = 157

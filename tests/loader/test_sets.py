@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import SET_CLASSES, SetInfo, build_set
+from conftest import SET_CLASSES, SetInfo
 from torch.utils.data import ConcatDataset, TensorDataset
 
 from lmdbstore import LoaderConfig, open_reader
@@ -20,11 +20,6 @@ from lmdbstore.training.data import make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo
 
 SPV = 18
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> SetInfo:
-    return build_set(tmp_path_factory.mktemp("set"))
 
 
 def _quiet(_msg: str) -> None:

@@ -1,16 +1,32 @@
-"""CLI: export, copy, ingest from a store, show, plot, stats --plot, train --plot (CliRunner)."""
+"""cli/cmd_export.py: ``export`` (classes, a split, an indices file, the split of a run after the store grew, a
+set of stores; its errors as one line) and ``copy`` (verified, compacted, never over an existing destination); the
+leftovers of a killed copy or export are removed by the next one, and nothing else is."""
 
 from __future__ import annotations
 
-import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CLASSES, StoreInfo, build_store, make_data, one_error_line, run_cli, snapshot_store
+from conftest import (
+    CLASSES,
+    SET_CLASSES,
+    SetInfo,
+    StoreInfo,
+    build_store,
+    make_data,
+    one_error_line,
+    run_cli,
+    snapshot_store,
+)
 
-from lmdbstore import open_reader, open_writer
+from lmdbstore import LmdbStoreError, open_reader, open_writer
 from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.tools.copy import copy_store
+from lmdbstore.tools.export import export_store
 
 
 def test_export_then_ingest_the_export_and_a_store(small_store: StoreInfo, tmp_path: Path) -> None:
@@ -86,34 +102,57 @@ def test_copy_verifies_and_refuses_an_existing_destination(small_store: StoreInf
     assert r.exit_code == 1 and "destination exists" in one_error_line(r)
 
 
-def test_show_plot_and_stats_plot(small_store: StoreInfo, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from PIL import Image
-
-    r = run_cli("show", small_store.path, "-o", tmp_path / "s.png", "--per-class", "4", "--seed", "3")
-    assert r.exit_code == 0 and "s.png (640x720 px)" in r.stdout, r.output
-    with Image.open(tmp_path / "s.png") as im:
-        assert im.size == (640, 720)
-    r = run_cli("show", small_store.path, "-o", tmp_path / "t.png", "--indices", "1,2,x")
-    assert r.exit_code == 1 and "comma-separated integers" in one_error_line(r)
-    r = run_cli("stats", small_store.path, "--plot", tmp_path / "st.png")
-    assert r.exit_code == 0 and "wrote" in r.stdout
-    with Image.open(tmp_path / "st.png") as im:
-        assert im.size == (1200, 420)
-    r = run_cli("plot", tmp_path / "norun", "-o", tmp_path / "p.png")
-    assert r.exit_code == 1 and "metrics" in one_error_line(r)
+def test_export_a_set(three: SetInfo, tmp_path: Path) -> None:
+    out = tmp_path / "all.npz"
+    r = run_cli("export", *three.paths, out, "--no-progress")
+    assert r.exit_code == 0, r.output
+    with np.load(out) as z:
+        np.testing.assert_array_equal(z["x"], three.x)
+        assert list(z["class_names"]) == SET_CLASSES
+        np.testing.assert_array_equal(np.asarray(SET_CLASSES)[z["y"]], three.names)
+    r = run_cli("export", *three.paths, tmp_path / "x.npz", "--classes", "x", "--no-progress")
+    assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "x.npz") as z:  # the class only the second store has
+        assert len(z["x"]) == int((three.names == "x").sum()) and list(z["class_names"]) == ["x"]
 
 
-def test_train_plot_then_plot_two_runs(small_store: StoreInfo, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    from PIL import Image
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
 
-    for name in ("r1", "r2"):
-        r = run_cli("train", small_store.path, "--epochs", "2", "--batch", "256", "--workers", "0", "--width", "4",
-                    "--device", "cpu", "--out", tmp_path / name, "--plot", "--no-progress")  # fmt: skip
-        assert r.exit_code == 0, r.output
-        with Image.open(tmp_path / name / "run.png") as im:
-            assert im.size == (1500, 420)
-    r = run_cli("plot", tmp_path / "r1", tmp_path / "r2", "-o", tmp_path / "both.png", "--dpi", "50")
-    assert r.exit_code == 0 and "(750x210 px)" in r.stdout, r.output
-    assert json.loads((tmp_path / "r2" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 2
+
+def test_a_killed_copys_leftover_is_removed_by_the_next_copy(small_store: StoreInfo, tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    dead = _dead_pid()
+    leftover = tmp_path / f".dest.copy-{dead}"  # what a copy killed mid-way leaves
+    leftover.mkdir()
+    (leftover / "data.mdb").write_bytes(b"\0" * 8192)
+    users = tmp_path / f".dest.copy-{dead + 1}"  # same pattern, but a user's files: never touched
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    live = tmp_path / f".dest.copy-{os.getppid()}"  # a copy still running
+    live.mkdir()
+    (live / "data.mdb").write_bytes(b"")
+    near = tmp_path / f".dest.copy-{dead}x"
+    near.write_text("not the pattern")
+    copy_store(small_store.path, dest)
+    assert not leftover.exists()
+    assert (users / "notes.txt").read_text() == "mine" and live.exists() and near.exists()
+    assert (dest / "data.mdb").exists()
+
+
+def test_a_killed_exports_leftover_is_removed_by_the_next_export(small_store: StoreInfo, tmp_path: Path) -> None:
+    out = tmp_path / "out.npz"
+    dead = _dead_pid()
+    leftover = tmp_path / f".out.npz.part-{dead}"
+    leftover.write_bytes(b"partial zip")
+    other = tmp_path / f".other.npz.part-{dead}"  # another target's: not this export's to remove
+    other.write_bytes(b"x")
+    export_store(small_store.path, out)
+    assert not leftover.exists() and other.exists() and out.exists()
+
+
+def test_copy_errors_name_the_destination(small_store: StoreInfo, tmp_path: Path) -> None:
+    with pytest.raises(LmdbStoreError, match="does not exist"):
+        copy_store(small_store.path, tmp_path / "no" / "such" / "dir")
