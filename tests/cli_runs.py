@@ -4,7 +4,7 @@ its own: what C code and child processes (reader workers) print is caught as a s
 
 :func:`cli` runs one command through the console script's ``main()`` (its exit status caught; an exception it lets
 out is printed as Python prints it, exit status 1).  Rank scripts under ``torchrun`` call it
-(tests/training/test_ddp.py, test_multinode.py); tests of commands that could crash a process run it as a script,
+(tests/training/test_distributed.py, test_placement.py); tests of commands that could crash a process run it as a script,
 ``python cli_runs.py PLAN.json``: every ``[name, argv]`` of the plan in turn, ``NAME.out``, ``NAME.err`` and
 ``NAME.code`` written beside the plan.  A run killed by a signal kills this process, which its caller sees (and
 the run without a ``.code`` file is the one that died).

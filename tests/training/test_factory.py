@@ -1,6 +1,6 @@
 """The user's own model (issue 35): ``train --model FILE.py:FUNC`` / ``module:FUNC`` with ``--model-arg``, the same
 weights as a hand-written loop, resume inside an epoch, eval, mismatches, failing models, optimizers, compile (and
-under torchrun: test_ddp.py)."""
+under torchrun: test_distributed.py)."""
 
 from __future__ import annotations
 
