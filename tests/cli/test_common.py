@@ -685,6 +685,7 @@ def _plan(size: int, psize: int, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(rows, np.int64)
 
 
+@pytest.mark.slow
 def test_cli_on_damaged_stores(tmp_path: Path) -> None:
     x, y = make_data(3000, seed=5)
     store = build_store(tmp_path / "s", x, y, config=WriterConfig(sync=False), batch=1000)

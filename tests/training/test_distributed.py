@@ -25,7 +25,10 @@ from lmdbstore.store.reader import StoreReader
 from lmdbstore.training.evaluate import evaluate
 from lmdbstore.util.runfiles import CHECKPOINT_NAME
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux"),
+    pytest.mark.slow,  # the one torchrun job every test here shares: ~12-15 s of CPU
+]
 
 MY_CNN = REPO / "examples" / "my_cnn.py"
 FACTORY = f"{MY_CNN}:build"

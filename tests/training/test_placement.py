@@ -22,7 +22,10 @@ from conftest import REPO, TESTS, SetInfo, build_set
 from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.tools.copy import copy_store
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux")
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="gloo over loopback tested on Linux"),
+    pytest.mark.slow,  # the one torchrun job every test here shares: ~12-15 s of CPU
+]
 
 #: What node ``argv[1]`` runs (one process a node): ``lmdbstore train`` on its shards (tests/cli_runs.py), then the
 #: trainer's data steps (rank_data: placement, split, sampler; make_loaders) on a copy of one store per node and on

@@ -73,6 +73,7 @@ def _killed_inside_an_epoch(store: Path, out: Path) -> dict[str, object]:
     pytest.fail("the run never stopped inside an epoch")
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(store: Path, tmp_path: Path) -> None:
     full, killed = tmp_path / "full", tmp_path / "killed"
     done = run_cli("train", store, *ARGS, "--checkpoint-every", EVERY, "--out", full)  # in this process
