@@ -96,6 +96,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """The stores, then the one torchrun job (RANK_SCRIPT) every test here reads the results of."""
     base = tmp_path_factory.mktemp("ddp")
     x, y = make_data(1237, seed=5)
     shares = build_store(base / "shares", x, y)
