@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from lmdbstore.ingestion.pool import TERMINATE_GRACE, TaskFailure, WorkerDied
 from lmdbstore.util.lifeline import Lifeline
+from lmdbstore.util.workers import TERMINATE_GRACE, TaskFailure, WorkerDied, _failure, _rebuilt
 
 __all__ = ["BackgroundCall"]
 
@@ -32,7 +31,7 @@ def _main(fn: Callable[[Any], Any], arg: Any, conn: Any, lifeline: Lifeline) -> 
     try:
         out: tuple[bool, Any] = (True, fn(arg))
     except BaseException as exc:
-        out = (False, (type(exc).__name__, str(exc), "".join(traceback.format_exception(exc))))
+        out = (False, _failure(exc))
     conn.send(out)
     conn.close()
 
@@ -62,16 +61,16 @@ class BackgroundCall:
         try:
             while not self._rx.poll(POLL_SECONDS):
                 if self._proc.exitcode is not None and not self._rx.poll(0):
-                    raise WorkerDied(self._proc.exitcode)
+                    raise WorkerDied("a background process died", self._proc.exitcode)
             try:
                 ok, payload = self._rx.recv()
             except EOFError:
                 self._proc.join(TERMINATE_GRACE)
-                raise WorkerDied(self._proc.exitcode) from None
+                raise WorkerDied("a background process died", self._proc.exitcode) from None
         finally:
             self.close()
         if not ok:
-            raise TaskFailure(0, *payload)
+            raise TaskFailure(0, _rebuilt(payload, "a background process"))
         return payload
 
     def close(self) -> None:

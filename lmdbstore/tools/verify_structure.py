@@ -29,13 +29,13 @@ from lmdbstore.format import layout
 from lmdbstore.format.btree import BTreeValues, record_position
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import LmdbMeta, PageReader, UnsupportedLayout, read_meta_page
-from lmdbstore.ingestion.pool import TaskFailure, WorkerDied
 from lmdbstore.store.env import DATA_FILE, check_count_fits
 from lmdbstore.store.locks import hold_off_writers, release_lock
 from lmdbstore.tools.background import BackgroundCall
 from lmdbstore.tools.verify_findings import SamplesFindings
 from lmdbstore.tools.verify_values import ValueOptions, check_values, resolve_workers, value_table
 from lmdbstore.util.procs import main_script_hidden
+from lmdbstore.util.workers import TaskFailure, WorkerDied
 
 if TYPE_CHECKING:  # the report type only; verify.py imports this module
     from lmdbstore.tools.verify import VerifyReport

@@ -10,7 +10,7 @@ of one core (issue 36).  This pass instead:
    and ``value-length`` (:func:`~lmdbstore.tools.verify_findings.grid_problems`);
 3. reads the values' bytes in file order, in chunks of a few MiB (:func:`plan_chunks`, sized by the data and
    the memory available), and compares each value's checksum with its trailer (:class:`ChunkChecker`), one
-   chunk per worker process at a time (:func:`check_values`, on :class:`~lmdbstore.ingestion.pool.OrderedPool`).
+   chunk per worker process at a time (:func:`check_values`, on :class:`~lmdbstore.util.workers.OrderedPool`).
 
 What it finds (:class:`~lmdbstore.tools.verify_findings.SamplesFindings`) is reported exactly as the cursor walk of
 :class:`~lmdbstore.tools.verify_checks.ContentChecks` reports it -- the same problems in key order, the same
@@ -36,10 +36,10 @@ from lmdbstore.format.btree import BTreeValues, samples_positions
 from lmdbstore.format.checksums import checksum_int, trailer_dtype
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import LmdbMeta, UnsupportedLayout
-from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.loader.window import available_memory
 from lmdbstore.tools.verify_findings import SamplesFindings, grid_problems
 from lmdbstore.util.procs import main_script_hidden
+from lmdbstore.util.workers import OrderedPool, TaskFailure, WorkerDied
 
 __all__ = [
     "BYTES_PER_WORKER",

@@ -291,7 +291,8 @@ def test_a_worker_killed_is_one_line_and_leaves_nothing_behind(pristine: Path) -
 
 
 def test_background_call_answers_fails_and_dies_as_one_error() -> None:
-    from lmdbstore.ingestion.pool import TaskFailure, WorkerDied
+    from lmdbstore.util.workers import TaskFailure, WorkerDied
+
     from lmdbstore.tools.background import BackgroundCall
 
     with BackgroundCall(abs, -3) as call:
