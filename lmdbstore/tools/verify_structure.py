@@ -7,7 +7,7 @@ starting, and no check runs when a writer holds the store.
 
 The walker reads the first page of every value's overflow run, one at a time: alone on a cold store it is
 slower than reading the whole file in sequence.  So where the value pass uses worker processes or the store is
-large, the walk runs at the same time in a process of its own (:class:`~lmdbstore.util.background.BackgroundCall`), just behind the
+large, the walk runs at the same time in a process of its own (a :class:`~lmdbstore.util.workers.Worker`), just behind the
 workers that bring those pages into the page cache.  Both read only through bounds-checked ``pread``\\s, so
 neither needs the other's verdict first; the value pass reads the snapshot of the newest meta page and its
 metadata record through lmdbstore's own page parser (:mod:`lmdbstore.format.btree`), not liblmdb.  The lock
@@ -31,11 +31,9 @@ from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import LmdbMeta, PageReader, UnsupportedLayout, read_meta_page
 from lmdbstore.store.env import DATA_FILE, check_count_fits
 from lmdbstore.store.locks import hold_off_writers, release_lock
-from lmdbstore.tools.background import BackgroundCall
 from lmdbstore.tools.verify_findings import SamplesFindings
 from lmdbstore.tools.verify_values import ValueOptions, check_values, resolve_workers, value_table
-from lmdbstore.util.procs import main_script_hidden
-from lmdbstore.util.workers import TaskFailure, WorkerDied
+from lmdbstore.util.workers import Worker, WorkerDied, stop
 
 if TYPE_CHECKING:  # the report type only; verify.py imports this module
     from lmdbstore.tools.verify import VerifyReport
@@ -142,9 +140,9 @@ def _walk_and_check(
     if resolve_workers(opts.workers, check) <= 1 and os.fstat(fd).st_size < BACKGROUND_WALK_BYTES:
         errors = walk_pages(data)
         return errors, None if errors else _check(data, fd, rest, opts)
-    with main_script_hidden("spawn"):  # the walk needs nothing of __main__
-        walker = BackgroundCall(walk_pages, data)
-    with walker:
+    walker = Worker(walk_pages, "spawn", "verify's structure-check process", main=False)
+    try:
+        walker.send(data)
         try:
             findings = _check(data, fd, rest, opts)
         except CorruptStoreError:
@@ -153,20 +151,22 @@ def _walk_and_check(
                 return errors, None
             raise
         return _walk_result(walker), findings
+    finally:
+        stop([walker], 0)
 
 
 def _check(data: str, fd: int, rest: AtRest, opts: ValueOptions) -> SamplesFindings:
     return check_values(rest.values, rest.meta, Path(data), fd, opts)
 
 
-def _walk_result(walker: BackgroundCall) -> list[str]:
+def _walk_result(walker: Worker) -> list[str]:
     """The background walk's messages; its process dying or failing is a one-line error."""
     try:
-        return list(walker.result())
+        return list(walker.receive())
     except WorkerDied as exc:
         raise LmdbStoreError(
             f"verify's structure-check process died (exit code {exc.exitcode})",
             hint="out of memory, or killed? run verify again",
         ) from None
-    except TaskFailure as exc:
-        raise LmdbStoreError(f"verify's structure check failed: {exc.type_name}: {exc.message}") from None
+    except Exception as exc:
+        raise LmdbStoreError(f"verify's structure check failed: {type(exc).__name__}: {exc}") from None

@@ -288,23 +288,3 @@ def test_a_worker_killed_is_one_line_and_leaves_nothing_behind(pristine: Path) -
     assert verify_store(pristine, workers=1).ok  # the store is as it was, and no lock is left held
     with open_writer(pristine):
         pass
-
-
-def test_background_call_answers_fails_and_dies_as_one_error() -> None:
-    from lmdbstore.util.workers import TaskFailure, WorkerDied
-
-    from lmdbstore.tools.background import BackgroundCall
-
-    with BackgroundCall(abs, -3) as call:
-        assert call.result() == 3
-    with pytest.raises(TaskFailure, match="ValueError"):
-        BackgroundCall(int, "not a number").result()
-    call = BackgroundCall(time.sleep, 60)
-    assert call.pid is not None
-    os.kill(call.pid, signal.SIGKILL)
-    with pytest.raises(WorkerDied):
-        call.result()
-    slow = BackgroundCall(time.sleep, 60)
-    pid = slow.pid
-    slow.close()  # ended at once, and reaped
-    assert pid is not None and not os.path.exists(f"/proc/{pid}")

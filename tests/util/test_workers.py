@@ -1,12 +1,15 @@
-"""Worker processes (lmdbstore.util.workers) on their own: the ordered pool's results in task order,
-back-pressure, a raising task and a killed worker reported as such, and no child process left behind however the
-results end.  Real spawned worker processes throughout."""
+"""Worker processes (lmdbstore.util.workers) on their own: one worker's answers, its errors raised as themselves,
+its death, a descriptor passed to it, and its stop; the ordered pool's results in task order, back-pressure, a
+raising task and a killed worker reported as such, and no child process left behind however the results end.
+Real worker processes throughout."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
@@ -16,7 +19,16 @@ from typing import Any
 import parallel_tasks as pt
 import pytest
 
-from lmdbstore.util.workers import OrderedPool, TaskFailure, WorkerDied
+from lmdbstore.errors import LmdbStoreError
+from lmdbstore.util.workers import (
+    OrderedPool,
+    PassedFd,
+    RemoteTraceback,
+    TaskFailure,
+    Worker,
+    WorkerDied,
+    stop,
+)
 
 
 def _children() -> set[int]:
@@ -32,6 +44,64 @@ def _children() -> set[int]:
         if int(stat.rpartition(")")[2].split()[1]) == me:  # fields after "(comm)": state, ppid, ...
             out.add(int(entry.name))
     return out
+
+
+def test_a_worker_answers_raises_as_itself_dies_in_one_line_and_stops_at_once() -> None:
+    w = Worker(abs, "spawn", "a test worker", main=False)
+    w.send(-3)
+    assert w.receive() == 3
+    w.send("x")  # abs("x") raises in the worker: a TypeError here, the worker's traceback its cause
+    with pytest.raises(TypeError, match="bad operand") as err:
+        w.receive()
+    assert isinstance(err.value.__cause__, RemoteTraceback) and "Traceback" in str(err.value.__cause__)
+    w.send(-4)  # the worker goes on after an error
+    assert w.receive() == 4
+    stop([w])
+    assert not w.proc.is_alive()
+
+    slow = Worker(time.sleep, "spawn", "a test worker", main=False)
+    slow.ready()
+    slow.send(60)
+    assert slow.pid is not None
+    os.kill(slow.pid, signal.SIGKILL)
+    with pytest.raises(WorkerDied, match=r"^a test worker died \(pid \d+, exit code -9\)$") as died:
+        slow.receive()
+    assert died.value.exitcode == -9
+    stop([slow])
+
+    busy = Worker(time.sleep, "spawn", "a test worker", main=False)
+    busy.ready()
+    busy.send(60)
+    t0 = time.monotonic()
+    stop([busy], 0)  # terminated at once, and reaped
+    assert time.monotonic() - t0 < 5 and not os.path.exists(f"/proc/{busy.pid}")
+    stop([busy])  # idempotent
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_passed_descriptor_is_the_file_the_owner_opened(tmp_path: Path, method: str) -> None:
+    """The worker reads the file the owner holds open, even once the path names another file (rm && cp)."""
+    path = tmp_path / "data"
+    path.write_bytes(b"first file")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        path.unlink()
+        path.write_bytes(b"other file")
+        w = Worker(functools.partial(pt.read_passed, PassedFd(fd)), method, "a test worker")
+        w.send(10)
+        assert w.receive() == b"first file"
+        stop([w])
+    finally:
+        os.close(fd)
+
+
+def test_what_cannot_travel_is_one_line_naming_its_type() -> None:
+    w = Worker(pt.raise_unpicklable, "spawn", "a test worker")
+    w.send(1)
+    with pytest.raises(LmdbStoreError, match="a test worker failed: Unsendable: cannot travel") as err:
+        w.receive()
+    assert "raise_unpicklable" in str(err.value.__cause__)
+    stop([w])
 
 
 @pytest.mark.parametrize("workers", [0, 3])
