@@ -189,6 +189,16 @@ def raise_unpicklable(task: int) -> int:
     raise Unsendable("cannot travel")
 
 
+class FailsToStart:
+    """A worker function whose ``start()`` raises."""
+
+    def start(self) -> None:
+        raise ValueError("cannot start")
+
+    def __call__(self, task: int) -> int:
+        return task
+
+
 def produce_dies_once(task: tuple[int, int, str]) -> tuple[np.ndarray, np.ndarray]:
     """Task ``(seed, n, marks)``: :func:`produce` of ``(seed, n)``, except that task seed 3, the first time it
     runs, leaves ``died-3`` in the directory ``marks`` and kills its own worker process with SIGKILL (as the

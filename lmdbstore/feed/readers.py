@@ -1,4 +1,4 @@
-r"""Reader processes of a feed: each reads whole batches straight into a shared-memory slot
+"""Reader processes of a feed: each reads whole batches straight into a shared-memory slot
 (:mod:`lmdbstore.feed.slots`) and answers with the slot number.  numpy only.  Processes, not threads: a warm
 batch is thousands of small GIL-bound copies.
 
@@ -8,7 +8,7 @@ any process starts: :func:`check_sendable`).  Protocol: a reader maps the slots 
 batch the feed writes the sample numbers into the slot's label area and sends ``(slot, rows, seed)`` to reader
 ``k % workers`` (a few bytes whatever the batch size; ``seed``: the batch's generators,
 :mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)`` or ``("fresh", slot, item)``
-(something else than the slot's batch, sent back).  The processes are :class:`~lmdbstore.util.workers.Worker`\ s:
+(something else than the slot's batch, sent back).  The readers are :class:`~lmdbstore.util.workers.Workers`:
 a reader's error is raised in the consumer as itself with the reader's traceback as its cause, readers ignore
 Ctrl-C and die with the consumer's process, and one that dies is a one-line
 :class:`~lmdbstore.util.workers.WorkerDied`.
@@ -17,7 +17,6 @@ Ctrl-C and die with the consumer's process, and one that dies is a one-line
 from __future__ import annotations
 
 import pickle
-import weakref
 from collections import deque
 from typing import Any
 
@@ -29,7 +28,7 @@ from lmdbstore.feed.slots import SharedSlots
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.readers import Reader
 from lmdbstore.util.procs import check_main_guard, needs_main, start_hint, start_method
-from lmdbstore.util.workers import PassedFd, Worker, WorkerDied, stop
+from lmdbstore.util.workers import PassedFd, Workers
 
 __all__ = ["InlineReader", "ReadServer", "ReaderPool", "StoreSource"]
 
@@ -89,7 +88,7 @@ class StoreSource:
 
 
 class ReadServer:
-    """A reader process's function (:class:`~lmdbstore.util.workers.Worker`): maps the shared ``segment`` of
+    """A reader process's function (:class:`~lmdbstore.util.workers.Workers`): maps the shared ``segment`` of
     ``shape`` ``(slots, rows per slot, bytes per sample)`` and reads the labels as it starts, then fills the slot
     of each ``(slot, rows, seed)`` request (the sample numbers are in the slot's label area)."""
 
@@ -162,7 +161,7 @@ def check_sendable(source: StoreSource, method: str) -> None:
             ) from None
 
 
-class ReaderPool:
+class ReaderPool(Workers):
     """``workers`` reader processes over one source and one set of slots (see the module docstring).
 
     Args:
@@ -177,68 +176,20 @@ class ReaderPool:
     """
 
     def __init__(self, source: StoreSource, slots: SharedSlots, workers: int, context: str | None = None):
-        self.method = start_method(context)
-        check_main_guard(self.method, "the reader processes")
-        check_sendable(source, self.method)
+        method = start_method(context)
+        check_main_guard(method, "the reader processes")
+        check_sendable(source, method)
         self.slots = slots
-        self.workers: list[Worker] = []
-        self._stopper = weakref.finalize(self, stop, self.workers)
         source.reader.close()  # no open environment crosses into the readers
         server = ReadServer(source, slots.segment, (slots.n, slots.rows, source.layout.item_bytes))
         main = any(needs_main(obj) for _, obj in source.payload())
-        try:
-            for k in range(workers):
-                name = f"reader process {k}"
-                self.workers.append(Worker(server, self.method, name, hint=start_hint(self.method), main=main))
-            for w in self.workers:
-                w.ready()
-        except BaseException:
-            self.close()
-            raise
-        self.sent = 0  # requests sent
-        self.answered = 0  # answers read
-
-    @property
-    def procs(self) -> list[Any]:
-        """The reader processes (``multiprocessing.Process``)."""
-        return [w.proc for w in self.workers]
-
-    @property
-    def pending(self) -> int:
-        """Requests sent and not yet answered."""
-        return self.sent - self.answered
+        super().__init__(server, workers, method, "reader process {}", hint=start_hint(method), main=main)
 
     def submit(self, slot: int, idx: np.ndarray, seed: BatchSeed | None = None) -> None:
-        """Send the next batch's request to its reader.
+        """Send the next batch's request to its reader (the sample numbers go into the slot).
 
         Raises:
             WorkerDied: the reader died.
         """
         self.slots.y(slot, len(idx))[:] = idx  # the reader takes them from there (protocol: module docstring)
-        self.workers[self.sent % len(self.workers)].send((slot, len(idx), seed))
-        self.sent += 1
-
-    def answer(self) -> tuple[Any, ...]:
-        """The answer to the oldest unanswered request (waits for it).
-
-        Raises:
-            WorkerDied: the reader died.
-            Exception: what reading the batch raised in the reader (the store's error, a transform's own).
-        """
-        k = self.answered % len(self.workers)
-        self.answered += 1
-        return self.workers[k].receive()  # type: ignore[no-any-return]
-
-    def drop(self) -> None:
-        """Wait out the requests not yet answered (their readers write into those slots) and forget them."""
-        while self.pending:
-            try:
-                self.answer()
-            except WorkerDied:
-                raise
-            except Exception:  # the error of a batch nobody asks for any more
-                pass
-
-    def close(self) -> None:
-        """Stop the readers (also done when the pool is garbage-collected)."""
-        self._stopper()
+        self.send((slot, len(idx), seed))

@@ -1,32 +1,29 @@
 """Worker processes: the one way lmdbstore starts, talks to, watches and stops them (the ingest and
 ``write_parallel`` pool, the feed's readers, ``verify``'s value pass and page walk).
 
-A :class:`Worker` is one process started by a named method (:func:`~lmdbstore.util.procs.start_method` decides
-which is safe) that calls a function on each request it is sent and answers each in order:
+:class:`Workers` are ``n`` processes started by a named method (:func:`~lmdbstore.util.procs.start_method` says
+which is safe), each calling one function on the requests it is sent and answering them in order:
 
-* **Start**: the function is pickled as the process starts, so the descriptors it holds (:class:`PassedFd`)
-  travel with it, and unpickled by the worker itself: a function the worker cannot import is a failure it
-  reports, not a crash.  Its optional ``start()`` runs first; the worker then says it is ready (:meth:`Worker.ready`).
-* **Lifeline**: the worker ignores Ctrl-C (the owner decides) and dies with its owner whatever kills it
-  (:class:`~lmdbstore.util.lifeline.Lifeline`): a killed owner leaves nothing behind.
-* **Transport**: requests and answers cross one pipe as pickles with numpy data out of band, written straight from
-  the arrays and read into uninitialized buffers the receiver keeps without copying.  Shared memory would not be
-  cheaper: per 10 MB answer the pipe costs the owner about 2 ms of CPU and the worker 2.5 ms, while a file in
-  ``/dev/shm`` cost the worker 5.5 ms (tmpfs zeroes and frees every page) and mapping it 2.5-3 ms -- and leaves
-  files to clean up after crashes.  Nothing is shared but the pipe: no lock or semaphore for multiprocessing's
-  resource tracker to warn about however a run ends.
-* **Failures**: an exception the function raised is raised in the owner as itself (its type, its message; a
-  one-line :class:`~lmdbstore.errors.LmdbStoreError` naming the type where it cannot travel), the worker's
-  traceback text its cause (:class:`RemoteTraceback`).  A worker that ends without answering (killed, out of
-  memory) is a :class:`WorkerDied` naming it, its pid and exit code.
-* **Stop**: :func:`stop` asks workers to finish what they were sent, terminates those still running after the
-  time given, kills those still running :data:`TERMINATE_GRACE` later, and reaps them all.
+* **Start**: the function is pickled as a process starts, so the descriptors it holds (:class:`PassedFd`) travel
+  with it, and unpickled by the worker itself (a function it cannot import is its error, raised here); its
+  optional ``start()`` runs first.  Workers ignore Ctrl-C (the owner decides) and die with the owner whatever kills
+  it (:class:`~lmdbstore.util.lifeline.Lifeline`).
+* **Transport**: one pipe per worker, pickles with numpy data out of band, written straight from the arrays and read
+  into uninitialized buffers kept without copying.  Shared memory would not be cheaper: per 10 MB answer the pipe
+  costs the owner about 2 ms of CPU and the worker 2.5 ms, a file in ``/dev/shm`` cost the worker 5.5 ms (tmpfs
+  zeroes and frees every page) and mapping it 2.5-3 ms, and leaves files behind after a crash.  Nothing else is
+  shared: no lock or semaphore for multiprocessing's resource tracker to warn about.
+* **Failures**: what the function raised is raised in the owner as itself (a one-line
+  :class:`~lmdbstore.errors.LmdbStoreError` naming its type where it cannot travel), the worker's traceback its
+  cause (:class:`RemoteTraceback`); a worker that ends without answering is a :class:`WorkerDied` naming it, its
+  pid and exit code.
+* **Stop**: workers asked to stop finish what they were sent, are terminated after the time given and killed
+  :data:`TERMINATE_GRACE` later, and are reaped.
 
-:class:`OrderedPool` runs ``fn(task)`` over a task list on spawned workers and yields the results in task order,
-with back-pressure (at most ``limit`` tasks submitted and not yet consumed, fewer where the results would not fit
-in memory: :class:`~lmdbstore.util.memory.ResultBudget`).  Neither ``multiprocessing.Pool`` nor
-``ProcessPoolExecutor`` does: ``Pool.imap`` feeds every task at once and queues results without bound, ``Pool``
-hangs for good when a worker is killed, and neither can stop its workers at once (before Python 3.14).
+:class:`OrderedPool` yields ``fn(task)`` over a task list in task order with back-pressure (at most ``limit`` tasks
+ahead, fewer where the results would not fit in memory: :class:`~lmdbstore.util.memory.ResultBudget`), which
+neither ``multiprocessing.Pool`` (unbounded ``imap``, hangs when a worker is killed) nor ``ProcessPoolExecutor``
+does (no stop at once before Python 3.14, no descriptor for its workers).
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ import struct
 import threading
 import time
 import traceback
-from collections import deque
+import weakref
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -63,11 +60,9 @@ __all__ = [
     "PassedFd",
     "RemoteTraceback",
     "TaskFailure",
-    "Worker",
     "WorkerDied",
-    "first_ready",
+    "Workers",
     "pickled_task",
-    "stop",
 ]
 
 #: Seconds a worker asked to stop gets to finish what it was sent before it is terminated.
@@ -192,8 +187,10 @@ class PassedFd:
         self.fd = fd
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocessing import reduction
+        from multiprocessing import context, reduction
 
+        if context.get_spawning_popen() is None:  # elsewhere DupFd would start a server thread for good
+            raise TypeError("a descriptor is sent only to a worker process as it starts")
         return (_rebuild_fd, (reduction.DupFd(self.fd),))
 
 
@@ -201,7 +198,7 @@ def _rebuild_fd(dup: Any) -> PassedFd:
     return PassedFd(dup.detach())
 
 
-# ---------------------------------------------------------------------------------------------- one worker
+# ---------------------------------------------------------------------------------------------- the workers
 class _AtStart:
     """``obj`` pickled as the process starts (descriptors travel then) and unpickled by the worker itself."""
 
@@ -245,91 +242,49 @@ def _serve(fn: Any, conn: Any, lifeline: Lifeline) -> None:
         getattr(loaded, "close", _nothing)()
 
 
-class Worker:
-    """One worker process calling ``fn`` on each request (see the module docstring).
+class _Worker:
+    """One worker process and its pipe (the owner's end); a thread of its own sends what :meth:`send_later` is
+    given."""
 
-    Args:
-        fn: picklable (a module-level function, or an object with ``__call__`` and optionally ``start()`` and
-            ``close()``, run first and last in the worker).
-        method: the start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
-        name: names it in messages (``"reader process 1"``).
-        hint: what :class:`WorkerDied` tells the user to check.
-        main: whether unpickling ``fn`` may need the main script (``False``: a spawned or forkserver worker
-            does not import it again: :func:`~lmdbstore.util.procs.main_script_hidden`).
-    """
-
-    def __init__(self, fn: Any, method: str, name: str, *, hint: str | None = None, main: bool = True):
+    def __init__(self, fn: Any, method: str, name: str, hint: str | None):
         ctx = mp.get_context(method)
-        self.name, self.hint, self._ready = name, hint, False
-        self._conn, theirs = ctx.Pipe()
+        self.name, self.hint = name, hint
+        self.conn, theirs = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(_AtStart(fn), theirs, Lifeline.here(method)), daemon=True)  # type: ignore[attr-defined]
         try:
-            with main_script_hidden(method) if not main else contextlib.nullcontext():
-                self.proc.start()
+            self.proc.start()
         finally:
             theirs.close()  # the worker holds the only other end: its death closes the pipe
-        self.fd = self._conn.fileno()
-        self._queue: queue.SimpleQueue[Any] | None = None
-        self._feeder: threading.Thread | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid
+        self.fd = self.conn.fileno()
+        self.queue: queue.SimpleQueue[Any] | None = None
+        self.feeder: threading.Thread | None = None
 
     def send(self, request: Any) -> None:
-        """Send ``request`` (``None`` asks the worker to stop).
-
-        Raises:
-            WorkerDied: the worker is gone.
-        """
         try:
             send(self.fd, request)
         except OSError:
             raise self.died() from None
 
     def send_later(self, request: Any) -> None:
-        """Send ``request`` from a thread of this worker's (never blocks).  A request larger than the pipe's
-        buffer, sent from the owner's own thread, could block while this worker blocks sending an answer the
-        owner is not reading yet: the thread takes that wait instead."""
-        if self._queue is None:
-            self._queue = queue.SimpleQueue()
-            self._feeder = threading.Thread(target=self._feed, name="lmdbstore-worker-feeder", daemon=True)
-            self._feeder.start()
-        self._queue.put(request)
+        if self.queue is None:
+            self.queue = queue.SimpleQueue()
+            self.feeder = threading.Thread(target=self._feed, name="lmdbstore-worker-feeder", daemon=True)
+            self.feeder.start()
+        self.queue.put(request)
 
     def _feed(self) -> None:
-        assert self._queue is not None
-        while (item := self._queue.get()) is not _CLOSE:
+        assert self.queue is not None
+        while (item := self.queue.get()) is not _CLOSE:
             try:
                 send(self.fd, item)
             except OSError:  # the worker is gone; the owner notices as it waits for an answer
                 return
 
-    def ready(self) -> None:
-        """Wait until the worker has loaded ``fn`` and run its ``start()``.
-
-        Raises:
-            WorkerDied: it ended first.
-            Exception: what loading or starting raised there (see the module docstring).
-        """
-        if not self._ready:
-            self._answer()
-            self._ready = True
-
-    def receive(self) -> Any:
-        """The answer to the oldest request not yet answered (waits for it, watching the process).
-
-        Raises:
-            WorkerDied: the worker ended first.
-            Exception: what ``fn`` raised for that request (see the module docstring).
-        """
-        self.ready()
-        return self._answer()
-
-    def _answer(self) -> Any:
-        while not self._conn.poll():
-            wait([self._conn, self.proc.sentinel])
-            if self.proc.exitcode is not None and not self._conn.poll():
+    def answer(self) -> Any:
+        """The next answer (waits for it, watching the process); a failure is raised (see the module docstring)."""
+        while not self.conn.poll():
+            wait([self.conn, self.proc.sentinel])
+            if self.proc.exitcode is not None and not self.conn.poll():
                 raise self.died()
         try:
             ok, payload = receive(self.fd)
@@ -340,30 +295,24 @@ class Worker:
         return payload
 
     def died(self) -> WorkerDied:
-        """The error for this worker having ended (reaped first)."""
         self.proc.join(TERMINATE_GRACE)
-        return WorkerDied(
-            f"{self.name} died (pid {self.proc.pid}, exit code {self.proc.exitcode})", self.proc.exitcode, self.hint
-        )
+        code = self.proc.exitcode
+        return WorkerDied(f"{self.name} died (pid {self.proc.pid}, exit code {code})", code, self.hint)
 
     def close(self) -> None:
-        """Close the pipe (after :func:`stop`: the feeder thread, if any, has nothing left to wait for)."""
-        if self._conn.closed:
-            return
-        if self._queue is not None and self._feeder is not None:
-            self._queue.put(_CLOSE)
-            self._feeder.join(TERMINATE_GRACE)
-        self._conn.close()
+        if self.queue is not None and self.feeder is not None:
+            self.queue.put(_CLOSE)
+            self.feeder.join(TERMINATE_GRACE)
+        self.conn.close()
 
 
 _CLOSE = object()
 
 
-def stop(workers: Sequence[Worker], wait: float = STOP_SECONDS) -> None:
+def _stop(workers: list[_Worker], wait: float) -> None:
     """Ask ``workers`` to stop (``wait`` > 0: each finishes what it was sent, for up to ``wait`` seconds in all),
     terminate those still running, kill those still running :data:`TERMINATE_GRACE` later, reap them all and
-    close their pipes.  Idempotent."""
-    workers = [w for w in workers if not w._conn.closed]
+    close their pipes; an idempotent finalizer."""
     if wait > 0:
         for w in workers:
             with contextlib.suppress(OSError):  # already gone
@@ -380,24 +329,93 @@ def stop(workers: Sequence[Worker], wait: float = STOP_SECONDS) -> None:
             w.proc.kill()
             w.proc.join()
         w.close()
+    workers.clear()
 
 
-def first_ready(workers: Sequence[Worker]) -> Worker:
-    """The first of ``workers`` with an answer to read (waits for one).
+class Workers:
+    """``n`` worker processes calling ``fn``: request ``k`` goes to worker ``k % n``, and the answers come back in
+    the order of the requests (see the module docstring).  Stopped by :meth:`close` or when collected.
+
+    Args:
+        fn: picklable (a module-level function, or an object with ``__call__`` and optionally ``start()`` and
+            ``close()``, run first and last in each worker).
+        n: processes (at least 1).
+        method: their start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+        name: names worker ``k`` in messages (``"reader process {}"``: formatted with ``k``).
+        hint: what :class:`WorkerDied` tells the user to check.
+        main: whether unpickling ``fn`` may need the main script (``False``: a spawned or forkserver worker does not
+            import it again: :func:`~lmdbstore.util.procs.main_script_hidden`).
 
     Raises:
-        WorkerDied: one of them ended without answering.
+        WorkerDied: a worker ended before it was ready.
+        Exception: what loading ``fn`` or its ``start()`` raised in a worker.
     """
-    conns = {w._conn: w for w in workers}
-    ends = {w.proc.sentinel: w for w in workers}
-    while True:
-        ready = wait([*conns, *ends])
-        for r in ready:
-            if r in conns:
-                return conns[r]  # type: ignore[index]
-        for r in ready:
-            if not ends[r]._conn.poll():  # type: ignore[index]
-                raise ends[r].died()  # type: ignore[index]
+
+    def __init__(self, fn: Any, n: int, method: str, name: str, *, hint: str | None = None, main: bool = True):
+        self.method = method
+        self._workers: list[_Worker] = []
+        self._stopper = weakref.finalize(self, _stop, self._workers, STOP_SECONDS)
+        self.sent = self.answered = 0
+        try:
+            with main_script_hidden(method) if not main else contextlib.nullcontext():
+                for k in range(n):
+                    self._workers.append(_Worker(fn, method, name.format(k), hint))
+            for w in self._workers:
+                w.answer()  # ready
+        except BaseException:
+            self.close(0)
+            raise
+
+    @property
+    def procs(self) -> list[Any]:
+        """The processes (``multiprocessing.Process``)."""
+        return [w.proc for w in self._workers]
+
+    @property
+    def pending(self) -> int:
+        """Requests sent and not yet answered."""
+        return self.sent - self.answered
+
+    def send(self, request: Any, later: bool = False) -> None:
+        """Send the next request (``later``: from the worker's own sending thread, never blocking: a request larger
+        than the pipe's buffer could otherwise wait for a worker that waits to send an answer not read yet).
+
+        Raises:
+            WorkerDied: its worker is gone.
+        """
+        w = self._workers[self.sent % len(self._workers)]
+        w.send_later(request) if later else w.send(request)
+        self.sent += 1
+
+    def answer(self) -> Any:
+        """The answer to the oldest request not yet answered (waits for it, watching the process).
+
+        Raises:
+            WorkerDied: its worker ended first.
+            Exception: what ``fn`` raised for it, as itself, the worker's traceback its cause.
+        """
+        w = self._workers[self.answered % len(self._workers)]
+        self.answered += 1
+        return w.answer()
+
+    def drop(self) -> None:
+        """Wait out the requests not yet answered and forget their answers (and errors).
+
+        Raises:
+            WorkerDied: a worker ended first.
+        """
+        while self.pending:
+            try:
+                self.answer()
+            except WorkerDied:
+                raise
+            except Exception:  # the error of an answer nobody asks for any more
+                pass
+
+    def close(self, wait: float = STOP_SECONDS) -> None:
+        """Stop the workers (see :func:`_stop`; ``wait=0``: terminate them at once); idempotent."""
+        if self._stopper.detach() is not None:
+            _stop(self._workers, wait)
 
 
 # ---------------------------------------------------------------------------------------------- the pool
@@ -430,15 +448,17 @@ class OrderedPool:
     """``workers`` spawned processes running ``fn(task)``; :meth:`results` yields outputs in task order.
 
     ``fn`` must be picklable by reference (a module-level function), since spawned workers import it.
-    ``workers=0`` runs ``fn`` in the calling process (same interface; for debugging and tests).
+    ``workers=0`` runs ``fn`` in the calling process (same interface; for debugging and tests).  ``main``: whether
+    unpickling ``fn`` may need the main script (``None``: :func:`~lmdbstore.util.procs.needs_main` decides; give it
+    for a ``fn`` holding a :class:`PassedFd`, which is pickled only as a worker starts).
     """
 
-    def __init__(self, fn: Callable[[Any], Any], workers: int, limit: int) -> None:
+    def __init__(self, fn: Callable[[Any], Any], workers: int, limit: int, main: bool | None = None) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
-        self.fn, self.workers, self.limit = fn, workers, limit
+        self.fn, self.workers, self.limit, self.main = fn, workers, limit, main
 
     @property
     def private_results(self) -> bool:
@@ -456,7 +476,8 @@ class OrderedPool:
             TaskFailure: ``fn`` raised for the task at the head of the order (or could not be loaded).
             WorkerDied: a worker ended unexpectedly.
         """
-        if self.workers == 0:
+        n = min(self.workers, len(tasks) - start)
+        if self.workers == 0 or n <= 0:
             for i in range(start, len(tasks)):
                 try:
                     out = self.fn(tasks[i])
@@ -464,49 +485,27 @@ class OrderedPool:
                     raise TaskFailure(i, exc) from exc
                 yield i, out
             return
-        n = min(self.workers, len(tasks) - start)
-        if n <= 0:
-            return
-        main = needs_main(self.fn)
-        procs: list[Worker] = []
-        finished = False
+        main = needs_main(self.fn) if self.main is None else self.main
         try:
-            for _ in range(n):
-                procs.append(Worker(_Tasks(self.fn), "spawn", "a worker process", main=main))
-            for w in procs:
+            team = Workers(_Tasks(self.fn), n, "spawn", "a worker process", main=main)
+        except WorkerDied:
+            raise
+        except Exception as exc:
+            raise TaskFailure(LOAD_FAILED, exc) from exc
+        wait, nxt, budget = 0.0, start, ResultBudget(n)
+        try:
+            for head in range(start, len(tasks)):
+                while nxt < len(tasks) and (nxt == head or nxt - head < budget.window(self.limit)):
+                    team.send(pickled_task(tasks, nxt), later=True)
+                    nxt += 1
                 try:
-                    w.ready()
+                    out = team.answer()
                 except WorkerDied:
                     raise
                 except Exception as exc:
-                    raise TaskFailure(LOAD_FAILED, exc) from exc
-            yield from self._ordered(procs, tasks, start)
-            finished = True
+                    raise TaskFailure(head, exc) from exc
+                budget.observe(out)
+                yield head, out
+            wait = STOP_SECONDS
         finally:
-            stop(procs, STOP_SECONDS if finished else 0)
-
-    def _ordered(self, procs: list[Worker], tasks: Sequence[Any], start: int) -> Generator[tuple[int, Any], None, None]:
-        sent: list[deque[int]] = [deque() for _ in procs]  # each worker's tasks not yet answered, in order
-        nxt, head, ready = start, start, {}
-        budget = ResultBudget(len(procs))
-        while head < len(tasks):
-            while nxt < len(tasks) and (nxt == head or nxt - head < budget.window(self.limit)):
-                k = min(range(len(procs)), key=lambda k: len(sent[k]))  # the least busy worker takes it
-                procs[k].send_later(pickled_task(tasks, nxt))
-                sent[k].append(nxt)
-                nxt += 1
-            while head not in ready:
-                w = first_ready(procs)
-                index = sent[procs.index(w)].popleft()
-                try:
-                    ready[index] = (True, w.receive())
-                except WorkerDied:
-                    raise
-                except Exception as exc:
-                    ready[index] = (False, exc)
-                budget.observe(ready[index][1])
-            ok, out = ready.pop(head)
-            if not ok:
-                raise TaskFailure(head, out) from out
-            yield head, out
-            head += 1
+            team.close(wait)

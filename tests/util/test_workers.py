@@ -9,6 +9,7 @@ import contextlib
 import functools
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -20,15 +21,7 @@ import parallel_tasks as pt
 import pytest
 
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.util.workers import (
-    OrderedPool,
-    PassedFd,
-    RemoteTraceback,
-    TaskFailure,
-    Worker,
-    WorkerDied,
-    stop,
-)
+from lmdbstore.util.workers import OrderedPool, PassedFd, RemoteTraceback, TaskFailure, WorkerDied, Workers
 
 
 def _children() -> set[int]:
@@ -46,36 +39,36 @@ def _children() -> set[int]:
     return out
 
 
-def test_a_worker_answers_raises_as_itself_dies_in_one_line_and_stops_at_once() -> None:
-    w = Worker(abs, "spawn", "a test worker", main=False)
-    w.send(-3)
-    assert w.receive() == 3
-    w.send("x")  # abs("x") raises in the worker: a TypeError here, the worker's traceback its cause
+def test_workers_answer_in_turn_raise_as_themselves_die_in_one_line_and_stop_at_once() -> None:
+    w = Workers(abs, 2, "spawn", "test worker {}", main=False)
+    for request in (-3, "x", -4):  # abs("x") raises in worker 1: a TypeError here, its traceback the cause
+        w.send(request)
+    assert w.pending == 3 and w.answer() == 3
     with pytest.raises(TypeError, match="bad operand") as err:
-        w.receive()
+        w.answer()
     assert isinstance(err.value.__cause__, RemoteTraceback) and "Traceback" in str(err.value.__cause__)
-    w.send(-4)  # the worker goes on after an error
-    assert w.receive() == 4
-    stop([w])
-    assert not w.proc.is_alive()
+    assert "(raised in test worker 1)" in err.value.__notes__
+    assert w.answer() == 4  # the workers go on after an error
+    w.close()
+    assert not any(p.is_alive() for p in w.procs)
 
-    slow = Worker(time.sleep, "spawn", "a test worker", main=False)
-    slow.ready()
+    slow = Workers(time.sleep, 1, "spawn", "a test worker", main=False)
     slow.send(60)
-    assert slow.pid is not None
-    os.kill(slow.pid, signal.SIGKILL)
+    pid = slow.procs[0].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerDied, match=r"^a test worker died \(pid \d+, exit code -9\)$") as died:
-        slow.receive()
+        slow.answer()
     assert died.value.exitcode == -9
-    stop([slow])
+    slow.close()
 
-    busy = Worker(time.sleep, "spawn", "a test worker", main=False)
-    busy.ready()
+    busy = Workers(time.sleep, 1, "spawn", "a test worker", main=False)
     busy.send(60)
+    pid = busy.procs[0].pid
     t0 = time.monotonic()
-    stop([busy], 0)  # terminated at once, and reaped
-    assert time.monotonic() - t0 < 5 and not os.path.exists(f"/proc/{busy.pid}")
-    stop([busy])  # idempotent
+    busy.close(0)  # terminated at once, and reaped
+    assert time.monotonic() - t0 < 5 and not os.path.exists(f"/proc/{pid}")
+    busy.close()  # idempotent
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
@@ -87,21 +80,26 @@ def test_a_passed_descriptor_is_the_file_the_owner_opened(tmp_path: Path, method
     try:
         path.unlink()
         path.write_bytes(b"other file")
-        w = Worker(functools.partial(pt.read_passed, PassedFd(fd)), method, "a test worker")
+        w = Workers(functools.partial(pt.read_passed, PassedFd(fd)), 1, method, "a test worker")
         w.send(10)
-        assert w.receive() == b"first file"
-        stop([w])
+        assert w.answer() == b"first file"
+        w.close()
+        with pytest.raises(TypeError, match="only to a worker process as it starts"):
+            pickle.dumps(PassedFd(fd))  # anywhere else, multiprocessing would start a server thread for good
     finally:
         os.close(fd)
 
 
-def test_what_cannot_travel_is_one_line_naming_its_type() -> None:
-    w = Worker(pt.raise_unpicklable, "spawn", "a test worker")
+def test_what_cannot_travel_is_one_line_naming_its_type_and_a_worker_that_cannot_start_raises_here() -> None:
+    w = Workers(pt.raise_unpicklable, 1, "spawn", "a test worker")
     w.send(1)
     with pytest.raises(LmdbStoreError, match="a test worker failed: Unsendable: cannot travel") as err:
-        w.receive()
+        w.answer()
     assert "raise_unpicklable" in str(err.value.__cause__)
-    stop([w])
+    w.close()
+    with pytest.raises(ValueError, match="cannot start"):  # the function's start() raised in the worker
+        Workers(pt.FailsToStart(), 2, "spawn", "a test worker")
+    assert not [p for p in mp.active_children() if "resource_tracker" not in p.name]
 
 
 @pytest.mark.parametrize("workers", [0, 3])
