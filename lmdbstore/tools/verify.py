@@ -1,46 +1,45 @@
-"""Check that a store's contents agree with its metadata (``lmdbstore verify``).
+"""Check that a store's contents agree with its metadata (``lmdbstore verify``): one route, on the file opened.
 
 :func:`verify_store` streams through every sub-database once and reports what it finds as a list
 of :class:`Problem`\\ s (kind, sample index, one-line message), stopping after ``max_problems``:
 
 * ``structure``: the LMDB file itself (B-tree pages, overflow extents, free list) as checked by
   py-lmdb's offline verifier ``lmdb.verify``, which reads the file with plain ``read()`` calls and
-  never hands it to liblmdb, so a damaged file cannot crash the process.  It runs first, and only
-  when no writer holds the store; if it finds damage, the content checks are skipped (liblmdb may
-  crash on a damaged B-tree).  Skipped, with a note, where py-lmdb has no ``lmdb.verify``.  A ``samples``
-  B-tree lmdbstore's own page parser cannot read (a key of another width) is a ``structure`` problem too.
+  never hands it to liblmdb, so a damaged file cannot crash the process.  It runs only when no writer
+  holds the store; if it finds damage, the content checks are skipped (liblmdb may crash on a damaged
+  B-tree).  Skipped, with a note, where py-lmdb has no ``lmdb.verify``.  A ``samples`` B-tree
+  lmdbstore's own page parser cannot read (a key of another width) is a ``structure`` problem too.
 * ``samples``: the keys are exactly ``0, spv, 2*spv, ... < count`` (no gaps, no extras), every value
   has exactly the length the metadata implies (the last one may be short), and every value's
-  checksum trailer matches its bytes (when the store has checksums and ``checksums=True``).
-* ``labels``: one chunk per ``label_chunk`` samples, each of the right length, every label a valid
-  class id, and the number of labels of each class equal to ``meta.class_counts``.
-* ``classidx``: each class's index list is stored in the right chunks, is strictly increasing and
-  is exactly ``np.flatnonzero(labels == c)``; compared chunk by chunk, so memory stays bounded by
-  the label table (one byte per sample for up to 256 classes).
-* ``meta``/``progress``/main database: no unknown sub-databases or keys, every resume-ledger entry
-  is well-formed JSON, and the value statistics cover exactly ``count`` samples.
+  checksum trailer matches its bytes (when the store has checksums and ``checksums=True``): the value
+  pass of :mod:`lmdbstore.tools.verify_values`, on every core.
+* ``labels``, ``classidx``, ``meta``/``progress``/main database, statistics: through liblmdb, against the
+  metadata (:mod:`lmdbstore.tools.verify_checks`, which also defines the report).
 
 Errors that make a store *unverifiable* (missing path, not a store, malformed metadata, unknown
 format version, truncated data file) are not reported as problems: they propagate as the usual
 :class:`~lmdbstore.errors.LmdbStoreError` subclasses, so callers (and the CLI's exit codes) can tell
 "damaged contents" from "cannot be read at all".
 
-The checks are all on the file verify opened.  Where no writer is active it holds writers off (a shared lock on
-``writer.lock``) and opens the data file once (:class:`~lmdbstore.tools.verify_structure.AtRest`): the page walk and
-the ``samples`` check -- ``workers`` processes reading the values in large sequential runs and comparing their
-checksums (:mod:`lmdbstore.tools.verify_values`) -- read that descriptor, liblmdb opens the store only once the
-walk found the structure intact, and its snapshot must be of the same file and commit; a store replaced while it
-was verified is a one-line :class:`~lmdbstore.errors.StoreReplacedError` ("run verify again").  Beside a writer, or
-given an open reader, the same value pass reads the reader's registered snapshot (no page walk then).  The other
-content checks run in one read transaction with ``lock=True`` (:mod:`lmdbstore.tools.verify_checks`, which also
-defines the report).
+**On the file opened.**  Where no writer is active verify holds writers off (a shared lock on ``writer.lock``)
+and opens the data file once (:class:`AtRest`).  The page walk (through ``/proc/self/fd``) and the value pass's
+workers (:class:`~lmdbstore.util.workers.PassedFd`) read that descriptor, never the path again; liblmdb opens the
+store once the walk found it intact, and must show the same file and commit; a file written meanwhile or a path
+naming another file is one line, "the data file was replaced while it was verified -- run verify again"
+(:class:`~lmdbstore.errors.StoreReplacedError`), never a report on another file.  The walk reads the first page of
+every value's overflow run one at a time (alone on a cold store slower than reading the file in sequence), so
+where the value pass has worker processes or the store is large it runs meanwhile in a worker of its own, just
+behind the workers that bring those pages into the page cache.  Beside a writer, or given an open reader, the
+same value pass reads the reader's registered snapshot (no walk then).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lmdbstore.config import (
     DEFAULT_MAX_PROBLEMS,
@@ -48,17 +47,24 @@ from lmdbstore.config import (
     DEFAULT_VERIFY_STRUCTURE,
     DEFAULT_VERIFY_WORKERS,
 )
-from lmdbstore.errors import CorruptStoreError, LmdbStoreError
-from lmdbstore.format.pages import UnsupportedLayout
-from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env
-from lmdbstore.store.locks import lock_table_writable
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError, StoreReplacedError
+from lmdbstore.format import layout
+from lmdbstore.format.btree import record_position
+from lmdbstore.format.meta import StoreMeta
+from lmdbstore.format.pages import LmdbMeta, PageReader, UnsupportedLayout, read_meta_page
+from lmdbstore.store.env import DATA_FILE, check_count_fits, check_store_dir, open_env
+from lmdbstore.store.locks import hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.registry import ENVS
 from lmdbstore.tools.verify_checks import PROBLEM_KINDS, Collector, ContentChecks, Enough, Problem, VerifyReport
-from lmdbstore.tools.verify_structure import AtRest, unreadable
-from lmdbstore.tools.verify_values import SamplesFindings, ValueOptions, check_values, value_table
+from lmdbstore.tools.verify_values import SamplesFindings, ValueOptions, check_values, resolve_workers, value_table
+from lmdbstore.util.workers import PassedFd, WorkerDied, Workers
 
-__all__ = ["PROBLEM_KINDS", "Problem", "VerifyReport", "verify_store"]
+__all__ = ["BACKGROUND_WALK_BYTES", "PROBLEM_KINDS", "AtRest", "Problem", "VerifyReport", "verify_store"]
+
+#: Data files from this size on are walked in a process of their own while the values are read (the walk of a
+#: cold 256 MiB file alone takes about half a second; starting the process, a few tenths).
+BACKGROUND_WALK_BYTES = 256 << 20
 
 
 class _Once:
@@ -240,3 +246,144 @@ def _check_opens(path: Path) -> None:
     so those stay errors rather than structure problems.  Reads only LMDB's meta pages."""
     check_store_dir(path)
     ENVS.acquire(path, writable=False, lock=False, opener=lambda: open_env(path, readonly=True, lock=False)).release()
+
+
+def walk_pages(fd: PassedFd, path: str) -> list[str]:
+    """py-lmdb's offline page walk of the data file open as ``fd`` (``path`` where ``/proc`` is not there): one
+    message per problem found (none: intact)."""
+    from lmdb import verify as lmdb_verify
+
+    own = f"/proc/self/fd/{fd.fd}"  # the file this process holds, whatever the path names now
+    try:
+        return [str(m) for m in lmdb_verify.verify(own if os.path.exists(own) else path, subdir=False)]
+    except lmdb_verify.VerifyError as exc:
+        return [str(exc)]
+
+
+def unreadable(exc: Exception) -> str:
+    """The ``structure`` problem of a ``samples`` tree the page parser cannot read."""
+    return f"the samples B-tree cannot be read: {exc.message if isinstance(exc, LmdbStoreError) else exc}"
+
+
+class AtRest:
+    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring).
+
+    Attributes:
+        snap, meta: its newest snapshot (the meta page LMDB would pick) and metadata record, read with
+            lmdbstore's own parser; ``None`` where they cannot be (the ordinary open then reports why).
+
+    Raises:
+        StoreLockedError: a writer is appending to the store.
+        LmdbStoreError: ``writer.lock`` exists but cannot be opened.
+    """
+
+    def __init__(self, path: Path):
+        self.path, self.data = path, path / DATA_FILE
+        self.lock = hold_off_writers(path)
+        try:
+            self.fd = os.open(self.data, os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            release_lock(self.lock)
+            raise
+        self.stat = os.fstat(self.fd)
+        self.snap: LmdbMeta | None = None
+        self.meta: StoreMeta | None = None
+        try:
+            size = self.stat.st_size
+            snap = max((read_meta_page(self.fd, size, which, path) for which in (0, 1)), key=lambda m: m.txnid)
+            pages = PageReader(self.fd, size, snap, path, None)
+            off, n = record_position(pages, snap.main, layout.DB_META, layout.META_KEY)
+            meta = StoreMeta.from_json(os.pread(self.fd, n, off), path=str(path))
+            check_count_fits(meta, path)
+            self.snap, self.meta = snap, meta
+        except (LmdbStoreError, UnsupportedLayout, OSError, ValueError):
+            pass
+
+    def check(self, opts: ValueOptions, walk: bool) -> tuple[list[str], SamplesFindings | str | None]:
+        """Walk the page structure (``walk``) and, meanwhile, check the values: the walk's messages, and what the
+        value pass found (a string: why the ``samples`` tree cannot be read; ``None``: no snapshot to read, or the
+        walk found damage first).
+
+        Raises:
+            CorruptStoreError, LmdbStoreError: the value pass failed (the data file truncated meanwhile, a worker
+                process died) and the walk found the structure intact.
+        """
+        here = functools.partial(walk_pages, PassedFd(self.fd), str(self.data))
+        if self.snap is None or self.meta is None:
+            return (here() if walk else []), None
+        try:
+            values = value_table(self.fd, self.snap, self.path)
+        except (CorruptStoreError, UnsupportedLayout) as exc:
+            return (here() if walk else []), unreadable(exc)
+        values_check = functools.partial(check_values, values, self.meta, self.fd, self.data, opts)
+        if not walk:
+            return [], values_check()
+        check_bytes = int(values.sizes.sum()) if opts.checksums else 0
+        if resolve_workers(opts.workers, check_bytes) <= 1 and self.stat.st_size < BACKGROUND_WALK_BYTES:
+            errors = here()  # a small store: the walk first, in this process (a process would cost more)
+            return errors, None if errors else values_check()
+        name = "verify's structure-check process"
+        walker = Workers(functools.partial(walk_pages, PassedFd(self.fd)), 1, "spawn", name, main=False)
+        try:
+            walker.send(str(self.data))
+            try:
+                findings = values_check()
+            except CorruptStoreError:
+                errors = _walk_result(walker)  # a damaged structure explains it: the walk's verdict first
+                if errors:
+                    return errors, None
+                raise
+            return _walk_result(walker), findings
+        finally:
+            walker.close(0)
+
+    def replaced(self) -> StoreReplacedError:
+        return StoreReplacedError(
+            "the data file was replaced while it was verified", path=self.path, hint="run verify again"
+        )
+
+    def check_unchanged(self) -> None:
+        """Raise :meth:`replaced` where the file was written to since it was opened (no writer could: a copy over
+        it) or the path names another file now."""
+        now = os.fstat(self.fd)
+        try:
+            named = os.stat(self.data)
+        except OSError:
+            raise self.replaced() from None
+        when = (self.stat.st_size, self.stat.st_mtime_ns, self.stat.st_ctime_ns)
+        if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != when or _file_id(named) != _file_id(self.stat):
+            raise self.replaced()
+
+    def check_same(self, reader: StoreReader) -> None:
+        """Raise :meth:`replaced` where ``reader`` (opened since) shows another file or snapshot than the checks."""
+        h = reader._take()
+        try:
+            same = h.file_id == _file_id(self.stat) and (
+                self.snap is None or (h.snapshot.txnid == self.snap.txnid and h.meta == self.meta)
+            )
+        finally:
+            reader._give(h)
+        if not same:
+            raise self.replaced()
+
+    def close(self) -> None:
+        """Let writers start again (once liblmdb's snapshot is taken) and close the descriptor; idempotent."""
+        release_lock(self.lock)
+        self.lock = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _file_id(st: Any) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _walk_result(walker: Workers) -> list[str]:
+    """The background walk's messages; its process dying or failing is a one-line error."""
+    try:
+        return list(walker.answer())
+    except WorkerDied as exc:
+        raise LmdbStoreError(exc.message, hint="out of memory, or killed? run verify again") from None
+    except Exception as exc:
+        raise LmdbStoreError(f"verify's structure check failed: {type(exc).__name__}: {exc}") from None
