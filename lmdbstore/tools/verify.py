@@ -67,18 +67,6 @@ __all__ = ["BACKGROUND_WALK_BYTES", "PROBLEM_KINDS", "AtRest", "Problem", "Verif
 BACKGROUND_WALK_BYTES = 256 << 20
 
 
-class _Once:
-    """Calls ``fn`` on the first call only (``None``: never)."""
-
-    def __init__(self, fn: Callable[[int], None] | None):
-        self.fn = fn
-
-    def __call__(self, n: int) -> None:
-        if self.fn is not None:
-            fn, self.fn = self.fn, None
-            fn(n)
-
-
 def verify_store(
     path: str | os.PathLike[str] | StoreReader,
     *,
@@ -103,8 +91,8 @@ def verify_store(
         workers: processes that read the values and compute their checksums (the report is the same for
             any number); ``None`` (default): the cores, but one per 512 MiB of values at most, so a small
             store is checked in this process (see :mod:`lmdbstore.tools.verify_values`).
-        total: called once, before the first ``progress`` call, with the samples the store holds (a
-            progress bar's total, for its time left).
+        total: called once as the samples check begins, before the first ``progress`` call, with the samples
+            the store holds (a progress bar's total, for its time left).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is ``False`` when anything is wrong.
@@ -130,8 +118,7 @@ def verify_store(
     assert isinstance(reader, StoreReader)
     report = VerifyReport(path=str(reader.path))
     found = Collector(max_problems)
-    announce = _Once(total)
-    opts = ValueOptions(checksums, workers, max_problems, progress, announce)
+    opts = ValueOptions(checksums, workers, max_problems, progress, total)
     rest = None
     try:
         if own:
@@ -145,7 +132,6 @@ def verify_store(
             rest.check_same(reader)
             rest.close()
         report.count = meta.count
-        announce(meta.count)
         if samples is None:
             samples = _snapshot_pass(reader, opts)
         if isinstance(samples, str):  # a tree the page parser cannot read
