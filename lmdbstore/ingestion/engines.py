@@ -1,18 +1,18 @@
 """Producers on an engine the user already runs: :func:`write_parallel`'s tasks on a ``concurrent.futures``
 executor, a Dask ``distributed.Client`` or Ray, with the guarantees of the local pool.
 
-:class:`EnginePool` has :class:`~lmdbstore.util.workers.OrderedPool`'s interface (``results(tasks, start)``
+:class:`EnginePool` has :class:`~lmdbstore.util.pool.OrderedPool`'s interface (``results(tasks, start)``
 yields ``(index, result)`` in task order), so the single writer commits the same way whatever runs the
 producers: in task order, each task with its ledger entry.  It keeps at most ``limit`` tasks submitted and not
 yet consumed (a window: the memory a run holds, here and on the cluster, stays bounded), and reports
 
-* a task that raised as :class:`~lmdbstore.util.workers.TaskFailure` (its index, type, message, traceback);
+* a task that raised as :class:`~lmdbstore.util.pool.TaskFailure` (its index, type, message, traceback);
 * a task the engine could not finish because a worker died, and that it did not (or no longer) retries, as
   :class:`TaskLost` (Dask retries a task lost with a worker up to ``distributed.scheduler.allowed-failures``
   times, then raises ``KilledWorker``; Ray retries system failures ``max_retries`` times; a
   ``ProcessPoolExecutor`` breaks at once: ``BrokenProcessPool``).
 
-Tasks travel pickled (:func:`~lmdbstore.util.workers.pickled_task`, the bytes the local pool sends), so no
+Tasks travel pickled (:func:`~lmdbstore.util.pool.pickled_task`, the bytes the local pool sends), so no
 engine interprets them (Dask would call a tuple whose first item is callable) and an unpicklable task is a
 ``ValueError`` before anything runs.  Which engine an object is: :func:`engine_of`.
 """
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from lmdbstore.util.allocator import keep_large_blocks
 from lmdbstore.util.memory import ResultBudget
-from lmdbstore.util.workers import TaskFailure, pickled_task
+from lmdbstore.util.pool import TaskFailure, pickled_task
 
 __all__ = [
     "LOST_WORKER_ERRORS",

@@ -30,9 +30,10 @@ from lmdbstore.ingestion.task_identity import TaskIdentities
 from lmdbstore.ingestion.task_identity import task_list as ordered_tasks
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
+from lmdbstore.util.pool import LOAD_FAILED, OrderedPool, TaskFailure
 from lmdbstore.util.procs import worker_processes
 from lmdbstore.util.progress import progress_bar
-from lmdbstore.util.workers import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
+from lmdbstore.util.workers import WorkerDied
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 

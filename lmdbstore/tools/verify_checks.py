@@ -180,39 +180,27 @@ class ContentChecks:
                 self.add("extra-meta-key", None, f"unknown key {key!r} in the metadata sub-database")
 
     # ------------------------------------------------------------------ labels
-    def _walk_grid(
-        self, db_name: bytes, step: int, kinds: tuple[str, str], missing: str, extra: Callable[[int], str]
-    ) -> Iterator[tuple[int, memoryview]]:
-        """The ``(first, value)`` entries of a sub-database keyed ``0, step, 2*step, ... < count``, in key order.
-
-        What is not on that grid is reported on the way and not yielded: a key of the wrong width
-        (``bad-key``), each grid key that is absent (``kinds[0]``, "<missing> of samples <key>.. is
-        missing") and each key off the grid or beyond the count (``kinds[1]``, message ``extra(key)``).
-        """
-        count = self.meta.count
-        expected = 0  # key of the next value we expect
-        for key, value in self.reader.iter_raw(db_name):
-            first = self._decode(key, db_name.decode())
-            if first is None:
+    def _label_chunks(self) -> Iterator[tuple[int, memoryview]]:
+        """The ``(first, chunk)`` entries of the labels sub-database keyed ``0, label_chunk, ... < count``, in key
+        order; a key of the wrong width (``bad-key``), each chunk absent (``missing-label-chunk``) and each key off
+        that grid or beyond the count (``extra-label-chunk``) are reported on the way, not yielded."""
+        count, step, expected = self.meta.count, self.meta.label_chunk, 0
+        for key, value in self.reader.iter_raw(layout.DB_LABELS):
+            if len(key) != layout.KEY_BYTES:
+                self.add("bad-key", None, f"labels key {key.hex()} has {len(key)} bytes, expected {layout.KEY_BYTES}")
                 continue
+            first = layout.decode_key(key)
             while expected < min(first, count):
-                self.add(kinds[0], expected, f"{missing} of samples {expected}.. is missing")
+                self.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
                 expected += step
             if first != expected or first >= count:
-                self.add(kinds[1], first, extra(first))
+                self.add("extra-label-chunk", first, f"unexpected label chunk (label_chunk {step}, count {count})")
                 continue
             expected += step
             yield first, value
         while expected < count:
-            self.add(kinds[0], expected, f"{missing} of samples {expected}.. is missing")
+            self.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
             expected += step
-
-    def _decode(self, key: bytes, db: str) -> int | None:
-        """The sample index a key of ``db`` encodes; ``None`` (and a ``bad-key`` problem) for a wrong width."""
-        if len(key) != layout.KEY_BYTES:
-            self.add("bad-key", None, f"{db} key {key.hex()} has {len(key)} bytes, expected {layout.KEY_BYTES}")
-            return None
-        return layout.decode_key(key)
 
     def check_labels(self) -> np.ndarray:
         """Check the label chunks and return the label table (missing chunks filled with an
@@ -220,9 +208,7 @@ class ContentChecks:
         m, rep = self.meta, self.report
         chunk, count, n_classes, ldt = m.label_chunk, m.count, len(m.classes), m.label_dtype
         labels = np.full(count, np.iinfo(ldt).max, ldt)
-        kinds = ("missing-label-chunk", "extra-label-chunk")
-        extra = f"unexpected label chunk (label_chunk {chunk}, count {count})"
-        for first, value in self._walk_grid(layout.DB_LABELS, chunk, kinds, "label chunk", lambda _: extra):
+        for first, value in self._label_chunks():
             n = min(chunk, count - first)
             if len(value) != n * ldt.itemsize:
                 self.add(

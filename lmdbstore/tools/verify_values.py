@@ -10,7 +10,7 @@ of one core (issue 36).  This pass instead:
    (:func:`grid_problems`);
 3. reads the values' bytes in file order, in chunks of a few MiB (:func:`plan_chunks`, sized by the data and the
    memory available), and compares each value's checksum with its trailer (:class:`ChunkChecker`), one chunk per
-   worker process at a time (:func:`check_values`, on :class:`~lmdbstore.util.workers.OrderedPool`).  The workers
+   worker process at a time (:func:`check_values`, on :class:`~lmdbstore.util.pool.OrderedPool`).  The workers
    read the descriptor verify opened (:class:`~lmdbstore.util.workers.PassedFd`), never the path again.
 
 What it finds (:class:`SamplesFindings`) is reported in key order, the first ``max_problems``, whatever the number
@@ -34,7 +34,8 @@ from lmdbstore.format.checksums import checksum_int, trailer_dtype
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.pages import LmdbMeta
 from lmdbstore.util.memory import available_memory
-from lmdbstore.util.workers import OrderedPool, PassedFd, TaskFailure, WorkerDied
+from lmdbstore.util.pool import OrderedPool, TaskFailure
+from lmdbstore.util.workers import PassedFd, WorkerDied
 
 __all__ = [
     "BYTES_PER_WORKER",

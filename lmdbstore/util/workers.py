@@ -20,10 +20,9 @@ which is safe), each calling one function on the requests it is sent and answeri
 * **Stop**: workers asked to stop finish what they were sent, are terminated after the time given and killed
   :data:`TERMINATE_GRACE` later, and are reaped.
 
-:class:`OrderedPool` yields ``fn(task)`` over a task list in task order with back-pressure (at most ``limit`` tasks
-ahead, fewer where the results would not fit in memory: :class:`~lmdbstore.util.memory.ResultBudget`), which
-neither ``multiprocessing.Pool`` (unbounded ``imap``, hangs when a worker is killed) nor ``ProcessPoolExecutor``
-does (no stop at once before Python 3.14, no descriptor for its workers).
+The ordered pool of the ingest and ``write_parallel`` (:mod:`lmdbstore.util.pool`) and the feed's readers are
+:class:`Workers`; ``ProcessPoolExecutor`` is not used: before Python 3.14 it cannot stop a running call at once,
+and a descriptor reaches its workers only through an initializer's global.
 """
 
 from __future__ import annotations
@@ -39,38 +38,29 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
 
 from lmdbstore.errors import LmdbStoreError
-from lmdbstore.util.allocator import keep_large_blocks
 from lmdbstore.util.lifeline import Lifeline
-from lmdbstore.util.memory import ResultBudget
-from lmdbstore.util.procs import main_script_hidden, needs_main
+from lmdbstore.util.procs import main_script_hidden
 
 __all__ = [
-    "LOAD_FAILED",
     "STOP_SECONDS",
     "TERMINATE_GRACE",
-    "OrderedPool",
     "PassedFd",
     "RemoteTraceback",
-    "TaskFailure",
+    "remote_traceback",
     "WorkerDied",
     "Workers",
-    "pickled_task",
 ]
 
 #: Seconds a worker asked to stop gets to finish what it was sent before it is terminated.
 STOP_SECONDS = 5.0
 #: Seconds a terminated worker gets to exit before it is killed.
 TERMINATE_GRACE = 2.0
-#: :attr:`TaskFailure.index` when the workers could not load the pool's function.
-LOAD_FAILED = -1
 
 
 class RemoteTraceback(Exception):
@@ -90,21 +80,6 @@ class WorkerDied(LmdbStoreError):
     def __init__(self, message: str, exitcode: int | None, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.exitcode = exitcode
-
-
-class TaskFailure(Exception):
-    """A pool's function raised for task ``index`` (:data:`LOAD_FAILED`: the workers could not load it).
-
-    Attributes:
-        error: the exception, as raised in the worker (see the module docstring).
-        type_name, message, tb: its type's name, its text and the worker's traceback text.
-    """
-
-    def __init__(self, index: int, error: BaseException, tb: str | None = None) -> None:
-        self.index, self.error = index, error
-        self.type_name, self.message = type(error).__name__, str(error)
-        self.tb = tb if tb is not None else remote_traceback(error)
-        super().__init__(f"{self.type_name}: {self.message}")
 
 
 def remote_traceback(error: BaseException) -> str:
@@ -416,96 +391,3 @@ class Workers:
         """Stop the workers (see :func:`_stop`; ``wait=0``: terminate them at once); idempotent."""
         if self._stopper.detach() is not None:
             _stop(self._workers, wait)
-
-
-# ---------------------------------------------------------------------------------------------- the pool
-def pickled_task(tasks: Sequence[Any], i: int) -> bytes:
-    """``tasks[i]`` pickled, as every pool sends a task to its workers.
-
-    Raises:
-        ValueError: the task cannot be pickled (names its index).
-    """
-    try:
-        return pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise ValueError(f"tasks[{i}] cannot be sent to a worker process ({exc})") from None
-
-
-@dataclass(frozen=True)
-class _Tasks:
-    """A pool worker's function: ``fn`` on each pickled task."""
-
-    fn: Callable[[Any], Any]
-
-    def start(self) -> None:
-        keep_large_blocks()  # spawned from a process that made a Dask LocalCluster, it inherits Dask's setting
-
-    def __call__(self, blob: bytes) -> Any:
-        return self.fn(pickle.loads(blob))
-
-
-class OrderedPool:
-    """``workers`` spawned processes running ``fn(task)``; :meth:`results` yields outputs in task order.
-
-    ``fn`` must be picklable by reference (a module-level function), since spawned workers import it.
-    ``workers=0`` runs ``fn`` in the calling process (same interface; for debugging and tests).  ``main``: whether
-    unpickling ``fn`` may need the main script (``None``: :func:`~lmdbstore.util.procs.needs_main` decides; give it
-    for a ``fn`` holding a :class:`PassedFd`, which is pickled only as a worker starts).
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], workers: int, limit: int, main: bool | None = None) -> None:
-        if workers < 0:
-            raise ValueError(f"workers must be >= 0, got {workers}")
-        if limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
-        self.fn, self.workers, self.limit, self.main = fn, workers, limit, main
-
-    @property
-    def private_results(self) -> bool:
-        """Results are unpickled here from the workers' pipes (not with ``workers=0``: ``fn``'s own objects)."""
-        return self.workers > 0
-
-    def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
-        """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
-
-        At most ``limit`` tasks are submitted and not yet yielded, fewer where their results would take more
-        memory than the machine can give (:class:`~lmdbstore.util.memory.ResultBudget`).  Leaving the generator
-        for any reason (exhausted, an exception, ``close()``, KeyboardInterrupt) stops every worker.
-
-        Raises:
-            TaskFailure: ``fn`` raised for the task at the head of the order (or could not be loaded).
-            WorkerDied: a worker ended unexpectedly.
-        """
-        n = min(self.workers, len(tasks) - start)
-        if self.workers == 0 or n <= 0:
-            for i in range(start, len(tasks)):
-                try:
-                    out = self.fn(tasks[i])
-                except Exception as exc:
-                    raise TaskFailure(i, exc) from exc
-                yield i, out
-            return
-        main = needs_main(self.fn) if self.main is None else self.main
-        try:
-            team = Workers(_Tasks(self.fn), n, "spawn", "a worker process", main=main)
-        except WorkerDied:
-            raise
-        except Exception as exc:
-            raise TaskFailure(LOAD_FAILED, exc) from exc
-        wait, nxt, budget = 0.0, start, ResultBudget(n)
-        try:
-            for head in range(start, len(tasks)):
-                while nxt < len(tasks) and (nxt == head or nxt - head < budget.window(self.limit)):
-                    team.send(pickled_task(tasks, nxt), later=True)
-                    nxt += 1
-                try:
-                    out = team.answer()
-                except WorkerDied:
-                    raise
-                except Exception as exc:
-                    raise TaskFailure(head, exc) from exc
-                budget.observe(out)
-                yield head, out
-            wait = STOP_SECONDS
-        finally:
-            team.close(wait)

@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import markdown_table, write_json
 from lmdbstore import WriterConfig, open_writer, write_parallel
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.util.workers import OrderedPool
+from lmdbstore.util.pool import OrderedPool
 
 SHAPE = (25, 25)
 CLASSES = ["a", "b", "c", "d", "e"]

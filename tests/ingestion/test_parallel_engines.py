@@ -23,7 +23,7 @@ from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, ope
 from lmdbstore.format.layout import DB_META
 from lmdbstore.ingestion.engines import DaskEngine, EnginePool, FuturesEngine, TaskLost, engine_of
 from lmdbstore.tools.verify import verify_store
-from lmdbstore.util.workers import TaskFailure
+from lmdbstore.util.pool import TaskFailure
 
 SMALL = WriterConfig(commit_bytes=4096, sync=False)  # several commits per run
 TASKS = [(i, 50 + i % 7) for i in range(14)]
