@@ -28,8 +28,9 @@ def test_workers_answer_in_turn_raise_as_themselves_die_in_one_line_and_stop_at_
     assert isinstance(err.value.__cause__, RemoteTraceback) and "Traceback" in str(err.value.__cause__)
     assert "(raised in test worker 1)" in err.value.__notes__
     assert w.answer() == 4  # the workers go on after an error
+    procs = w.procs
     w.close()
-    assert not any(p.is_alive() for p in w.procs)
+    assert len(procs) == 2 and not any(p.is_alive() for p in procs) and not w.procs
 
     slow = Workers(time.sleep, 1, "spawn", "a test worker", main=False)
     slow.send(60)
