@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lmdbstore.feed.idle import IdleStop
-from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource, raise_failure
+from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource
 from lmdbstore.feed.seeding import BatchSeed
 from lmdbstore.feed.slots import SharedSlots, pool_slots, slot_bytes
 from lmdbstore.loader.passes import CountedPasses
@@ -253,11 +253,13 @@ class BatchFeed:
         slot = self.queue.popleft()
         if slot < 0:
             return self.read_fresh(self.plan[self.delivered - 1], self.delivered - 1)
-        answer = self.pool.answer()  # type: ignore[union-attr]
+        try:
+            answer = self.pool.answer()  # type: ignore[union-attr]
+        except Exception:  # a reader's error (raised as itself) or its death
+            self.state[slot] = FREE
+            raise
         if answer[0] != "slot":
             self.state[slot] = HELD  # free once unreferenced: what a reader here returned may view the slot
-            if answer[0] == "error":
-                raise_failure(answer, f"a reader process, on batch {self.delivered - 1} of the pass")
             self.came["sent"] += 1
             return answer[2]  # type: ignore[no-any-return]
         self.came["slot"] += 1

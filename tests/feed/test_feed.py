@@ -19,12 +19,12 @@ from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.feed import idle
-from lmdbstore.feed import slots as slots_module
 from lmdbstore.feed.feed import BatchFeed
 from lmdbstore.feed.opening import loader_config, open_feed
 from lmdbstore.feed.slots import SHM_DIR, SharedSlots
 from lmdbstore.loader.choose import split_indices
 from lmdbstore.util.lifeline import process_start_time
+from lmdbstore.util.workers import PassedFd
 
 BATCH = 64
 
@@ -259,7 +259,7 @@ def test_without_memfd_the_segment_is_a_file_removed_at_once(monkeypatch: pytest
     slots = SharedSlots(2, 10, 100)
     assert slots.fd is not None and not _named_segments()
     assert os.fstat(slots.fd).st_nlink == 0  # no name anywhere
-    reader_side = SharedSlots(2, 10, 100, segment=slots_module.SegmentFd(os.dup(slots.fd)))
+    reader_side = SharedSlots(2, 10, 100, segment=PassedFd(os.dup(slots.fd)))
     slots.y(1, 10)[:] = np.arange(10)
     np.testing.assert_array_equal(reader_side.y(1, 10), np.arange(10))  # the same memory
     reader_side.close()

@@ -1,9 +1,6 @@
-"""``verify``'s value pass (``lmdbstore.tools.verify_values``): the same report for any number of workers and as
-liblmdb's cursor walk gives, on healthy and damaged stores; a worker killed is one line and leaves nothing.
-
-The reference is :class:`~lmdbstore.tools.verify_checks.ContentChecks` walking the ``samples`` sub-database with
-liblmdb's cursor (``samples=None``), the check verify ran before the value pass existed.  Stores are real, damaged
-through raw py-lmdb or by editing ``data.mdb``; worker processes are real.
+"""``verify``'s value pass (``lmdbstore.tools.verify_values``): the same report for any number of workers, on
+healthy and damaged stores, also when stopped early; a worker killed is one line and leaves nothing.  Stores are
+real, damaged through raw py-lmdb or by editing ``data.mdb``; worker processes are real.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from conftest import build_store, make_data, raw_env
 from lmdbstore import StoreReader, WriterConfig, open_writer
 from lmdbstore.format.checksums import checksum_int, checksum_library, compute_checksum, trailer_dtype
 from lmdbstore.format.layout import classidx_key, encode_key
-from lmdbstore.tools.verify import VerifyReport, _Collector, _Enough, verify_store
-from lmdbstore.tools.verify_checks import ContentChecks
+from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.verify_values import MIN_CHUNK, chunk_bytes, resolve_workers
 
 SPV = 4  # 4 float16 25x25 samples = 5,004 bytes a value: overflow pages, as at scale
@@ -51,27 +47,8 @@ def store(pristine: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def cursor_report(path: Path, max_problems: int = 1000, checksums: bool = True) -> VerifyReport:
-    """The content checks with liblmdb's cursor walk over ``samples`` (the reference)."""
-    report = VerifyReport(path=str(path))
-    found = _Collector(max_problems)
-    with StoreReader(path, lock=True) as r:
-        report.count = r.meta.count
-        try:
-            ContentChecks(r, r.meta, report, found.add, checksums, None).run()
-        except _Enough:
-            report.complete = False
-    report.problems = found.items
-    report.ok = not found.items
-    return report
-
-
-def content(report: VerifyReport) -> dict[str, Any]:
-    """The report without what says whether the structure was walked."""
-    d = report.to_dict()
-    for k in ("structure_checked", "notes"):
-        d.pop(k)
-    return d
+def pairs(report: VerifyReport) -> list[tuple[str, int | None]]:
+    return [(p.kind, p.index) for p in report.problems]
 
 
 def damage(path: Path) -> dict[str, Any]:
@@ -106,39 +83,43 @@ def damage(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- same report
 
 
-def test_healthy_store_same_report_for_1_and_2_workers_and_the_cursor_walk(pristine: Path) -> None:
+def test_healthy_store_same_report_for_1_and_2_workers(pristine: Path) -> None:
     seen: dict[int, list[int]] = {1: [], 2: []}
     one = verify_store(pristine, workers=1, progress=seen[1].append)
     two = verify_store(pristine, workers=2, progress=seen[2].append)
     assert one.ok and two.ok and one.complete
     assert one.to_dict() == two.to_dict()
-    assert one.checksums_checked == -(-N // SPV) and one.samples_checked == N
-    assert content(one) == content(cursor_report(pristine))
+    assert one.values_checked == one.checksums_checked == -(-N // SPV) and one.samples_checked == N
+    assert one.labels_checked == one.class_index_entries_checked == N
     for w, calls in seen.items():  # after each chunk, never backwards, ending at every sample
         assert calls == sorted(calls) and calls[-1] == N, w
     assert len(seen[2]) > 3  # the 2-worker pass read several chunks
 
 
-def test_damaged_store_same_report_for_1_and_2_workers_and_the_cursor_walk(store: Path) -> None:
+def test_damaged_store_same_report_for_1_and_2_workers(store: Path) -> None:
     """Damaged values, labels and class-index entries; all problems, and a stop after the first few (the
-    counters then say how far the walk got, as the cursor walk's do)."""
+    counters then say how far the report got: up to its last problem)."""
     done = damage(store)
     one = verify_store(store, workers=1, max_problems=1000)
     two = verify_store(store, workers=2, max_problems=1000)
     assert one.to_dict() == two.to_dict()
-    assert content(one) == content(cursor_report(store, 1000))
     assert one.structure_checked and not one.ok and one.complete
-    pairs = [(p.kind, p.index) for p in one.problems]
-    assert {("checksum", k) for k in done["checksum"]} <= set(pairs)
-    assert ("missing-value", done["missing"]) in pairs and ("value-length", done["length"]) in pairs
-    assert ("extra-value", 1201 * SPV + 1) in pairs and ("extra-value", N + 40) in pairs
-    assert ("label-range", 77) in pairs and "classidx-mismatch" in {k for k, _ in pairs}
-    for limit, workers in ((2, 2), (5, 1)):
-        early = verify_store(store, workers=workers, max_problems=limit, structure=workers == 1)
-        assert content(early) == content(cursor_report(store, limit))
-        assert not early.complete and len(early.problems) == limit
-        assert (early.problems[0].kind, early.problems[0].index) == ("checksum", 3 * SPV)
-        assert 0 < early.values_checked < one.values_checked
+    found = pairs(one)
+    samples = [pr for pr in found if pr[0] in ("checksum", "missing-value", "value-length", "extra-value")]
+    assert samples == sorted(samples, key=lambda pr: pr[1])  # in key order
+    assert {("checksum", k) for k in done["checksum"]} <= set(found)
+    assert ("missing-value", done["missing"]) in found and ("value-length", done["length"]) in found
+    assert ("extra-value", 1201 * SPV + 1) in found and ("extra-value", N + 40) in found
+    assert ("label-range", 77) in found and "classidx-mismatch" in {k for k, _ in found}
+    assert one.values_checked == -(-N // SPV) - 1 and one.checksums_checked == one.values_checked - 1
+    for limit in (2, 5):
+        early = [verify_store(store, workers=w, max_problems=limit) for w in (1, 2)]
+        assert early[0].to_dict() == early[1].to_dict()
+        assert not early[0].complete and pairs(early[0]) == found[:limit]
+        assert found[0] == ("checksum", 3 * SPV)
+        assert 0 < early[0].checksums_checked < one.checksums_checked  # up to the last problem reported
+        last = early[0].problems[-1].index
+        assert early[0].values_checked == len([k for k in range(0, last + 1, SPV) if k != done["missing"]])
 
 
 @pytest.mark.slow
@@ -151,10 +132,11 @@ def test_checksums_off_and_xxh64_and_inline_values(tmp_path: Path) -> None:
             value = bytearray(txn.get(encode_key(700 * spv), db=db))
             value[1] ^= 0x01
             txn.put(encode_key(700 * spv), bytes(value), db=db)
-        for checksums, workers in ((True, 2), (False, 1)):
-            report = verify_store(path, workers=workers, checksums=checksums)
-            assert content(report) == content(cursor_report(path, checksums=checksums))
-            assert [(p.kind, p.index) for p in report.problems] == ([("checksum", 700 * spv)] if checksums else [])
+        for checksums in (True, False):
+            reports = [verify_store(path, workers=w, checksums=checksums) for w in (1, 2)]
+            assert reports[0].to_dict() == reports[1].to_dict()
+            assert pairs(reports[0]) == ([("checksum", 700 * spv)] if checksums else [])
+            assert reports[0].checksums_checked == (-(-N // spv) if checksums else 0)
 
 
 def test_flipped_byte_on_disk_and_damaged_structure(store: Path) -> None:
@@ -288,22 +270,3 @@ def test_a_worker_killed_is_one_line_and_leaves_nothing_behind(pristine: Path) -
     assert verify_store(pristine, workers=1).ok  # the store is as it was, and no lock is left held
     with open_writer(pristine):
         pass
-
-
-def test_background_call_answers_fails_and_dies_as_one_error() -> None:
-    from lmdbstore.ingestion.pool import TaskFailure, WorkerDied
-    from lmdbstore.tools.background import BackgroundCall
-
-    with BackgroundCall(abs, -3) as call:
-        assert call.result() == 3
-    with pytest.raises(TaskFailure, match="ValueError"):
-        BackgroundCall(int, "not a number").result()
-    call = BackgroundCall(time.sleep, 60)
-    assert call.pid is not None
-    os.kill(call.pid, signal.SIGKILL)
-    with pytest.raises(WorkerDied):
-        call.result()
-    slow = BackgroundCall(time.sleep, 60)
-    pid = slow.pid
-    slow.close()  # ended at once, and reaped
-    assert pid is not None and not os.path.exists(f"/proc/{pid}")

@@ -1,5 +1,6 @@
-"""OrderedPool on its own: results in task order, back-pressure, a raising task and a killed worker reported as
-such, and no child process left behind however the results end.  Real spawned worker processes throughout."""
+"""The ordered pool (lmdbstore.util.pool) on its own: results in task order, back-pressure, a raising task and a
+killed worker reported as such, and no child process left behind however the results end.  Real spawned worker
+processes throughout."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any
 import parallel_tasks as pt
 import pytest
 
-from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
+from lmdbstore.util.pool import OrderedPool, TaskFailure
+from lmdbstore.util.workers import WorkerDied
 
 
 def _children() -> set[int]:
@@ -114,7 +116,7 @@ _FAIL_AND_EXIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import parallel_tasks as pt
-from lmdbstore.ingestion.pool import OrderedPool, TaskFailure
+from lmdbstore.util.pool import OrderedPool, TaskFailure
 if __name__ == "__main__":
     try:
         for _ in OrderedPool(pt.raise_at_3, 2, 8).results(list(range(40))):
