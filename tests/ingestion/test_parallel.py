@@ -4,6 +4,7 @@ test_pool.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -233,7 +234,8 @@ def test_killed_at_random_moments_then_rerun_gives_exact_content(tmp_path: Path)
         while not list(pid_dir.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)  # until a worker runs a task (or the run is over: every task done)
         time.sleep(rng.uniform(0.0, 1.0))  # tasks commit every ~20 ms
-        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its workers, mid-run
+        with contextlib.suppress(ProcessLookupError):  # the run may have ended (every task done) meanwhile
+            os.killpg(proc.pid, signal.SIGKILL)  # the parent and its workers, mid-run
         proc.wait(10)
         for p in pid_dir.iterdir():
             p.unlink()
