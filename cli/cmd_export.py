@@ -1,8 +1,6 @@
 """``lmdbstore export`` and ``lmdbstore copy``: getting data back out of a store
 (see lmdbstore.tools.export and lmdbstore.tools.copy)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 
@@ -28,9 +26,16 @@ def export(
         str | None, typer.Option(help="train or val: that part of the split `lmdbstore train` uses.")
     ] = None,
     val_fraction: Annotated[
-        float, typer.Option(help="Validation share of every class, for --split.")
-    ] = TRAIN.val_fraction,
-    seed: Annotated[int, typer.Option(help="Seed of the split, for --split.")] = LOADER.seed,
+        float | None,
+        typer.Option(
+            help=f"Validation share of every class (or a count), for --split [default: {TRAIN.val_fraction}]."
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help=f"Seed of the split, for --split [default: {LOADER.seed}].")] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="For --split: the split of this training run (its checkpoint.pt), exactly its samples."),
+    ] = None,
     indices: Annotated[
         Path | None, typer.Option(help="Export only these sample indices (.npy, or text with one per line).")
     ] = None,
@@ -46,6 +51,19 @@ def export(
         from lmdbstore.tools.export import export_store, load_indices
 
         idx = load_indices(indices) if indices is not None else None
+        recorded = None
+        if checkpoint is not None:
+            if split is None or val_fraction is not None or seed is not None:
+                raise ValueError(
+                    "--checkpoint takes the run's split: give it with --split, without --val-fraction or --seed"
+                )
+            from .common import require_torch
+
+            require_torch("export --checkpoint")
+            from lmdbstore.loader.choose import recorded_splits
+            from lmdbstore.training.checkpoint import load_checkpoint
+
+            recorded = recorded_splits(load_checkpoint(checkpoint), checkpoint)
         bar = progress_bar("export") if bars_wanted(progress) else None
         try:
             rep = export_store(
@@ -54,9 +72,10 @@ def export(
                 fmt=fmt,
                 classes=parse_names(classes),
                 split=split,
-                val_fraction=val_fraction,
-                seed=seed,
+                val_fraction=TRAIN.val_fraction if val_fraction is None else val_fraction,
+                seed=LOADER.seed if seed is None else seed,
                 indices=idx,
+                recorded=recorded,
                 compress=compress,
                 overwrite=force,
                 progress=bar.update if bar is not None else None,

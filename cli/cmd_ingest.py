@@ -1,7 +1,5 @@
 """``lmdbstore ingest`` and ``lmdbstore synth``: data into a store (see lmdbstore.ingestion)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -68,9 +66,12 @@ def ingest(
     dtype: Annotated[
         str | None,
         typer.Option(
-            help="Sample dtype of a new store (default: the sources'); of TFRecord samples stored as bytes; of "
-            "--synthetic samples (a float dtype)."
+            help="Sample dtype of a new store (default: the sources'); of TFRecord samples stored as bytes, byte "
+            "order included ('>f4': big-endian, stored little-endian); of --synthetic samples (a float dtype)."
         ),
+    ] = None,
+    compression: Annotated[
+        str | None, typer.Option(metavar="none|gzip|zlib", help="TFRecord files' compression (default: by content).")
     ] = None,
     cast: Annotated[
         bool, typer.Option(help="Convert samples of another dtype of the same kind (e.g. float64 to float32).")
@@ -139,6 +140,7 @@ def ingest(
                 h5_y=y_key,
                 sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
                 dtype=dtype,
+                compression=compression,
             )
             _refuse_unused_keys(ctx, srcs)
             names = parse_names(classes)
@@ -157,7 +159,7 @@ def ingest(
 
 
 #: Options ``ingest --synthetic`` has no use for (its dataset has its own shape, classes and labels).
-SYNTHETIC_IGNORES = ("label", "classes", "x_key", "y_key", "sample_shape", "cast", "workers")
+SYNTHETIC_IGNORES = ("label", "classes", "x_key", "y_key", "sample_shape", "compression", "cast", "workers")
 
 
 def _refuse_unused_keys(ctx: typer.Context, srcs: list[Any]) -> None:
@@ -167,6 +169,8 @@ def _refuse_unused_keys(ctx: typer.Context, srcs: list[Any]) -> None:
         refuse_given(ctx, ("x_key", "y_key"), "to these sources (only .npz, HDF5 and TFRecord sources have keys)")
     if not kinds & {"dir", "tfrecord"}:
         refuse_given(ctx, ("sample_shape",), "to these sources (only directory and TFRecord sources read it)")
+    if "tfrecord" not in kinds:
+        refuse_given(ctx, ("compression",), "to these sources (only TFRecord files are compressed)")
 
 
 def synth(

@@ -1,8 +1,6 @@
 """``lmdbstore stats`` and ``lmdbstore verify``: what is in a store, and whether it is intact
 (see lmdbstore.tools.stats and lmdbstore.tools.verify)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 

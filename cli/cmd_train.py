@@ -1,11 +1,9 @@
 """``lmdbstore train``, ``lmdbstore eval`` and ``lmdbstore demo``: the CNN on a store
 (see lmdbstore.training.trainer and lmdbstore.training.evaluate)."""
 
-from __future__ import annotations
-
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
 
@@ -28,8 +26,16 @@ from lmdbstore.util.runfiles import BEST_NAME
 from lmdbstore.util.splits import check_val_limit
 
 from .common import (
+    CHECKPOINTS,
+    DATA,
+    DEVICES,
     LOADER,
+    MODEL,
+    OPTIMISATION,
+    OUTPUT,
     TRAIN,
+    VALIDATION,
+    Command,
     JsonOption,
     ModelArgOption,
     ModelOption,
@@ -43,7 +49,21 @@ from .common import (
     stop_on_ctrl_c,
 )
 
-__all__ = ["demo", "eval_cmd", "train"]
+__all__ = ["TrainCommand", "demo", "eval_cmd", "train"]
+
+
+class TrainCommand(Command):
+    """``train``: its many options in panels."""
+
+    panels: ClassVar[dict[str, tuple[str, ...]]] = {
+        DATA: ("balanced", "shuffle", "window_mb", "block_buffer", "seed", "weights", "allow_disjoint_classes"),
+        MODEL: ("width", "model", "model_arg", "compile_model"),
+        OPTIMISATION: ("batch", "epochs", "lr", "optimizer", "weight_decay", "label_smoothing", "max_steps"),
+        VALIDATION: ("val_fraction", "val_every", "val_limit"),
+        CHECKPOINTS: ("out", "resume", "checkpoint_every", "overwrite"),
+        DEVICES: ("workers", "device", "amp"),
+        OUTPUT: ("progress", "as_json", "plot"),
+    }  # fmt: skip
 
 
 def train(
@@ -140,17 +160,13 @@ def train(
         ),
     ] = TRAIN.allow_disjoint_classes,
 ) -> None:
-    """Train the CNN on STORE.
+    """Train the built-in CNN (or --model's) on STORE.
 
-    Reads batches with lock-free random reads from DataLoader workers; uses the GPU when there is one.
-    Each epoch prints train loss, validation loss and accuracy, samples/s and the share of time spent
-    waiting for data; metrics.jsonl, checkpoint.pt (every epoch, and every --checkpoint-every steps),
-    best.pt and TensorBoard scalars (with the tensorboard package) go to --out.
-    Under `torchrun --nproc_per_node N` it trains with DistributedDataParallel.  Several stores are read as one
-    set: one index space, classes mapped by name.  --model trains your own model instead: a factory
-    FILE.py:FUNCTION or MODULE:FUNCTION called as FUNCTION(in_shape, classes, **model_args).  An --out holding
-    an earlier run needs --resume or --overwrite.  Ctrl-C writes a checkpoint at the step reached; --resume
-    continues from it.
+    Reader processes read whole batches ahead, lock-free; the GPU is used when there is one.  Each epoch prints
+    train and validation loss and accuracy, samples/s and the share of time spent waiting for data; metrics,
+    checkpoints and TensorBoard scalars go to --out.  Under `torchrun --nproc_per_node N` it trains with
+    DistributedDataParallel.  Several stores are read as one set: one index space, classes mapped by name.
+    Ctrl-C writes a checkpoint at the step reached; --resume continues from it.
     """
     with cli_errors(as_json=as_json, interrupted=TRAIN_INTERRUPTED):
         require_torch("train")
@@ -223,8 +239,9 @@ def parse_val_limit(text: str | None) -> int | float | None:
 
 def _train_json(result: Any) -> dict[str, Any]:
     """``train --json``: every epoch's metrics (numbered from 1, as the lines say), the last one, the
-    validation confusion matrix, the classes and the run directory."""
+    validation confusion matrix, the classes, the run directory and the model (factory and arguments)."""
     return {
+        "model": result.model,
         "epochs": [asdict(m) for m in result.epochs],
         "final": asdict(result.final) if result.epochs else None,
         "confusion": result.confusion,
@@ -286,7 +303,7 @@ def demo(
     n: Annotated[int, typer.Option("-n", "--samples", help="Synthetic samples.")] = DEFAULT_SYNTH_SAMPLES,
     epochs: Annotated[int, typer.Option(help="Training epochs.")] = TRAIN.epochs,
     batch: Annotated[int, typer.Option(help="Batch size.")] = LOADER.batch_size,
-    workers: Annotated[int, typer.Option(help="DataLoader workers.")] = LOADER.workers,
+    workers: Annotated[int, typer.Option(help="Reader processes that read batches ahead.")] = LOADER.workers,
     progress: ProgressOption = DEFAULT_PROGRESS,
     as_json: JsonOption = False,
 ) -> None:

@@ -1,7 +1,5 @@
 """``lmdbstore show`` and ``lmdbstore plot``: pictures of samples and of training runs (see lmdbstore.tools.viz)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Any
 

@@ -6,8 +6,6 @@ The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`
 :data:`TRAIN` are the default configurations whose fields the options default to.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re
@@ -16,9 +14,10 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import typer
+from typer.core import TyperCommand
 
 from lmdbstore.config import LoaderConfig, TrainConfig, WriterConfig
 from lmdbstore.errors import LmdbStoreError, TrainingInterrupted, clip, unwrap_worker_message
@@ -26,6 +25,7 @@ from lmdbstore.version import __version__
 
 __all__ = [
     "LOADER",
+    "Command",
     "MAX_ERROR_CHARS",
     "TRAIN",
     "WRITER",
@@ -61,6 +61,40 @@ LOADER = LoaderConfig()
 TRAIN = TrainConfig()
 
 
+#: Titles of the help panels of :class:`Command`.
+DATA, MODEL, OPTIMISATION, VALIDATION, CHECKPOINTS, DEVICES, OUTPUT = (
+    "Data", "Model", "Optimisation", "Validation", "Checkpoints", "Workers and devices", "Output"
+)  # fmt: skip
+
+
+class Command(TyperCommand):
+    """A command whose help names its arguments as ``STORES...`` (not by their Python type) and lists its options
+    in the panels a subclass names in :attr:`panels` (parameter names by panel title; the others: "Options")."""
+
+    panels: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @staticmethod
+    def _name(p: Any) -> str:
+        return str(p.name).upper() + ("..." if p.nargs == -1 else "")
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        args = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        return [self.options_metavar or "", *(self._name(p) if p.required else f"[{self._name(p)}]" for p in args)]
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {title: [] for title in ("Arguments", *self.panels, "Options")}
+        panel_of = {name: title for title, names in self.panels.items() for name in names}
+        for p in self.get_params(ctx):
+            if (row := p.get_help_record(ctx)) is not None:
+                arg = p.param_type_name == "argument"
+                panel = "Arguments" if arg else panel_of.get(p.name, "Options")
+                panels.setdefault(panel, []).append((self._name(p), row[1]) if arg else row)
+        for title, rows in panels.items():
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
 #: ``--json``: only JSON on stdout; the human lines go to stderr.
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (the human lines go to stderr).")]
 #: ``--progress/--no-progress``: bars on stderr; by default only when stderr is a terminal.
@@ -74,16 +108,18 @@ ProgressOption = Annotated[
 ModelOption = Annotated[
     str | None,
     typer.Option(
+        metavar="FILE.py:FUNCTION",
         help="Your own model: FILE.py:FUNCTION or MODULE:FUNCTION, called as FUNCTION(in_shape, classes, "
-        "**model_args) and returning a torch.nn.Module (default: the built-in CNN)."
+        "**model_args) and returning a torch.nn.Module (default: the built-in CNN).",
     ),
 ]
 #: ``--model-arg k=v`` (repeated): the factory's keyword arguments.
 ModelArgOption = Annotated[
     list[str] | None,
     typer.Option(
-        help="Keyword argument of the --model factory, NAME=VALUE (repeat it); VALUE is read as JSON when it is "
-        "a number, true/false/null or a quoted string, else as a string."
+        metavar="NAME=VALUE",
+        help="Keyword argument of the --model factory (repeat it); VALUE is read as JSON when it is a number, "
+        "true/false/null or a quoted string, else as a string.",
     ),
 ]
 
@@ -99,6 +135,7 @@ PARAM_FLAGS: dict[str, str] = {
     "checkpoint_every": "--checkpoint-every",
     "classes": "--classes",
     "compile": "--compile",
+    "compression": "--compression",
     "dtype": "--dtype",
     "epochs": "--epochs",
     "h5_x": "--x-key",

@@ -7,8 +7,6 @@ status 1; ``verify`` exits 1 when it finds problems.  The commands live one grou
 into :data:`app` and is the console script's entry point, :func:`main`.
 """
 
-from __future__ import annotations
-
 import sys
 from typing import Annotated
 
@@ -16,7 +14,7 @@ import typer
 from typer.exceptions import TyperException
 
 from . import cmd_export, cmd_ingest, cmd_inspect, cmd_train, cmd_viz
-from .common import error_json, show_version, to_json
+from .common import Command, error_json, show_version, to_json
 
 __all__ = ["app", "main"]
 
@@ -44,17 +42,17 @@ def _main(
 
 
 # the commands, in the order `lmdbstore --help` lists them
-app.command()(cmd_ingest.ingest)
-app.command()(cmd_inspect.stats)
-app.command()(cmd_inspect.verify)
-app.command()(cmd_ingest.synth)
-app.command()(cmd_train.train)
-app.command("eval")(cmd_train.eval_cmd)
-app.command()(cmd_train.demo)
-app.command()(cmd_export.export)
-app.command()(cmd_export.copy)
-app.command()(cmd_viz.show)
-app.command()(cmd_viz.plot)
+app.command(cls=Command)(cmd_ingest.ingest)
+app.command(cls=Command)(cmd_inspect.stats)
+app.command(cls=Command)(cmd_inspect.verify)
+app.command(cls=Command)(cmd_ingest.synth)
+app.command(cls=cmd_train.TrainCommand)(cmd_train.train)
+app.command("eval", cls=Command)(cmd_train.eval_cmd)
+app.command(cls=Command)(cmd_train.demo)
+app.command(cls=Command)(cmd_export.export)
+app.command(cls=Command)(cmd_export.copy)
+app.command(cls=Command)(cmd_viz.show)
+app.command(cls=Command)(cmd_viz.plot)
 
 
 def main() -> None:

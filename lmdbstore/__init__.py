@@ -25,140 +25,113 @@ Public API (everything else is internal)::
     evaluate                       score a store with a checkpoint of ``train``                    (torch)
     LmdbBatchDataset, make_loader  batches of a store through reader processes, as a DataLoader   (torch)
 
-The framework names are resolved on first use (module ``__getattr__``), so ``import lmdbstore``, reading,
-writing and the tools import none of torch, keras or tensorflow; without torch installed, the torch names
-raise an ``ImportError`` naming the extra to install.  (The trainer's package is ``lmdbstore.training``;
+Every name is imported on first use (module ``__getattr__``): ``import lmdbstore`` imports nothing but this
+table, a reader or producer process imports only the modules it uses, and reading, writing and the tools
+import none of torch, keras or tensorflow; without a framework installed, its names raise an ``ImportError``
+naming the extra to install.  (The trainer's package is ``lmdbstore.training``;
 ``lmdbstore.train`` is the function.)
 """
 
-from lmdbstore.config import FeedConfig, LoaderConfig, TrainConfig, WriterConfig
-from lmdbstore.errors import (
-    ChecksumError,
-    CorruptStoreError,
-    FormatVersionError,
-    LmdbStoreError,
-    ModelError,
-    NotAStoreError,
-    SourceError,
-    StoreExistsError,
-    StoreFullError,
-    StoreLockedError,
-    StoreNotFoundError,
-    StoreReplacedError,
-    TaskError,
-    TrainingInterrupted,
-    ValidationError,
-)
-from lmdbstore.format.layout import FORMAT_VERSION
-from lmdbstore.format.meta import StoreMeta
-from lmdbstore.ingestion.parallel import write_parallel
-from lmdbstore.ingestion.pipeline import ingest
-from lmdbstore.ingestion.ray_executor import RayExecutor
-from lmdbstore.ingestion.reports import IngestReport, ParallelReport
-from lmdbstore.ingestion.sources.opening import open_sources
-from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
-from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
-from lmdbstore.loader.window import WindowBatchSampler
-from lmdbstore.store.multi import StoreSet
-from lmdbstore.store.opening import open_writer
-from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.readers import open_reader
-from lmdbstore.store.writer import StoreWriter
-from lmdbstore.tools.copy import CopyReport, copy_store
-from lmdbstore.tools.export import ExportReport, export_store
-from lmdbstore.tools.verify import VerifyReport, verify_store
-from lmdbstore.tools.viz import plot_runs, plot_stats, show_samples
+from __future__ import annotations
+
+import importlib
+
 from lmdbstore.version import __version__
 
-# public names that need a framework: name -> (module, the package it needs, the extra that installs it),
-# imported on first access
-_LAZY_NAMES = {
-    "LmdbBatchDataset": ("frameworks.torch_data", "torch", "torch"),
-    "make_loader": ("frameworks.torch_data", "torch", "torch"),
-    "evaluate": ("training.evaluate", "torch", "torch"),
-    "train": ("training.trainer", "torch", "torch"),
-    "TrainResult": ("training.trainer", "torch", "torch"),
-    "keras_dataset": ("frameworks.keras_data", "keras", "keras"),
-    "tf_dataset": ("frameworks.tf_data", "tensorflow", "tensorflow"),
+#: public name -> the module (under ``lmdbstore.``) that defines it
+_PUBLIC = {
+    **dict.fromkeys(("FeedConfig", "LoaderConfig", "TrainConfig", "WriterConfig"), "config"),
+    **dict.fromkeys(
+        (
+            "ChecksumError",
+            "CorruptStoreError",
+            "FormatVersionError",
+            "LmdbStoreError",
+            "ModelError",
+            "NotAStoreError",
+            "SourceError",
+            "StoreExistsError",
+            "StoreFullError",
+            "StoreLockedError",
+            "StoreNotFoundError",
+            "StoreReplacedError",
+            "TaskError",
+            "TrainingInterrupted",
+            "ValidationError",
+        ),
+        "errors",
+    ),
+    "FORMAT_VERSION": "format.layout",
+    "StoreMeta": "format.meta",
+    "write_parallel": "ingestion.parallel",
+    "ingest": "ingestion.pipeline",
+    "RayExecutor": "ingestion.ray_executor",
+    "IngestReport": "ingestion.reports",
+    "ParallelReport": "ingestion.reports",
+    "open_sources": "ingestion.sources.opening",
+    "MixedBatchSampler": "loader.mixing",
+    "store_parts": "loader.mixing",
+    "BalancedBatchSampler": "loader.samplers",
+    "EpochBatchSampler": "loader.samplers",
+    "stratified_split": "loader.samplers",
+    "WindowBatchSampler": "loader.window",
+    "StoreSet": "store.multi",
+    "open_writer": "store.opening",
+    "StoreReader": "store.reader",
+    "open_reader": "store.readers",
+    "StoreWriter": "store.writer",
+    "CopyReport": "tools.copy",
+    "copy_store": "tools.copy",
+    "ExportReport": "tools.export",
+    "export_store": "tools.export",
+    "VerifyReport": "tools.verify",
+    "verify_store": "tools.verify",
+    "plot_runs": "tools.viz",
+    "plot_stats": "tools.viz",
+    "show_samples": "tools.viz",
+    "LmdbBatchDataset": "frameworks.torch_data",
+    "make_loader": "frameworks.torch_data",
+    "evaluate": "training.evaluate",
+    "train": "training.trainer",
+    "TrainResult": "training.trainer",
+    "keras_dataset": "frameworks.keras_data",
+    "tf_dataset": "frameworks.tf_data",
 }
+#: modules that need a framework: module -> (the package it needs, the extra that installs it)
+_NEEDS = {
+    "frameworks.torch_data": ("torch", "torch"),
+    "training.evaluate": ("torch", "torch"),
+    "training.trainer": ("torch", "torch"),
+    "frameworks.keras_data": ("keras", "keras"),
+    "frameworks.tf_data": ("tensorflow", "tensorflow"),
+}
+
+__all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str) -> object:
-    """Import the framework parts of the public API on first use.
+    """Import a public name's module on first use (and keep the name here, so the next access is plain).
 
     Raises:
-        ImportError: the framework is not installed (the message names the extra that installs it).
+        ImportError: its framework is not installed (the message names the extra that installs it).
+        AttributeError: ``name`` is not public.
     """
-    if name in _LAZY_NAMES:
-        import importlib
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    except ModuleNotFoundError as exc:
+        package, extra = _NEEDS.get(module, (None, None))
+        if package is None or exc.name != package:
+            raise
+        raise ImportError(
+            f"lmdbstore.{name} needs {package}, which is not installed: pip install 'lmdbstore[{extra}]'",
+            name=package,
+        ) from exc
+    globals()[name] = value
+    return value
 
-        module, package, extra = _LAZY_NAMES[name]
-        try:
-            return getattr(importlib.import_module(f".{module}", __name__), name)
-        except ModuleNotFoundError as exc:
-            if exc.name != package:
-                raise
-            raise ImportError(
-                f"lmdbstore.{name} needs {package}, which is not installed: pip install 'lmdbstore[{extra}]'",
-                name=package,
-            ) from exc
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-__all__ = [
-    "FORMAT_VERSION",
-    "BalancedBatchSampler",
-    "CopyReport",
-    "EpochBatchSampler",
-    "ExportReport",
-    "FeedConfig",
-    "IngestReport",
-    "LmdbBatchDataset",
-    "MixedBatchSampler",
-    "TrainResult",
-    "VerifyReport",
-    "WindowBatchSampler",
-    "copy_store",
-    "evaluate",
-    "export_store",
-    "ingest",
-    "keras_dataset",
-    "make_loader",
-    "open_sources",
-    "plot_runs",
-    "plot_stats",
-    "show_samples",
-    "store_parts",
-    "stratified_split",
-    "tf_dataset",
-    "train",
-    "verify_store",
-    "ChecksumError",
-    "CorruptStoreError",
-    "FormatVersionError",
-    "LmdbStoreError",
-    "ModelError",
-    "LoaderConfig",
-    "NotAStoreError",
-    "ParallelReport",
-    "RayExecutor",
-    "SourceError",
-    "StoreExistsError",
-    "StoreFullError",
-    "StoreLockedError",
-    "StoreMeta",
-    "StoreNotFoundError",
-    "StoreReader",
-    "StoreReplacedError",
-    "StoreSet",
-    "StoreWriter",
-    "TaskError",
-    "TrainingInterrupted",
-    "TrainConfig",
-    "ValidationError",
-    "WriterConfig",
-    "__version__",
-    "open_reader",
-    "open_writer",
-    "write_parallel",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

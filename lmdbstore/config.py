@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lmdbstore.configcheck import BUILTIN_MODEL, OPTIMIZERS, check_int, check_model_fields, check_weights
 from lmdbstore.format.checksums import CHECKSUM_KINDS, ChecksumKind
+from lmdbstore.format.limits import DEFAULT_LABEL_CHUNK, DEFAULT_MAX_VALUE_BYTES
 from lmdbstore.util.splits import check_val_fraction, check_val_limit
 
 __all__ = [
@@ -62,8 +63,6 @@ __all__ = [
 
 ShuffleMode = Literal["auto", "random", "block", "window"]
 
-#: Upper bound on one packed value; keeps single-sample random reads from touching huge values.
-DEFAULT_MAX_VALUE_BYTES = 256 * 1024
 #: Samples are buffered and committed once this many payload bytes are pending (bounded transactions).
 DEFAULT_COMMIT_BYTES = 64 * 1024 * 1024
 #: First LMDB map size of a new store; grown by doubling whenever a commit would not fit.
@@ -72,8 +71,6 @@ DEFAULT_INITIAL_MAP_SIZE = 1 << 30
 #: the offset path (``StoreReader(check_whole_values=...)``).  Off: zlib's crc32 (~5 GB/s) costs 35-45 % of
 #: block-order read throughput, warm or cold (docs/design.md); ``verify`` and ``verify_checksums`` check them.
 DEFAULT_CHECK_WHOLE_VALUES = False
-#: Labels and per-class index lists are stored in chunks of this many entries.
-DEFAULT_LABEL_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,8 @@ class LoaderConfig:
     Attributes:
         batch_size: samples per batch (default 4096).
         split, val_fraction: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded,
-            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count).
+            stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count),
+            drawn over the store as the loader opens it.
         shuffle: ``"random"`` (a permutation per epoch), ``"block"`` (whole packed values in shuffled order, fewer
             lookups), ``"window"`` (random batches from a window of large runs: stores bigger than RAM), ``"auto"``
             (``random`` if the store fits in the page cache, else ``window``) or ``"none"``; ``None`` (default):

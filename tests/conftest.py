@@ -45,6 +45,10 @@ Module-level helpers (importable with ``from conftest import make_data, build_st
     the set; ``SetInfo`` has ``paths``, ``x`` (all samples, in set order) and ``names`` (each one's class name).
 ``dir_bytes(path)``
     ``{name: bytes}`` of every file in the directory ``path``: compare two to prove it was left untouched.
+``write_h5(path, n=400, names="attr")``
+    An HDF5 file of ``make_data(n, 9)`` (``x``, ``y`` in 0..2) with the class names "cat", "dog", "eel" where
+    ``names`` says (a file attribute, a ``classes`` dataset, an attribute of ``y``, or none); needs h5py
+    (``needs_h5py`` marks a test that does).
 
 Fixtures:
 
@@ -56,6 +60,10 @@ Fixtures:
 ``small_store``
     A :class:`StoreInfo` for 2,000 z-scored-like 25x25 float32 samples with classes "a".."e"
     (default writer config: 18 samples per value, crc32 trailer; the last value is partial).
+``synth``
+    A store (``Path``) of 2,000 samples of the learnable synthetic set (``ingest_synthetic``, seed 5).
+``three``
+    The :func:`build_set` of :data:`SET_PARTS` (a ``SetInfo``), built once per test module.
 
 ``StoreInfo`` has fields ``path`` (``pathlib.Path`` of the store), ``x`` and ``y`` (the arrays written).
 """
@@ -310,6 +318,15 @@ def small_store(store_factory: Callable[..., StoreInfo]) -> StoreInfo:
     return store_factory(2000, seed=1234)
 
 
+@pytest.fixture
+def synth(tmp_path: Path) -> Path:
+    """A store of 2,000 samples of the learnable synthetic set (``ingest --synthetic 2000``, seed 5)."""
+    from lmdbstore.ingestion.pipeline import ingest_synthetic
+
+    ingest_synthetic(tmp_path / "synth", 2000, seed=5)
+    return tmp_path / "synth"
+
+
 def run_cli(*args: str | Path) -> Any:
     """Invoke the ``lmdbstore`` CLI in this process (typer's CliRunner); returns its ``Result``."""
     from lmdbstore_cli.main import app
@@ -324,17 +341,6 @@ def one_error_line(result: Any) -> str:
     assert text.count("\n") == 0, text
     assert text.startswith("error: ")
     return text
-
-
-def load_script(name: str) -> Any:
-    """Import the benchmark module ``scripts/bench/<name>.py`` as ``bench.<name>`` (``scripts/`` goes on
-    ``sys.path``: the benchmarks import their shared helpers as ``bench.common``, ``bench.machine``, ...)."""
-    import importlib
-    import sys
-
-    if str(REPO / "scripts") not in sys.path:
-        sys.path.insert(0, str(REPO / "scripts"))
-    return importlib.import_module(f"bench.{name}")
 
 
 @dataclass(frozen=True)
@@ -434,6 +440,23 @@ except ImportError:  # pragma: no cover - h5py is a dev dependency
     h5py = None
 #: Marks a test that needs the optional h5py (``lmdbstore[hdf5]``).
 needs_h5py = pytest.mark.skipif(h5py is None, reason="h5py (lmdbstore[hdf5]) is not installed")
+
+
+def write_h5(path: Path, n: int = 400, names: str | None = "attr") -> Path:
+    """An HDF5 file of ``make_data(n, 9)``: datasets ``x`` and ``y`` (labels 0..2), the class names "cat", "dog",
+    "eel" in a file attribute (``names="attr"``), a ``classes`` dataset (``"dataset"``), an attribute of ``y``
+    (``"y_attr"``) or nowhere (``None``)."""
+    x, y = make_data(n, 9)
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = x, y % 3
+        if names == "attr":
+            f.attrs["class_names"] = ["cat", "dog", "eel"]
+        elif names == "dataset":
+            f["classes"] = np.array([b"cat", b"dog", b"eel"])
+        elif names == "y_attr":
+            f["y"].attrs["class_names"] = np.array(["cat", "dog", "eel"], dtype=h5py.string_dtype())
+    return path
+
 
 #: Per-sample shape and sample count of the arrays the source tests write (:func:`make_x`).
 SOURCE_SHAPE = (4, 3)
@@ -536,3 +559,9 @@ def build_set(base: Path, parts: Sequence[tuple[int, list[str]]] = SET_PARTS, se
         names.append(np.asarray(classes)[y])
         first += n
     return SetInfo(paths, np.concatenate(xs), np.concatenate(names))
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> SetInfo:
+    """The default set (:data:`SET_PARTS`: three stores of 1,000, 517 and 263 samples), built once per test file."""
+    return build_set(tmp_path_factory.mktemp("set"))

@@ -1,4 +1,4 @@
-"""Producers for tests/ingestion/test_parallel.py and the task functions of tests/ingestion/test_pool.py, in
+"""Producers for tests/ingestion/test_parallel.py and the task functions of tests/util/test_workers.py, in
 their own module so spawned workers import them cheaply.
 
 Every producer is deterministic per task.  ``x[k, 0, 0]`` encodes ``task_seed * 1000 + k``, so a test can
@@ -14,6 +14,7 @@ import functools
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,33 @@ def kill_self_at_4(task: int) -> int:
     if task == 4:
         os.kill(os.getpid(), signal.SIGKILL)
     return task
+
+
+def read_passed(passed: Any, n: int) -> bytes:
+    """The first ``n`` bytes of the file whose descriptor was passed to the worker (a ``PassedFd``)."""
+    return os.pread(passed.fd, n, 0)
+
+
+class Unsendable(Exception):
+    """An exception that cannot be pickled (it holds a lock)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable(task: int) -> int:
+    raise Unsendable("cannot travel")
+
+
+class FailsToStart:
+    """A worker function whose ``start()`` raises."""
+
+    def start(self) -> None:
+        raise ValueError("cannot start")
+
+    def __call__(self, task: int) -> int:
+        return task
 
 
 def produce_dies_once(task: tuple[int, int, str]) -> tuple[np.ndarray, np.ndarray]:

@@ -109,6 +109,40 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+#: The library's layers, lowest first: a module imports only from its own layer or below ("No import from a
+#: higher layer", docs/design.md#package-layout).  Keyed by the part of the name after ``lmdbstore.``.
+LAYERS = [
+    {"errors", "version", "format"},
+    {"util"},
+    {"configcheck", "config"},
+    {"store"},
+    {"loader"},
+    {"feed", "ingestion"},
+    {"tools"},
+    {"frameworks"},
+    {"training"},
+    {"", "__main__"},
+]
+
+
+def _layer(module: str) -> int:
+    if module.startswith("lmdbstore_cli"):
+        return len(LAYERS)
+    part = module.split(".")[1] if "." in module else ""
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def test_no_import_from_a_higher_layer() -> None:
+    modules = _modules()
+    up = [
+        f"{modules[m].relative_to(REPO)} ({_layer(m)}) imports {t} ({_layer(t)})"
+        for m, targets in _edges(modules).items()
+        for t in targets
+        if _layer(t) > _layer(m) and not (m == "lmdbstore.__main__" and t.startswith("lmdbstore_cli"))
+    ]
+    assert not up, "\n".join(up)
+
+
 def test_no_private_name_imported_across_modules() -> None:
     modules = _modules()
     bad = []

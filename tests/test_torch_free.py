@@ -6,6 +6,7 @@ and the torch names of the library say in one line which extra to install."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,23 @@ CLI = (
 sys.argv = ["lmdbstore", *sys.argv[1:]]
 from lmdbstore_cli.main import main
 main()
+"""
+)
+
+#: Runs each command of the JSON list ``argv[1]`` in turn in this one process, then prints their exit statuses.
+CLI_COMMANDS = (
+    NO_TORCH
+    + """
+import json
+from lmdbstore_cli.main import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["lmdbstore", *argv]
+    try:
+        main()
+    except SystemExit as exc:
+        codes.append(exc.code)
+print("EXIT", json.dumps(codes))
 """
 )
 
@@ -87,9 +105,10 @@ def test_the_commands_that_need_no_torch_work_without_it(small_store: StoreInfo,
     ]
     if importlib.util.find_spec("matplotlib") is not None:
         commands.append(("show", store, "-o", tmp_path / "s.png", "--per-class", "1", "--dpi", "20"))
-    for cmd in commands:
-        r = _run(CLI, *cmd)
-        assert r.returncode == 0, (cmd, r.stderr)
+    r = _run(CLI_COMMANDS, json.dumps([[str(a) for a in cmd] for cmd in commands]))  # one process: one start
+    assert r.returncode == 0, r.stderr
+    exits = json.loads(r.stdout.splitlines()[-1].removeprefix("EXIT "))
+    assert exits == [0] * len(commands), (list(zip(commands, exits, strict=True)), r.stderr)
     assert (tmp_path / "out.npz").is_file() and (tmp_path / "copy" / "data.mdb").is_file()
 
 

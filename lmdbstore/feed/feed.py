@@ -29,10 +29,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from lmdbstore.feed.idle import IdleStop
-from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource, raise_failure
+from lmdbstore.feed.readers import InlineReader, ReaderPool, StoreSource
 from lmdbstore.feed.seeding import BatchSeed
 from lmdbstore.feed.slots import SharedSlots, pool_slots, slot_bytes
 from lmdbstore.loader.passes import CountedPasses
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.util.procs import start_method
 
 __all__ = ["EXTRA_SLOTS", "BatchFeed", "Fence", "largest_batch"]
@@ -252,11 +253,13 @@ class BatchFeed:
         slot = self.queue.popleft()
         if slot < 0:
             return self.read_fresh(self.plan[self.delivered - 1], self.delivered - 1)
-        answer = self.pool.answer()  # type: ignore[union-attr]
-        if answer[0] != "slot":
+        try:
+            answer = self.pool.answer()  # type: ignore[union-attr]
+        except Exception:  # a reader's error (raised as itself) or its death
             self.state[slot] = FREE
-            if answer[0] == "error":
-                raise_failure(answer, f"a reader process, on batch {self.delivered - 1} of the pass")
+            raise
+        if answer[0] != "slot":
+            self.state[slot] = HELD  # free once unreferenced: what a reader here returned may view the slot
             self.came["sent"] += 1
             return answer[2]  # type: ignore[no-any-return]
         self.came["slot"] += 1
@@ -282,7 +285,7 @@ class BatchFeed:
         epoch = self.sampler.upcoming_epoch()
         idx = next(iter(self.sampler.batches_from(epoch, i)))
         seed = (self.seed, epoch, i) if self.source.user_code else None
-        return self.read_fresh(np.asarray(idx, dtype=np.int64).reshape(-1), seed=seed)
+        return self.read_fresh(sample_indices(idx), seed=seed)
 
     def read_fresh(self, idx: np.ndarray, k: int | None = None, *, seed: BatchSeed | None = None) -> tuple[Any, Any]:
         """Batch ``idx`` (batch ``k`` of this pass: its user code with that batch's seeds, or ``seed``) read in
@@ -354,7 +357,7 @@ class BatchFeed:
             if not self.plan:
                 self.pass_ = self.sampler.upcoming_pass()
             try:
-                idx = np.asarray(next(self.it), dtype=np.int64).reshape(-1)
+                idx = sample_indices(next(self.it))
             except StopIteration:
                 self.exhausted = True
                 return None

@@ -19,6 +19,7 @@ from lmdbstore.feed.readers import StoreSource
 from lmdbstore.feed.slots import SharedSlots
 from lmdbstore.loader.choose import make_sampler_for, split_indices
 from lmdbstore.loader.transform import Transform
+from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.util.procs import worker_processes
 
@@ -74,8 +75,9 @@ def open_feed(
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: stores of a set that do not make one set.
-        ValueError: ``indices`` out of range or given with a split, a sampler that cannot be made, or not even
-            one batch per reader fitting in memory.
+        ValueError: ``indices`` not integers (a boolean mask, floats) or given with a split, a sampler that
+            cannot be made, or not even one batch per reader fitting in memory.  IndexError: an index outside
+            the store.
     """
     reader = as_reader(store)  # its pin of the store and file travels with the feed and its readers
     with reader:
@@ -110,9 +112,8 @@ def _sampler(
     elif config.split is not None:
         raise ValueError("give indices or a split, not both")
     else:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= meta.count):
-            raise ValueError(f"indices must be sample numbers in 0..{meta.count - 1}")
+        idx = sample_indices(indices)
+        check_in_range(idx, meta.count)
     order = config.order
     sampler = make_sampler_for(
         reader, meta, labels, idx, config, shuffle=None if order == "auto" else order, rank=rank,

@@ -4,42 +4,33 @@ batch is thousands of small GIL-bound copies.
 
 A reader reads a *source* (:class:`StoreSource`: a store in a layout, its labels, a transform; the PyTorch
 adapter's dataset is one too), inherited by ``fork`` or pickled for ``forkserver``/``spawn`` (checked before
-any process starts: :func:`check_sendable`).  Protocol: a reader maps the slots and says ``("ready",)``; for
-its ``k``-th batch the feed writes the sample numbers into the slot's label area and sends ``(slot, rows,
-seed)`` to reader ``k % workers`` (a few bytes whatever the batch size; ``seed``: the batch's generators,
-:mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)``, ``("fresh", slot, item)``
-(something else than the slot's batch, pickled) or an error (:func:`failure`: raised in the consumer as the
-original exception, the reader's traceback its cause).  Readers ignore Ctrl-C and die with the consumer's
-process (:mod:`lmdbstore.util.lifeline`); one that dies is a one-line :class:`~lmdbstore.errors.LmdbStoreError`.
+any process starts: :func:`check_sendable`).  Protocol: a reader maps the slots and is ready; for its ``k``-th
+batch the feed writes the sample numbers into the slot's label area and sends ``(slot, rows, seed)`` to reader
+``k % workers`` (a few bytes whatever the batch size; ``seed``: the batch's generators,
+:mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)`` or ``("fresh", slot, item)``
+(something else than the slot's batch, sent back).  The readers are :class:`~lmdbstore.util.workers.Workers`:
+a reader's error is raised in the consumer as itself with the reader's traceback as its cause, readers ignore
+Ctrl-C and die with the consumer's process, and one that dies is a one-line
+:class:`~lmdbstore.util.workers.WorkerDied`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import pickle
-import signal
-import traceback
-import weakref
 from collections import deque
-from multiprocessing.connection import Connection, wait
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import LmdbStoreError
 from lmdbstore.feed.layout import BatchLayout
 from lmdbstore.feed.seeding import BatchSeed, seeded
-from lmdbstore.feed.slots import SegmentFd, SharedSlots
+from lmdbstore.feed.slots import SharedSlots
 from lmdbstore.loader.transform import Transform, apply_transform
 from lmdbstore.store.readers import Reader
-from lmdbstore.util.lifeline import Lifeline
-from lmdbstore.util.procs import check_main_guard, main_script_hidden, start_hint, start_method
+from lmdbstore.util.procs import check_main_guard, needs_main, start_hint, start_method
+from lmdbstore.util.workers import PassedFd, Workers
 
-__all__ = ["InlineReader", "ReaderPool", "StoreSource", "failure", "raise_failure", "serve_reads"]
-
-#: Seconds a reader gets to stop by itself before it is terminated.
-STOP_TIMEOUT = 5.0
+__all__ = ["InlineReader", "ReadServer", "ReaderPool", "StoreSource"]
 
 
 class StoreSource:
@@ -96,72 +87,33 @@ class StoreSource:
         return {**self.__dict__, "_labels": None}
 
 
-def failure(exc: BaseException) -> tuple[Any, ...]:
-    """The answer for an exception a reader raised: the exception pickled (``None`` where it cannot be sent and
-    rebuilt), its type and first line, and the reader's traceback."""
-    try:
-        pickled: bytes | None = pickle.dumps(exc)
-        pickle.loads(pickled)  # type: ignore[arg-type]
-    except Exception:
-        pickled = None
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return ("error", pickled, f"{type(exc).__name__}: {text}", "".join(traceback.format_exception(exc)))
+class ReadServer:
+    """A reader process's function (:class:`~lmdbstore.util.workers.Workers`): maps the shared ``segment`` of
+    ``shape`` ``(slots, rows per slot, bytes per sample)`` and reads the labels as it starts, then fills the slot
+    of each ``(slot, rows, seed)`` request (the sample numbers are in the slot's label area)."""
 
+    def __init__(self, source: StoreSource, segment: PassedFd, shape: tuple[int, int, int]):
+        self.source, self.segment, self.shape = source, segment, shape
+        self.slots: SharedSlots | None = None
 
-def raise_failure(answer: tuple[Any, ...], where: str) -> NoReturn:
-    """Raise a :func:`failure` answer here: the original exception (else a one-line :class:`LmdbStoreError`
-    naming its type), the reader's traceback as its cause."""
-    _, pickled, line, text = answer
-    exc = pickle.loads(pickled) if pickled is not None else None
-    if not isinstance(exc, Exception):
-        exc = LmdbStoreError(f"{where} failed: {line}")
-    exc.__cause__ = RemoteTraceback(text)
-    if hasattr(exc, "add_note"):  # Python 3.11+
-        exc.add_note(f"(raised in {where})")
-    raise exc
+    def start(self) -> None:
+        self.slots = SharedSlots(*self.shape, segment=self.segment)
+        self.source.label_table  # noqa: B018  # read before the first batch, not during it
 
+    def __call__(self, request: tuple[int, int, BatchSeed | None]) -> tuple[Any, ...]:
+        slot, rows, seed = request
+        assert self.slots is not None  # started
+        idx = self.slots.y(slot, rows).copy()  # the sample numbers, where the labels go
+        with seeded(seed, restore=False):
+            return self.source.fill(self.slots, slot, idx)
 
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a reader process (the cause of the one raised here)."""
+    def close(self) -> None:
+        self.source.close()
+        if self.slots is not None:
+            self.slots.close()
 
-    def __str__(self) -> str:
-        return "\n" + str(self.args[0])
-
-
-def serve_reads(
-    conn: Connection, source: StoreSource, segment: SegmentFd, shape: tuple[int, int, int], lifeline: Lifeline
-) -> None:
-    """A reader process: answer ``(slot, rows, seed)`` requests on ``conn`` until ``None`` or end of input.
-    ``shape`` is ``(slots, rows per slot, bytes per sample)`` of the shared ``segment``; the process ends
-    when the owner of ``lifeline`` does."""
-    lifeline.attach()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
-    try:
-        slots = SharedSlots(*shape, segment=segment)
-        source.label_table  # noqa: B018  # read before the first batch, not during it
-    except Exception as exc:
-        conn.send(failure(exc))
-        return
-    conn.send(("ready",))
-    try:
-        while True:
-            try:
-                request = conn.recv()
-            except EOFError:
-                return
-            if request is None:
-                return
-            slot, rows, seed = request
-            try:
-                idx = slots.y(slot, rows).copy()  # the sample numbers, where the labels go
-                with seeded(seed, restore=False):
-                    answer = source.fill(slots, slot, idx)
-            except Exception as exc:  # sent to the consumer, raised there
-                answer = failure(exc)
-            conn.send(answer)
-    finally:
-        source.close()
-        slots.close()
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "slots": None}
 
 
 class InlineReader:
@@ -189,20 +141,6 @@ class InlineReader:
         self.pending.clear()
 
 
-def _stop(procs: list[Any], conns: list[Connection]) -> None:
-    """Ask every reader to stop, then terminate the ones that do not."""
-    for c in conns:
-        with contextlib.suppress(OSError, ValueError):  # already gone
-            c.send(None)
-    for p in procs:
-        p.join(STOP_TIMEOUT)
-        if p.is_alive():
-            p.terminate()
-            p.join(STOP_TIMEOUT)
-    for c in conns:
-        c.close()
-
-
 def check_sendable(source: StoreSource, method: str) -> None:
     """Refuse, before any process starts, a source a ``spawn``/``forkserver`` reader cannot receive.
 
@@ -223,7 +161,7 @@ def check_sendable(source: StoreSource, method: str) -> None:
             ) from None
 
 
-class ReaderPool:
+class ReaderPool(Workers):
     """``workers`` reader processes over one source and one set of slots (see the module docstring).
 
     Args:
@@ -238,87 +176,20 @@ class ReaderPool:
     """
 
     def __init__(self, source: StoreSource, slots: SharedSlots, workers: int, context: str | None = None):
-        self.method = start_method(context)
-        check_main_guard(self.method, "the reader processes")
-        check_sendable(source, self.method)
-        ctx = mp.get_context(self.method)
-        lifeline = Lifeline.here(self.method)
-        shape = (slots.n, slots.rows, source.layout.item_bytes)
+        method = start_method(context)
+        check_main_guard(method, "the reader processes")
+        check_sendable(source, method)
         self.slots = slots
-        self.procs: list[Any] = []
-        self.conns: list[Connection] = []
         source.reader.close()  # no open environment crosses into the readers
-        with main_script_hidden(self.method, *[obj for _, obj in source.payload()]):
-            for _ in range(workers):
-                ours, theirs = ctx.Pipe()
-                p = ctx.Process(  # type: ignore[attr-defined]
-                    target=serve_reads, args=(theirs, source, slots.segment, shape, lifeline), daemon=True
-                )
-                p.start()
-                theirs.close()
-                self.procs.append(p)
-                self.conns.append(ours)
-        self._stopper = weakref.finalize(self, _stop, self.procs, self.conns)
-        for k in range(workers):
-            ready = self._receive(k)
-            if ready[0] == "error":
-                self.close()
-                raise_failure(ready, f"reader process {k}")
-        self.sent = 0  # requests sent
-        self.answered = 0  # answers read
-
-    @property
-    def pending(self) -> int:
-        """Requests sent and not yet answered."""
-        return self.sent - self.answered
+        server = ReadServer(source, slots.segment, (slots.n, slots.rows, source.layout.item_bytes))
+        main = any(needs_main(obj) for _, obj in source.payload())
+        super().__init__(server, workers, method, "reader process {}", hint=start_hint(method), main=main)
 
     def submit(self, slot: int, idx: np.ndarray, seed: BatchSeed | None = None) -> None:
-        """Send the next batch's request to its reader.
+        """Send the next batch's request to its reader (the sample numbers go into the slot).
 
         Raises:
-            LmdbStoreError: the reader died.
+            WorkerDied: the reader died.
         """
-        k = self.sent % len(self.conns)
         self.slots.y(slot, len(idx))[:] = idx  # the reader takes them from there (protocol: module docstring)
-        try:
-            self.conns[k].send((slot, len(idx), seed))
-        except OSError:
-            self._died(k)
-        self.sent += 1
-
-    def answer(self) -> tuple[Any, ...]:
-        """The answer to the oldest unanswered request (waits for it).
-
-        Raises:
-            LmdbStoreError: the reader died.
-        """
-        k = self.answered % len(self.conns)
-        answer = self._receive(k)
-        self.answered += 1
-        return answer
-
-    def drop(self) -> None:
-        """Wait out the requests not yet answered (their readers write into those slots) and forget them."""
-        while self.pending:
-            self.answer()
-
-    def _receive(self, k: int) -> tuple[Any, ...]:
-        """The next message of reader ``k`` (waits for it, watching the process)."""
-        conn, proc = self.conns[k], self.procs[k]
-        while not conn.poll():
-            wait([conn, proc.sentinel])
-            if not proc.is_alive() and not conn.poll():
-                self._died(k)
-        try:
-            return conn.recv()  # type: ignore[no-any-return]
-        except (EOFError, OSError):
-            self._died(k)
-
-    def _died(self, k: int) -> NoReturn:
-        proc = self.procs[k]
-        proc.join(STOP_TIMEOUT)
-        raise LmdbStoreError(f"reader process {k} died (exit code {proc.exitcode})", hint=start_hint(self.method))
-
-    def close(self) -> None:
-        """Stop the readers (also done when the pool is garbage-collected)."""
-        self._stopper()
+        self.send((slot, len(idx), seed))

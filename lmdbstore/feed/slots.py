@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.util.memory import check_allocation, clip_count, reserve
+from lmdbstore.util.workers import PassedFd
 
-__all__ = ["ALIGN", "SHM_DIR", "SegmentFd", "SharedSlots", "pool_slots", "slot_bytes"]
+__all__ = ["ALIGN", "SHM_DIR", "SharedSlots", "pool_slots", "slot_bytes"]
 
 #: Slots start on multiples of this many bytes.
 ALIGN = 4096
@@ -82,36 +83,19 @@ def _create_segment(size: int) -> int:
     return fds[0]
 
 
-class SegmentFd:
-    """A segment's descriptor on its way to a reader: inherited as it is by a forked one, duplicated into a
-    spawned or forkserver one by ``multiprocessing`` (as it passes connections)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocessing import reduction
-
-        return (_rebuild_fd, (reduction.DupFd(self.fd),))
-
-
-def _rebuild_fd(dup: Any) -> SegmentFd:
-    return SegmentFd(dup.detach())
-
-
 class SharedSlots:
     """``n`` batch slots of ``rows`` samples of ``item_bytes`` each (see the module docstring).
 
     Args:
         n, rows, item_bytes: slots, samples per slot, bytes per sample.
         shared: in a shared segment, for reader processes (default ``True``); ``False``: private memory.
-        segment: map this existing segment (a reader process: its :class:`SegmentFd`) instead of making one.
+        segment: map this existing segment (a reader process: its :class:`~lmdbstore.util.workers.PassedFd`) instead of making one.
 
     Raises:
         OSError: no room for the segment.
     """
 
-    def __init__(self, n: int, rows: int, item_bytes: int, *, shared: bool = True, segment: SegmentFd | None = None):
+    def __init__(self, n: int, rows: int, item_bytes: int, *, shared: bool = True, segment: PassedFd | None = None):
         self.n, self.rows = n, rows
         self.y_offset, self.stride = slot_bytes(rows, item_bytes)
         size = self.stride * n
@@ -144,10 +128,10 @@ class SharedSlots:
         return sys.getrefcount(self.bases[slot]) <= self._refs[slot]
 
     @property
-    def segment(self) -> SegmentFd:
+    def segment(self) -> PassedFd:
         """What a reader process maps these slots by."""
         assert self.fd is not None, "private slots have no segment"
-        return SegmentFd(self.fd)
+        return PassedFd(self.fd)
 
     @property
     def closed(self) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
+    "DEFAULT_LABEL_CHUNK",
+    "DEFAULT_MAX_VALUE_BYTES",
     "LMDB_PAGE_SIZE",
     "MAX_CLASSES",
     "MAX_CLASS_NAME_CHARS",
@@ -29,3 +31,9 @@ MAX_COUNT = 1 << 48
 LMDB_PAGE_SIZE = 4096
 #: Every LMDB data file starts with two meta pages (at least one page each).
 MIN_DATA_FILE_BYTES = 2 * LMDB_PAGE_SIZE
+
+#: Upper bound on one packed value of a new store; keeps single-sample random reads from touching huge values
+#: (re-exported by :mod:`lmdbstore.config`, where the other defaults are named).
+DEFAULT_MAX_VALUE_BYTES = 256 * 1024
+#: Labels and per-class index lists of a new store are stored in chunks of this many entries.
+DEFAULT_LABEL_CHUNK = 1 << 16

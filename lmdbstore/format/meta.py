@@ -11,21 +11,20 @@ import math
 import re
 import secrets
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from lmdbstore.config import DEFAULT_LABEL_CHUNK
 from lmdbstore.errors import CorruptStoreError, FormatVersionError, preview
 from lmdbstore.format.checksums import CHECKSUM_KINDS, checksum_size
 from lmdbstore.format.dtypes import ALLOWED_DTYPES, label_dtype_for
 from lmdbstore.format.layout import FORMAT_NAME, FORMAT_VERSION
-from lmdbstore.format.limits import MAX_CLASSES, MAX_COUNT, MAX_DIM, MAX_NDIM, MAX_SAMPLE_BYTES
+from lmdbstore.format.limits import DEFAULT_LABEL_CHUNK, MAX_CLASSES, MAX_COUNT, MAX_DIM, MAX_NDIM, MAX_SAMPLE_BYTES
 from lmdbstore.format.value_stats import ValueStats
 
-__all__ = ["STORE_ID_HEX", "StoreMeta", "check_classes", "control_character", "new_store_id"]
+__all__ = ["STORE_ID_HEX", "StoreMeta", "check_classes", "controlled_name", "new_store_id"]
 
 #: Hex digits of a store id (128 random bits; see :attr:`StoreMeta.store_id`).
 STORE_ID_HEX = 32
@@ -37,21 +36,25 @@ def new_store_id() -> str:
     return secrets.token_hex(STORE_ID_HEX // 2)
 
 
-def control_character(name: str) -> str | None:
-    """The first control character (C0, DEL or C1: NUL, newline, escape...) in ``name``, or ``None``.
+def controlled_name(names: Iterable[object]) -> str | None:
+    """The first of ``names`` (``str``, or ``bytes`` read as latin-1: every byte counts) holding a control
+    character (C0, DEL or C1: NUL, newline, escape...), or ``None``.
 
-    Class names never hold them: numpy drops trailing NULs from strings, so ``"a\\0"`` would silently become
-    ``"a"``, and the others garble every listing and message that shows the name.
+    The one check of class names wherever they enter (classes of a store, labels given as names, the names in
+    files: TFRecord, HDF5 and npz labels and ``class_names``, class directories), made on the Python strings:
+    numpy drops trailing NULs from strings, so ``"a\\0"`` would silently become ``"a"``, and the other control
+    characters garble every listing and message that shows the name.
     """
-    for c in name:
-        if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F:
-            return c
+    for name in names:
+        text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
+        if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text):
+            return text
     return None
 
 
 def check_classes(classes: Sequence[object]) -> list[str]:
     """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank,
-    none holding a control character (:func:`control_character`).
+    none holding a control character (:func:`controlled_name`).
 
     Raises:
         ValueError: naming ``classes``, with at most a few of the offending names.
@@ -65,14 +68,9 @@ def check_classes(classes: Sequence[object]) -> list[str]:
         raise ValueError(
             f"classes must not hold empty or blank names; blank at position {preview(blank, total=len(blank))}"
         )
-    controlled = [i for i, c in enumerate(names) if control_character(c) is not None]
-    if controlled:
-        i = controlled[0]
-        raise ValueError(
-            f"classes must not hold control characters; class {i} ({names[i]!r}) holds {control_character(names[i])!r}"[
-                :300
-            ]
-        )
+    controlled = controlled_name(classes)
+    if controlled is not None:
+        raise ValueError(f"classes must not hold control characters; {controlled[:60]!r} does")
     repeated = [c for c, k in Counter(names).items() if k > 1]
     if repeated:
         raise ValueError(f"classes must be distinct names; repeated: {preview(repeated, quote=True)}")

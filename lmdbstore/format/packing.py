@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from lmdbstore.config import DEFAULT_MAX_VALUE_BYTES
-from lmdbstore.format.limits import LMDB_PAGE_SIZE
+from lmdbstore.format.limits import DEFAULT_MAX_VALUE_BYTES, LMDB_PAGE_SIZE
 
 __all__ = ["choose_samples_per_value"]
 

@@ -31,6 +31,7 @@ from lmdbstore.feed.slots import SharedSlots
 from lmdbstore.format.dtypes import DTYPES
 from lmdbstore.frameworks.cuda import PageLock, PinnedCopies, Staging, page_locking, stage
 from lmdbstore.loader.transform import Transform
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader, as_reader
@@ -49,7 +50,7 @@ class LmdbBatchDataset(StoreSource, Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     It works in a plain ``DataLoader`` or torchdata's ``StatefulDataLoader`` (``batch_size=None``, a batch
     sampler as ``sampler``); under :func:`make_loader` it is what the readers read, and a subclass's own
-    ``__getitem__`` runs there (with its slot as the target: a batch returned as read stays in the slot).
+    ``__getitem__`` runs there (its first read goes into the reader's slot, any other into memory of its own).
 
     Args:
         store: a path, a list of paths (one set: :class:`~lmdbstore.store.multi.StoreSet`), or a reader or set
@@ -107,9 +108,10 @@ class LmdbBatchDataset(StoreSource, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return (rows, *self.layout.item_shape)
 
     def __getitem__(self, indices: Any) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if self._target is not None and len(self._target[0]) == len(idx):  # a reader's slot
-            x, y = self._target
+        idx = sample_indices(indices)
+        target, self._target = self._target, None  # a reader's slot, for one read: a later one gets its own memory
+        if target is not None and len(target[0]) == len(idx):
+            x, y = target
         else:
             x, y = torch.empty(self.batch_shape(len(idx)), dtype=self.torch_dtype), np.empty(len(idx), np.int64)
             if get_worker_info() is not None:  # to a DataLoader's main process without another copy
@@ -120,9 +122,9 @@ class LmdbBatchDataset(StoreSource, Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return x, torch.from_numpy(y)
 
     def fill(self, slots: SharedSlots, slot: int, idx: np.ndarray) -> tuple[Any, ...]:
-        """The feed's read: straight into the slot, or a subclass's ``__getitem__`` with the slot as its target
-        -- the batch stays there when ``x`` is the slot's memory as read (changed in place or not); anything
-        else (other shapes, views, more items) travels as it is and the slot is free again."""
+        """The feed's read: straight into the slot, or a subclass's ``__getitem__`` with the slot as the target
+        of its first read -- the batch stays there when ``x`` is the slot's memory as read (changed in place or
+        not); anything else (other shapes, views, more items, more reads) travels as it is."""
         if not self.own:
             return super().fill(slots, slot, idx)
         rows = len(idx)

@@ -1,18 +1,18 @@
 """Producers on an engine the user already runs: :func:`write_parallel`'s tasks on a ``concurrent.futures``
 executor, a Dask ``distributed.Client`` or Ray, with the guarantees of the local pool.
 
-:class:`EnginePool` has :class:`~lmdbstore.ingestion.pool.OrderedPool`'s interface (``results(tasks, start)``
+:class:`EnginePool` has :class:`~lmdbstore.util.pool.OrderedPool`'s interface (``results(tasks, start)``
 yields ``(index, result)`` in task order), so the single writer commits the same way whatever runs the
 producers: in task order, each task with its ledger entry.  It keeps at most ``limit`` tasks submitted and not
 yet consumed (a window: the memory a run holds, here and on the cluster, stays bounded), and reports
 
-* a task that raised as :class:`~lmdbstore.ingestion.pool.TaskFailure` (its index, type, message, traceback);
+* a task that raised as :class:`~lmdbstore.util.pool.TaskFailure` (its index, type, message, traceback);
 * a task the engine could not finish because a worker died, and that it did not (or no longer) retries, as
   :class:`TaskLost` (Dask retries a task lost with a worker up to ``distributed.scheduler.allowed-failures``
   times, then raises ``KilledWorker``; Ray retries system failures ``max_retries`` times; a
   ``ProcessPoolExecutor`` breaks at once: ``BrokenProcessPool``).
 
-Tasks travel pickled (:func:`~lmdbstore.ingestion.pool.pickled_task`, the bytes the local pool sends), so no
+Tasks travel pickled (:func:`~lmdbstore.util.pool.pickled_task`, the bytes the local pool sends), so no
 engine interprets them (Dask would call a tuple whose first item is callable) and an unpicklable task is a
 ``ValueError`` before anything runs.  Which engine an object is: :func:`engine_of`.
 """
@@ -30,8 +30,9 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lmdbstore.ingestion.pool import ResultBudget, TaskFailure, pickled_task
 from lmdbstore.util.allocator import keep_large_blocks
+from lmdbstore.util.memory import ResultBudget
+from lmdbstore.util.pool import TaskFailure, pickled_task
 
 __all__ = [
     "LOST_WORKER_ERRORS",
@@ -242,14 +243,14 @@ def as_failure(exc: BaseException, index: int) -> TaskFailure | TaskLost:
     cause: BaseException = exc
     if "RayTaskError" in names and isinstance(getattr(exc, "cause", None), BaseException):
         cause = exc.cause  # type: ignore[attr-defined]
-    return TaskFailure(index, type(cause).__name__, str(cause), _remote_traceback(exc), getattr(cause, "payload", None))
+    return TaskFailure(index, cause, _remote_traceback(exc))
 
 
 class EnginePool:
     """``fn(task)`` on ``engine``, results in task order, at most a window of tasks submitted and not yet consumed.
 
     The window is ``in_flight * workers`` tasks (fewer where their results would not fit in memory:
-    :class:`~lmdbstore.ingestion.pool.ResultBudget`); ``workers=None`` takes the engine's own count
+    :class:`~lmdbstore.util.memory.ResultBudget`); ``workers=None`` takes the engine's own count
     (:meth:`Engine.workers`, asked again every :data:`RESIZE_SECONDS` while the run goes on, so a cluster that
     grows gets a larger window; 1 while it tells nothing).
 

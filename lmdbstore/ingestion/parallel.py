@@ -20,20 +20,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lmdbstore import errors
 from lmdbstore.config import WriterConfig
 from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.engines import Engine, EnginePool, TaskLost, engine_of
 from lmdbstore.ingestion.parallel_runs import plan_run
-from lmdbstore.ingestion.pool import LOAD_FAILED, OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import ParallelReport, writing
 from lmdbstore.ingestion.task_identity import TaskIdentities
 from lmdbstore.ingestion.task_identity import task_list as ordered_tasks
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.store.writer import StoreWriter
+from lmdbstore.util.pool import LOAD_FAILED, OrderedPool, TaskFailure
 from lmdbstore.util.procs import worker_processes
 from lmdbstore.util.progress import progress_bar
+from lmdbstore.util.workers import WorkerDied
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 
@@ -160,22 +160,18 @@ def commit_in_order(
 
 
 def carry_error(exc: LmdbStoreError) -> LmdbStoreError:
-    """Mark an error raised in a worker to be rebuilt as itself (class, path, key, hint) in the parent,
-    instead of being reported as the task's failure."""
-    exc.payload = (type(exc).__name__, exc.message, exc.path, exc.key, exc.hint)  # type: ignore[attr-defined]
+    """Mark an error raised in a worker to be raised as itself (class, path, key, hint) in the parent, instead of
+    being reported as the task's failure."""
+    exc.carried = True  # type: ignore[attr-defined]  # travels with the pickled exception
     return exc
 
 
 def as_error(exc: TaskFailure | WorkerDied | TaskLost, tasks: Sequence[Any], path: Path) -> Exception:
     """The error to raise in the parent for a failed task, a dead worker or a task an engine lost."""
-    if isinstance(exc, TaskFailure) and isinstance(exc.payload, tuple) and len(exc.payload) == 5:
-        kind, message, where, key, hint = exc.payload
-        cls = getattr(errors, kind, None)
-        if not (isinstance(cls, type) and issubclass(cls, LmdbStoreError)):
-            cls = LmdbStoreError
-        return cls(message, path=where, key=key, hint=hint)
+    if isinstance(exc, TaskFailure) and getattr(exc.error, "carried", False):
+        return exc.error  # type: ignore[return-value]
     if isinstance(exc, WorkerDied):
-        return TaskError(str(exc), path=path, hint="look for an out-of-memory kill; rerun to resume")
+        return TaskError(exc.message, path=path, hint="look for an out-of-memory kill; rerun to resume")
     if isinstance(exc, TaskLost):
         return TaskError(
             f"task #{exc.index} ({task_repr(tasks[exc.index])}) was lost with its worker: {exc.type_name}: "

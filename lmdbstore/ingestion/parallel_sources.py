@@ -18,11 +18,12 @@ import numpy as np
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.ingestion.parallel import TaskResults, as_error, carry_error, commit_in_order
 from lmdbstore.ingestion.plan import IngestPlan
-from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
 from lmdbstore.ingestion.reports import IngestReport, SourceReport
 from lmdbstore.ingestion.sources.base import Source
+from lmdbstore.util.pool import OrderedPool, TaskFailure
 from lmdbstore.util.procs import worker_processes
 from lmdbstore.util.progress import Bar, ProgressFactory, bar_from
+from lmdbstore.util.workers import WorkerDied
 
 __all__ = ["ingest_parallel"]
 

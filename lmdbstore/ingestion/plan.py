@@ -146,6 +146,9 @@ def plan_ingest(
     path = Path(store)
     if classes is not None:
         classes = check_classes(classes)  # before any source is read: a bad list fails at once
+    else:
+        for src in sources:
+            src.class_names()  # names a file has but that cannot be read: an error unless classes= settles them
     sources = restrict_store_sources(sources, path, classes)  # stores as sources: no self-ingest, --classes subsets
     check_outside(path, [src.path for src in sources], "store")  # never written into what it reads
     layout = store_layout(path)

@@ -8,20 +8,26 @@
 * ``window``: :class:`~lmdbstore.loader.window.WindowBatchSampler`, reading each next window ahead;
 * ``random``, ``block``, ``none``: :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
 
-:func:`split_indices` gives the samples of a ``train``/``val`` split (the one ``lmdbstore train`` uses).
+:func:`split_indices` gives the samples of a ``train``/``val`` split (the one ``lmdbstore train`` uses) of a store
+as it is; a :class:`SplitRecord` says what a run's split was drawn from, and draws it again exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lmdbstore.config import LoaderConfig
+from lmdbstore.configcheck import check_int
+from lmdbstore.errors import LmdbStoreError
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
@@ -31,8 +37,18 @@ from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader, data_file_bytes
+from lmdbstore.util.splits import check_val_fraction
 
-__all__ = ["SPLITS", "Sampler", "make_sampler_for", "pick_shuffle", "split_indices"]
+__all__ = [
+    "SPLITS",
+    "Sampler",
+    "SplitRecord",
+    "make_sampler_for",
+    "pick_shuffle",
+    "recorded_splits",
+    "run_split",
+    "split_indices",
+]
 
 #: Any sampler this module builds (a window or mixed sampler is an epoch sampler; a set's batches come grouped
 #: by store).
@@ -72,6 +88,90 @@ def split_indices(labels: np.ndarray, split: str | None, val_fraction: float, se
     return train if split == "train" else val
 
 
+@dataclass(frozen=True)
+class SplitRecord:
+    """What a train/val split was drawn from: :func:`~lmdbstore.loader.samplers.stratified_split`'s
+    ``val_fraction`` (a share or a count) and ``seed``, over the store's first ``samples`` samples (a store only
+    grows at its end), whose labels -- all the split depends on -- have the digest ``labels``.  A training run
+    writes its record into every checkpoint; ``eval --split``, ``train --resume`` and ``export --checkpoint``
+    draw the run's parts again from it (:func:`run_split`, :meth:`parts`).
+
+    Raises:
+        ValueError: a field out of range (naming it).
+    """
+
+    val_fraction: float
+    seed: int
+    samples: int
+    labels: str
+
+    def __post_init__(self) -> None:
+        check_val_fraction(self.val_fraction)
+        check_int("seed", self.seed, None)
+        check_int("samples", self.samples, 0)
+        if not isinstance(self.labels, str) or len(self.labels) != 64:
+            raise ValueError("labels must be a sha256 digest")
+
+    @classmethod
+    def drawn(cls, labels: np.ndarray, val_fraction: float, seed: int) -> SplitRecord:
+        """The record of the split of ``labels`` (every sample of a store) by ``val_fraction`` and ``seed``."""
+        return cls(val_fraction, seed, len(labels), _digest(labels))
+
+    def parts(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(train, val)`` indices of this split of a store :func:`run_split` found it for: exactly the ones
+        drawn, on a store that grew since too (its later samples are in neither)."""
+        return stratified_split(labels[: self.samples], self.val_fraction, self.seed)
+
+
+def run_split(records: Sequence[SplitRecord], labels: np.ndarray, path: Path | None = None) -> SplitRecord:
+    """The one of a run's split ``records`` (one per set of shards under multi-node training) drawn from the
+    first samples of a store whose labels are ``labels`` now.
+
+    Raises:
+        LmdbStoreError: none was: the store changed since the run (another store, or one replaced).
+    """
+    for r in records:
+        if len(labels) >= r.samples and _digest(labels[: r.samples]) == r.labels:
+            return r
+    raise LmdbStoreError(
+        f"the store changed since the run split its first {records[0].samples} samples: their labels are not the run's",
+        path=path,
+        hint="give the store the run was trained on",
+    )
+
+
+def recorded_splits(
+    ckpt: dict[str, Any], path: Path, val_fraction: float | None = None, seed: int | None = None
+) -> list[SplitRecord]:
+    """The records of the split a checkpoint's run drew (:class:`~lmdbstore.loader.choose.SplitRecord`: one, or
+    one per set of shards under multi-node training); with ``val_fraction`` and ``seed`` (a resumed run's), checked
+    to be the run's.
+
+    Raises:
+        LmdbStoreError: none recorded (a checkpoint of an earlier version), malformed, or of another
+            ``val_fraction`` or ``seed``.
+    """
+    if "split" not in ckpt:
+        raise LmdbStoreError("the checkpoint records no split (an earlier version wrote it)", path=path)
+    try:
+        records = [SplitRecord(**d) for d in json.loads(ckpt["split"])]
+        run = records[0]
+    except (TypeError, ValueError, IndexError) as exc:
+        raise LmdbStoreError(f"malformed checkpoint: its split record ({str(exc)[:200]})", path=path) from None
+    if val_fraction is not None and (run.val_fraction, run.seed) != (val_fraction, seed):
+        raise LmdbStoreError(
+            f"the checkpoint's run held out val_fraction {run.val_fraction} with seed {run.seed}, "
+            f"not {val_fraction} with seed {seed}",
+            path=path,
+            hint="resume with the run's val_fraction= and seed=",
+        )
+    return records
+
+
+def _digest(labels: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(labels).data).hexdigest()  # 40M labels: ~30 ms
+
+
 def _prefetch(store: Path | Reader) -> Callable[[np.ndarray, np.ndarray], None]:
     """The window sampler's read-ahead: this process's own reader (the loaders' one is closed)."""
     if isinstance(store, StoreSet):
@@ -108,7 +208,7 @@ def make_sampler_for(
     kw: dict[str, Any] = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
     reader = store if isinstance(store, (StoreReader, StoreSet)) else None
     if lcfg.weights is not None:
-        parts = store_parts(reader, indices) if reader is not None else [np.asarray(indices, np.int64)]
+        parts = store_parts(reader, indices) if reader is not None else [indices]
         return MixedBatchSampler(parts, lcfg.weights, lcfg.batch_size, **kw)
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes

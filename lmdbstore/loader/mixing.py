@@ -34,6 +34,7 @@ import numpy as np
 from lmdbstore.config import LoaderConfig
 from lmdbstore.loader.orders import epoch_rng
 from lmdbstore.loader.samplers import EpochBatchSampler, normalized_weights
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
 
@@ -64,7 +65,7 @@ def store_parts(store: Reader, indices: Any = None) -> list[np.ndarray]:
     """``indices`` (default: every sample) split by the store of a set they belong to, in store order (one part
     for a single store): the ``parts`` of a :class:`MixedBatchSampler` that weighs stores."""
     n = len(store)
-    idx = np.arange(n, dtype=np.int64) if indices is None else np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = np.arange(n, dtype=np.int64) if indices is None else sample_indices(indices)
     if not isinstance(store, StoreSet):
         return [idx]
     which = store.store_of(idx)
@@ -98,7 +99,7 @@ class MixedBatchSampler(EpochBatchSampler):
         world_size: int | None = None,
         drop_last: bool = False,
     ):
-        self.parts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in parts]
+        self.parts = [sample_indices(p) for p in parts]
         if len(weights) != len(self.parts):
             raise ValueError(f"weights: {len(weights)} numbers for {len(self.parts)} stores, give one per store")
         total = sum(len(p) for p in self.parts) if epoch_samples is None else epoch_samples

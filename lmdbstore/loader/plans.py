@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from lmdbstore.loader.orders import concat_runs
+from lmdbstore.store.metaview import sample_indices
 
 __all__ = ["BlockPlan", "WindowSequence", "batch_bounds", "sorted_indices", "value_starts"]
 
@@ -28,7 +29,7 @@ SORT_CHECK_CHUNK = 1 << 20
 def sorted_indices(indices: np.ndarray) -> np.ndarray:
     """``indices`` as sorted int64 (no sort when they already are: a training split, ``arange``).  Checked
     :data:`SORT_CHECK_CHUNK` at a time, so the check's temporary stays small at any size."""
-    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    idx = sample_indices(indices)
     for a in range(0, idx.size - 1, SORT_CHECK_CHUNK):
         b = min(a + SORT_CHECK_CHUNK, idx.size - 1)
         if not bool((idx[a + 1 : b + 1] >= idx[a:b]).all()):
@@ -169,7 +170,7 @@ class BlockPlan:
 
 
 class WindowSequence:
-    """One epoch's windowed order (:func:`~lmdbstore.loader.window.window_order`), window by window.
+    """One epoch's windowed order (see :mod:`lmdbstore.loader.window`), window by window.
 
     The chunks (runs of ``chunk_samples`` rounded up to whole values) are shuffled up front (one
     ``rng.permutation``, O(values)); each window's samples are put in order and shuffled (one ``rng.shuffle``)

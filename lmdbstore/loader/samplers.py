@@ -23,6 +23,7 @@ from lmdbstore.config import LoaderConfig, ShuffleMode
 from lmdbstore.loader.orders import STREAM_BALANCED, deal_batches, epoch_rng
 from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.loader.plans import BlockPlan, batch_bounds
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.util.splits import check_val_fraction
 
 __all__ = [
@@ -100,7 +101,7 @@ class EpochBatchSampler(EpochPasses):
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if shuffle not in ("random", "block", "none"):
             raise ValueError(f"shuffle must be 'random', 'block' or 'none', got {shuffle!r}")
-        self.indices = np.asarray(indices, dtype=np.int64)
+        self.indices = sample_indices(indices)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.samples_per_value = samples_per_value
@@ -200,7 +201,7 @@ class BalancedBatchSampler(EpochPasses):
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        self.class_indices = [np.asarray(c, dtype=np.int64) for c in class_indices]
+        self.class_indices = [sample_indices(c) for c in class_indices]
         k = len(self.class_indices)
         w = np.ones(k) if weights is None else np.asarray(weights, dtype=np.float64)
         if w.shape != (k,):

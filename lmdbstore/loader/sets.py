@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
 
@@ -41,7 +42,7 @@ class SetSpace:
         self.padded = np.r_[0, np.cumsum(-(-c // spv) * spv)].astype(np.int64)
 
     def _shift(self, idx: Any, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        a = np.asarray(idx, np.int64)
+        a = sample_indices(idx, flat=False)
         i = np.searchsorted(src, a, side="right") - 1
         return a - src[i] + dst[i]
 
@@ -92,7 +93,7 @@ class SetBatches:
         return map(self._grouped, self.inner.batches_from(epoch, start))
 
     def _grouped(self, batch: Any) -> np.ndarray:
-        b = self.space.to_set(batch) if self.space is not None else np.asarray(batch, np.int64)
+        b = self.space.to_set(batch) if self.space is not None else sample_indices(batch)
         return b[np.argsort(self.reader.store_of(b), kind="stable")]
 
     def __len__(self) -> int:

@@ -36,7 +36,6 @@ __all__ = [
     "bound_window_bytes",
     "choose_shuffle",
     "default_window_bytes",
-    "window_order",
 ]
 
 #: Bytes of consecutive values read as one chunk (one large sequential read).
@@ -106,34 +105,6 @@ def choose_shuffle(store_bytes: int, available: int | None = None) -> ShuffleCho
     return ShuffleChoice("window", f"store {store_bytes / gib:.1f} GiB exceeds the page cache ({budget / gib:.1f} GiB)")
 
 
-@dataclass(frozen=True)
-class WindowPlan:
-    """One epoch's windowed order: the samples, and per window its start in the order and its chunks."""
-
-    order: np.ndarray
-    window_starts: np.ndarray  # position in ``order`` where each window begins (plus the end)
-    chunk_lo: list[np.ndarray]  # per window: first sample index of each chunk (store indices)
-    chunk_hi: list[np.ndarray]  # per window: one past the last sample index of each chunk
-
-
-def window_order(
-    indices: np.ndarray,
-    samples_per_value: int,
-    window_samples: int,
-    chunk_samples: int,
-    rng: np.random.Generator,
-    first_window_samples: int | None = None,
-) -> WindowPlan:
-    """The windowed order of ``indices`` (see the module docstring).
-
-    Chunks hold whole values (``chunk_samples`` rounded up to whole values); a window holds
-    ``window_samples // chunk_samples`` chunks (at least one), the first window
-    ``first_window_samples // chunk_samples`` (default: as many).  O(len(indices)) time and memory.
-    """
-    seq = WindowSequence(indices, samples_per_value, window_samples, chunk_samples, rng, first_window_samples)
-    return WindowPlan(seq.order(), seq.window_starts, seq.chunk_lo, seq.chunk_hi)
-
-
 class WindowBatchSampler(EpochBatchSampler):
     """Batches in windowed order (``shuffle="window"``), covering ``indices`` once per epoch.
 
@@ -194,10 +165,9 @@ class WindowBatchSampler(EpochBatchSampler):
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "window_samples": self.window_samples, "chunk_samples": self.chunk_samples}
 
-    def plan(self, epoch: int | None = None) -> WindowPlan:
+    def plan(self, epoch: int | None = None) -> WindowSequence:
         """The windowed order of ``epoch`` (default: the current one; identical on every rank)."""
-        seq = self.sequence(self.epoch if epoch is None else epoch)
-        return WindowPlan(seq.order(), seq.window_starts, seq.chunk_lo, seq.chunk_hi)
+        return self.sequence(self.epoch if epoch is None else epoch)
 
     def sequence(self, epoch: int) -> WindowSequence:
         """``epoch``'s windowed order, made window by window (:class:`~lmdbstore.loader.plans.WindowSequence`):
@@ -214,7 +184,7 @@ class WindowBatchSampler(EpochBatchSampler):
         return WindowSequence(*args, self.first_window_samples), False
 
     def epoch_order(self, epoch: int | None = None) -> np.ndarray:
-        return self.plan(epoch).order
+        return self.plan(epoch).order()
 
     def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
         """This rank's batches of ``epoch`` from batch ``start`` on, each cut from its window when asked for, reading

@@ -15,7 +15,7 @@ import numpy as np
 
 from lmdbstore.errors import ValidationError, clip, preview
 from lmdbstore.format.dtypes import label_dtype_for
-from lmdbstore.format.meta import control_character
+from lmdbstore.format.meta import controlled_name
 
 __all__ = ["check_samples", "label_ids"]
 
@@ -62,15 +62,12 @@ def _refuse_control_characters(y: Any, path: str | Path | None) -> None:
     """Refuse class names given as Python strings (or bytes) that hold a control character, before numpy
     turns them into fixed-width strings and drops trailing NULs."""
     if isinstance(y, (str, bytes)):
-        names: Any = (y,)
-    elif isinstance(y, (list, tuple)) and y and isinstance(y[0], (str, bytes)):
-        names = set(y)
-    else:
+        y = (y,)
+    elif not (isinstance(y, (list, tuple)) and y and isinstance(y[0], (str, bytes))):
         return
-    for name in names:
-        text = name.decode("latin-1") if isinstance(name, bytes) else name
-        if isinstance(text, str) and control_character(text) is not None:
-            raise ValidationError(f"class label {text!r} holds a control character"[:200], path=path)
+    bad = controlled_name(set(y))
+    if bad is not None:
+        raise ValidationError(f"class label {bad[:60]!r} holds a control character", path=path)
 
 
 def check_samples(

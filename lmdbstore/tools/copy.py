@@ -14,12 +14,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmdbstore.errors import LmdbStoreError, StoreExistsError, StoreLockedError, translate_lmdb_errors
+from lmdbstore.errors import (
+    LmdbStoreError,
+    StoreExistsError,
+    StoreLockedError,
+    StoreReplacedError,
+    translate_lmdb_errors,
+    translate_read_errors,
+)
 from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
 from lmdbstore.store.locks import LOCK_FILE, hold_off_writers, lock_table_writable, release_lock
-from lmdbstore.store.registry import ENVS
+from lmdbstore.store.registry import ENVS, FileChanged
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
 from lmdbstore.util.paths import check_outside
 
@@ -90,12 +97,26 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
     t0 = time.perf_counter()
     registered = lock_table_writable(src)
     held = -1 if registered else _hold_off_writers(src)
+    fd = -1
     try:
+        with translate_read_errors(src, "copy"):
+            fd = os.open(src / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)  # the file copied (its size is reported)
+        st = os.fstat(fd)
         lease = ENVS.acquire(
-            src, writable=False, lock=registered, opener=lambda: open_env(src, readonly=True, lock=registered)
+            src,
+            writable=False,
+            lock=registered,
+            opener=lambda: open_env(src, readonly=True, lock=registered),
+            data_file=(st.st_dev, st.st_ino),
         )
-    except BaseException:
+    except BaseException as exc:
         release_lock(held)
+        if fd >= 0:
+            os.close(fd)
+        if isinstance(exc, FileChanged):
+            raise StoreReplacedError(
+                "the data file was replaced as it was opened", path=src, hint="copy again"
+            ) from None
         raise
     env = lease.env
     remove_stale_temps(dst, COPY_TAG, allowed=COPY_FILES)
@@ -125,19 +146,15 @@ def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, c
             dst.rmdir()
         os.replace(tmp, dst)
         fsync_path(dst.parent)
+        source_bytes = os.fstat(fd).st_size
     finally:
         release_lock(held)
         lease.release()
+        os.close(fd)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return CopyReport(
-        str(src),
-        str(dst),
-        compact,
-        count,
-        os.path.getsize(src / DATA_FILE),
-        os.path.getsize(dst / DATA_FILE),
-        time.perf_counter() - t0,
+        str(src), str(dst), compact, count, source_bytes, os.path.getsize(dst / DATA_FILE), time.perf_counter() - t0
     )
 
 

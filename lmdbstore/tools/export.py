@@ -29,7 +29,9 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
+from lmdbstore.loader.choose import SPLITS, SplitRecord, run_split
 from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
 from lmdbstore.util.atomic import atomic_paths
@@ -38,8 +40,6 @@ from lmdbstore.util.paths import check_output_file
 
 __all__ = ["SPLITS", "ExportReport", "export_store", "load_indices", "select_indices"]
 
-#: The parts of the training split a selection can name.
-SPLITS = ("train", "val")
 #: Defaults of the split's parameters: the ones ``lmdbstore train`` splits with.
 DEFAULT_VAL_FRACTION = TrainConfig().val_fraction
 DEFAULT_SPLIT_SEED = LoaderConfig().seed
@@ -60,9 +60,9 @@ def load_indices(path: str | os.PathLike[str]) -> np.ndarray:
             arr = np.loadtxt(p, dtype=np.int64, ndmin=1, comments="#")
     except (OSError, ValueError) as exc:
         raise ValueError(f"indices: cannot read {p} ({' '.join(str(exc).split())})") from exc
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"indices: {p} must hold a 1-D array of integers, got {arr.dtype} {arr.shape}")
-    return np.asarray(arr, dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"indices: {p} must hold a 1-D array of sample indices, got shape {arr.shape}")
+    return sample_indices(arr)  # integers only, as every index argument
 
 
 def _class_ids(classes: Sequence[str | int], names: Sequence[str]) -> list[int]:
@@ -87,6 +87,7 @@ def select_indices(
     val_fraction: float = DEFAULT_VAL_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
     indices: Any = None,
+    recorded: Sequence[SplitRecord] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
     """The sample indices a selection picks, and the class ids it keeps (ascending).
 
@@ -98,12 +99,16 @@ def select_indices(
         val_fraction, seed: the split's parameters (default ``TrainConfig().val_fraction`` and
             ``LoaderConfig().seed``, as ``lmdbstore train``).
         indices: explicit sample indices (kept in the given order, repeats allowed); default all.
+        recorded: a training run's split records (:func:`~lmdbstore.loader.choose.recorded_splits`):
+            ``split`` is then that run's part exactly (its samples, ``val_fraction`` and ``seed``, on a store that
+            grew since too) instead of a split drawn over the store as it is.
 
     Returns:
         ``(indices, class_ids)``; without ``indices`` the selected indices are ascending.
 
     Raises:
         ValueError: an unknown class, split or fraction; IndexError: an index outside the store.
+        LmdbStoreError: the store changed since the run of ``recorded``.
     """
     names = reader.classes
     keep = _class_ids(classes, names) if classes is not None else list(range(len(names)))
@@ -111,16 +116,18 @@ def select_indices(
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if indices is not None:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
-            bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise IndexError(f"indices: sample index {bad} out of range for a store of {n} samples")
+        idx = sample_indices(indices)
+        check_in_range(idx, n)
     else:
         idx = np.arange(n, dtype=np.int64)
     if classes is not None and len(keep) < len(names):
         idx = idx[np.isin(reader.labels_of(idx), np.asarray(keep))] if idx.size else idx
     if split is not None:
-        train_idx, val_idx = stratified_split(reader.labels(), val_fraction, seed)
+        labels = reader.labels()
+        if recorded is not None:
+            train_idx, val_idx = run_split(recorded, labels, reader.path).parts(labels)
+        else:
+            train_idx, val_idx = stratified_split(labels, val_fraction, seed)
         part = train_idx if split == "train" else val_idx
         idx = idx[np.isin(idx, part, assume_unique=False)]
     return idx, keep
@@ -170,6 +177,7 @@ def export_store(
     val_fraction: float = DEFAULT_VAL_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
     indices: Any = None,
+    recorded: Sequence[SplitRecord] | None = None,
     compress: bool = DEFAULT_COMPRESS,
     overwrite: bool = False,
     chunk: int = DEFAULT_EXPORT_CHUNK,
@@ -181,7 +189,7 @@ def export_store(
         store: the store directory, or a list of them exported as one set (one index space, classes mapped by
             name: :class:`~lmdbstore.store.multi.StoreSet`).
         out: the output file; its suffix picks the format unless ``fmt`` (``npy``, ``npz``, ``h5``) is given.
-        classes, split, val_fraction, seed, indices: the selection (default: every sample, index order).
+        classes, split, val_fraction, seed, indices, recorded: the selection (default: every sample, index order).
         compress: deflate the ``.npz`` members / gzip the HDF5 samples (default: stored, as ``np.savez``).
         overwrite: replace existing output files (default: refuse).
         chunk: samples read and written per step (default ``DEFAULT_EXPORT_CHUNK``, 16 Ki; memory is
@@ -206,7 +214,7 @@ def export_store(
     t0 = time.perf_counter()
     with as_reader(store) as r:
         idx, keep = select_indices(
-            r, classes=classes, split=split, val_fraction=val_fraction, seed=seed, indices=indices
+            r, classes=classes, split=split, val_fraction=val_fraction, seed=seed, indices=indices, recorded=recorded
         )
         # one chunk in memory at a time: no more than the selection, nor than the machine can give (warned)
         chunk = clip_count(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lmdbstore.config import (
@@ -22,7 +21,6 @@ from lmdbstore.config import (
     DEFAULT_VERIFY_STRUCTURE,
     DEFAULT_VERIFY_WORKERS,
 )
-from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.tools.stats import (
     class_rows,
@@ -53,9 +51,8 @@ def set_stats(
         ValidationError: stores that do not make one set.
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: a store.
     """
-    whole_set = StoreSet(stores)  # a store given twice: refused before anything is read
-    per = [store_stats(p, sample=sample, seed=seed) for p in stores]
-    with whole_set as s:
+    with StoreSet(stores) as s:  # a store given twice: refused before anything is read
+        per = [store_stats(r, sample=sample, seed=seed) for r in s.readers]  # the files the set opened
         m = s.meta
         values = exact_values(m.value_stats, "exact (the stores' statistics merged)")
         if sample is not None and m.count:
@@ -73,7 +70,7 @@ def set_stats(
             "bytes": {
                 "raw": raw,
                 "used_pages_total": on_disk,
-                "file_size": sum(os.path.getsize(Path(p) / DATA_FILE) for p in s.paths),
+                "file_size": sum(d["bytes"]["file_size"] for d in per),
                 "ratio_total_to_raw": on_disk / raw if raw else None,
             },
             "values": values,

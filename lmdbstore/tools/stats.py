@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,6 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
 from lmdbstore.format.value_stats import ValueStats
-from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader
 
@@ -56,9 +56,10 @@ def class_rows(classes: list[str], counts: list[int]) -> list[dict[str, Any]]:
 
 
 def store_stats(
-    path: str | os.PathLike[str], *, sample: int | None = None, seed: int = DEFAULT_SAMPLE_SEED
+    path: str | os.PathLike[str] | StoreReader, *, sample: int | None = None, seed: int = DEFAULT_SAMPLE_SEED
 ) -> dict[str, Any]:
-    """Describe the store at ``path``.
+    """Describe the store at ``path`` (or the open reader's snapshot: it is left open).  Every figure is of the
+    one file opened: the file's sizes are its descriptor's, never the path's again.
 
     Value statistics are exact: the writer accumulates count/sum/sum of squares/min/max of every value
     (in float64) in the metadata as it commits.  With ``sample=N`` they are instead recomputed from N
@@ -71,8 +72,8 @@ def store_stats(
     """
     if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 1):
         raise ValueError(f"sample must be a positive number of samples, got {sample!r}")
-    p = Path(path)
-    with StoreReader(p) as reader:
+    with StoreReader(Path(path)) if not isinstance(path, StoreReader) else contextlib.nullcontext(path) as reader:
+        p = reader.path
         m = reader.meta
         env = reader.env_stats()
         psize = env["psize"]
@@ -81,7 +82,11 @@ def store_stats(
         used_pages = sum(pages.values()) + env["main"]["leaf_pages"] + env["main"]["branch_pages"] + 2
         raw = m.count * m.sample_bytes
         sample_bytes_disk = pages["samples"] * psize
-        st = os.stat(p / DATA_FILE)
+        h = reader._take()
+        try:
+            st = os.fstat(h.fd)
+        finally:
+            reader._give(h)
         values = exact_values(m.value_stats, "exact (accumulated by the writer over every value)")
         if sample is not None and m.count:
             values = sampled_stats(reader, sample, seed)

@@ -1,43 +1,43 @@
-"""Check that a store's contents agree with its metadata (``lmdbstore verify``).
+"""Check that a store's contents agree with its metadata (``lmdbstore verify``): one route, on the file opened.
 
 :func:`verify_store` streams through every sub-database once and reports what it finds as a list
 of :class:`Problem`\\ s (kind, sample index, one-line message), stopping after ``max_problems``:
 
 * ``structure``: the LMDB file itself (B-tree pages, overflow extents, free list) as checked by
   py-lmdb's offline verifier ``lmdb.verify``, which reads the file with plain ``read()`` calls and
-  never hands it to liblmdb, so a damaged file cannot crash the process.  It runs first, and only
-  when no writer holds the store; if it finds damage, the content checks are skipped (liblmdb may
-  crash on a damaged B-tree).  Skipped, with a note, where py-lmdb has no ``lmdb.verify``.
+  never hands it to liblmdb, so a damaged file cannot crash the process.  It runs only when no writer
+  holds the store; if it finds damage, the content checks are skipped (liblmdb may crash on a damaged
+  B-tree).  Skipped, with a note, where py-lmdb has no ``lmdb.verify``.  A ``samples`` B-tree
+  lmdbstore's own page parser cannot read (a key of another width) is a ``structure`` problem too.
 * ``samples``: the keys are exactly ``0, spv, 2*spv, ... < count`` (no gaps, no extras), every value
   has exactly the length the metadata implies (the last one may be short), and every value's
-  checksum trailer matches its bytes (when the store has checksums and ``checksums=True``).
-* ``labels``: one chunk per ``label_chunk`` samples, each of the right length, every label a valid
-  class id, and the number of labels of each class equal to ``meta.class_counts``.
-* ``classidx``: each class's index list is stored in the right chunks, is strictly increasing and
-  is exactly ``np.flatnonzero(labels == c)``; compared chunk by chunk, so memory stays bounded by
-  the label table (one byte per sample for up to 256 classes).
-* ``meta``/``progress``/main database: no unknown sub-databases or keys, every resume-ledger entry
-  is well-formed JSON, and the value statistics cover exactly ``count`` samples.
+  checksum trailer matches its bytes (when the store has checksums and ``checksums=True``): the value
+  pass of :mod:`lmdbstore.tools.verify_values`, on every core.
+* ``labels``, ``classidx``, ``meta``/``progress``/main database, statistics: through liblmdb, against the
+  metadata (:mod:`lmdbstore.tools.verify_checks`, which also defines the report).
 
 Errors that make a store *unverifiable* (missing path, not a store, malformed metadata, unknown
 format version, truncated data file) are not reported as problems: they propagate as the usual
 :class:`~lmdbstore.errors.LmdbStoreError` subclasses, so callers (and the CLI's exit codes) can tell
 "damaged contents" from "cannot be read at all".
 
-The content checks run in one read transaction with ``lock=True`` (lock-free on a store whose reader table
-is read-only, unless a writer is active), so verifying while a writer
-appends checks one consistent snapshot.  The ``samples`` check does not walk liblmdb's cursor: ``workers``
-processes read the values in large sequential runs and compare their checksums, and the structure walk runs
-beside them on a large store (:mod:`lmdbstore.tools.verify_values`, :mod:`lmdbstore.tools.verify_structure`);
-the report is the one the cursor walk gives.  This module is the entry point and the report; the content
-checks themselves are :mod:`lmdbstore.tools.verify_checks`'s, the writer lock :mod:`lmdbstore.store.locks`'.
+**On the file opened.**  Where no writer is active verify holds writers off (a shared lock on ``writer.lock``)
+and opens the data file once (:class:`AtRest`).  The page walk (through ``/proc/self/fd``) and the value pass's
+workers (:class:`~lmdbstore.util.workers.PassedFd`) read that descriptor, never the path again; liblmdb opens the
+store once the walk found it intact, and must show the same file and commit; a file written meanwhile or a path
+naming another file is one line, "the data file was replaced while it was verified -- run verify again"
+(:class:`~lmdbstore.errors.StoreReplacedError`), never a report on another file.  The walk reads the first page of
+every value's overflow run one at a time (alone on a cold store slower than reading the file in sequence), so
+where the value pass has worker processes or the store is large it runs meanwhile in a worker of its own, just
+behind the workers that bring those pages into the page cache.  Beside a writer, or given an open reader, the
+same value pass reads the reader's registered snapshot (no walk then).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,135 +47,24 @@ from lmdbstore.config import (
     DEFAULT_VERIFY_STRUCTURE,
     DEFAULT_VERIFY_WORKERS,
 )
-from lmdbstore.errors import LmdbStoreError
-from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env
-from lmdbstore.store.locks import lock_table_writable, release_lock
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError, StoreReplacedError
+from lmdbstore.format import layout
+from lmdbstore.format.btree import record_position
+from lmdbstore.format.meta import StoreMeta
+from lmdbstore.format.pages import LmdbMeta, PageReader, UnsupportedLayout, read_meta_page
+from lmdbstore.store.env import DATA_FILE, check_count_fits, check_store_dir, open_env
+from lmdbstore.store.locks import hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.registry import ENVS
-from lmdbstore.tools.verify_checks import ContentChecks
-from lmdbstore.tools.verify_findings import SamplesFindings
-from lmdbstore.tools.verify_structure import AtRest, structure_and_values
-from lmdbstore.tools.verify_values import ValueOptions, check_values, value_table
+from lmdbstore.tools.verify_checks import PROBLEM_KINDS, Collector, ContentChecks, Enough, Problem, VerifyReport
+from lmdbstore.tools.verify_values import SamplesFindings, ValueOptions, check_values, resolve_workers, value_table
+from lmdbstore.util.workers import PassedFd, WorkerDied, Workers
 
-__all__ = ["PROBLEM_KINDS", "Problem", "VerifyReport", "verify_store"]
+__all__ = ["BACKGROUND_WALK_BYTES", "PROBLEM_KINDS", "AtRest", "Problem", "VerifyReport", "verify_store"]
 
-#: Every ``Problem.kind`` verify can report, with what it means.
-PROBLEM_KINDS: dict[str, str] = {
-    "structure": "the LMDB file's page structure is damaged (lmdb.verify)",
-    "scan": "LMDB reported corruption while the contents were being read",
-    "missing-value": "a sample value the count implies is absent",
-    "extra-value": "a sample value beyond the count or off the samples_per_value grid",
-    "value-length": "a sample value has the wrong number of bytes",
-    "checksum": "a sample value's checksum trailer does not match its bytes",
-    "missing-label-chunk": "a label chunk the count implies is absent",
-    "extra-label-chunk": "a label chunk beyond the count or off the label_chunk grid",
-    "label-chunk-length": "a label chunk has the wrong number of bytes",
-    "label-range": "a label is not a valid class id",
-    "class-count": "meta.class_counts disagrees with the labels",
-    "missing-classidx-chunk": "a chunk of a class's index list is absent",
-    "extra-classidx-chunk": "a class-index chunk beyond the class's count, or of an unknown class",
-    "classidx-length": "a class-index chunk has the wrong number of bytes",
-    "classidx-mismatch": "a class's index list differs from the positions of its labels",
-    "bad-key": "a key of the wrong width in a sub-database",
-    "extra-db": "an unknown sub-database or key in the main database",
-    "extra-meta-key": "an unknown key in the metadata sub-database",
-    "progress": "a malformed resume-ledger entry",
-    "stats": "the value statistics do not cover exactly count samples",
-}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding: its ``kind`` (see :data:`PROBLEM_KINDS`), the sample index or list position it
-    concerns (``None`` when it concerns no single index) and a one-line message."""
-
-    kind: str
-    index: int | None
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        where = f" at {self.index}" if self.index is not None else ""
-        return f"{self.kind}{where}: {self.message}"
-
-
-@dataclass
-class VerifyReport:
-    """What :func:`verify_store` checked and found.
-
-    Attributes:
-        path: the store verified.
-        ok: no problem found.
-        problems: the first ``max_problems`` problems, in the order found.
-        complete: every check ran to the end (``False`` after stopping at ``max_problems`` or when
-            the structure check found damage and the content checks were skipped).
-        count: samples according to the metadata.
-        structure_checked: whether the page-level LMDB check ran (see the module docstring).
-        notes: why a check was skipped, if one was.
-        values_checked, samples_checked, checksums_checked, label_chunks_checked, labels_checked,
-        class_index_entries_checked, progress_entries_checked: how much was looked at.
-    """
-
-    path: str
-    ok: bool = True
-    problems: list[Problem] = field(default_factory=list)
-    complete: bool = True
-    count: int = 0
-    structure_checked: bool = False
-    notes: list[str] = field(default_factory=list)
-    values_checked: int = 0
-    samples_checked: int = 0
-    checksums_checked: int = 0
-    label_chunks_checked: int = 0
-    labels_checked: int = 0
-    class_index_entries_checked: int = 0
-    progress_entries_checked: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-serialisable dict (``problems`` as a list of dicts)."""
-        d = asdict(self)
-        d["problems"] = [p.to_dict() for p in self.problems]
-        return d
-
-    def summary(self) -> str:
-        """One line: OK or the number of problems, and what was checked."""
-        head = "OK" if self.ok else f"{len(self.problems)} problem(s){'' if self.complete else ' (stopped early)'}"
-        return (
-            f"{self.path}: {head}: {self.samples_checked} samples in {self.values_checked} values, "
-            f"{self.checksums_checked} checksums, {self.labels_checked} labels, "
-            f"{self.class_index_entries_checked} class-index entries"
-        )
-
-
-class _Enough(Exception):
-    """Raised internally once ``max_problems`` problems are collected."""
-
-
-class _Once:
-    """Calls ``fn`` on the first call only (``None``: never)."""
-
-    def __init__(self, fn: Callable[[int], None] | None):
-        self.fn = fn
-
-    def __call__(self, n: int) -> None:
-        if self.fn is not None:
-            fn, self.fn = self.fn, None
-            fn(n)
-
-
-class _Collector:
-    """The problems found so far; raises :class:`_Enough` when the ``limit``-th is added."""
-
-    def __init__(self, limit: int):
-        self.items: list[Problem] = []
-        self.limit = limit
-
-    def add(self, kind: str, index: int | None, message: str) -> None:
-        self.items.append(Problem(kind, index, message))
-        if len(self.items) >= self.limit:
-            raise _Enough
+#: Data files from this size on are walked in a process of their own while the values are read (the walk of a
+#: cold 256 MiB file alone takes about half a second; starting the process, a few tenths).
+BACKGROUND_WALK_BYTES = 256 << 20
 
 
 def verify_store(
@@ -202,8 +91,8 @@ def verify_store(
         workers: processes that read the values and compute their checksums (the report is the same for
             any number); ``None`` (default): the cores, but one per 512 MiB of values at most, so a small
             store is checked in this process (see :mod:`lmdbstore.tools.verify_values`).
-        total: called once, before the first ``progress`` call, with the samples the store holds (a
-            progress bar's total, for its time left).
+        total: called once as the samples check begins, before the first ``progress`` call, with the samples
+            the store holds (a progress bar's total, for its time left).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is ``False`` when anything is wrong.
@@ -228,33 +117,34 @@ def verify_store(
         reader = path  # type: ignore[assignment]
     assert isinstance(reader, StoreReader)
     report = VerifyReport(path=str(reader.path))
-    found = _Collector(max_problems)
-    announce = _Once(total)
-    opts = ValueOptions(checksums, workers, max_problems, progress, announce)
-    lock = -1
+    found = Collector(max_problems)
+    opts = ValueOptions(checksums, workers, max_problems, progress, total)
+    rest = None
     try:
-        rest = samples = None
-        if structure and own:
+        if own:
             _check_opens(reader.path)
-            lock, rest, samples = structure_and_values(reader.path, report, found.add, opts)
+            rest = _at_rest(reader.path, report, structure)
         elif structure:
             report.notes.append("structure check skipped: the store was passed as an open reader")
-        if found.items:  # liblmdb may crash on a damaged B-tree: do not open the store with it
-            raise _Enough
+        samples = None if rest is None else _rest_pass(rest, report, found, opts, structure)
         meta = reader.meta  # open errors propagate from here; the snapshot is taken while writers are held off
-        release_lock(lock)
-        lock = -1
+        if rest is not None:
+            rest.check_same(reader)
+            rest.close()
         report.count = meta.count
-        announce(meta.count)
-        if rest is None or not _same_snapshot(reader, rest):
-            samples = reader_values(reader, opts)
-        ContentChecks(reader, meta, report, found.add, checksums, progress, samples, max_problems).run()
-    except _Enough:
+        if samples is None:
+            samples = _snapshot_pass(reader, opts)
+        if isinstance(samples, str):  # a tree the page parser cannot read
+            found.add("structure", None, samples)
+            raise Enough
+        ContentChecks(reader, meta, report, found.add, lambda: _report(samples, report, found)).run()
+    except Enough:
         report.complete = False
         if found.items and found.items[0].kind == "structure":
             report.notes.append("content checks skipped: the LMDB file structure is damaged")
     finally:
-        release_lock(lock)
+        if rest is not None:
+            rest.close()
         if own:
             reader.close()
     report.problems = found.items
@@ -262,33 +152,79 @@ def verify_store(
     return report
 
 
-def _same_snapshot(reader: StoreReader, rest: AtRest) -> bool:
-    """Whether ``reader`` shows the snapshot the value pass read at rest (it does while writers are held off)."""
-    h = reader._handle()
-    return h.snapshot.txnid == rest.snap.txnid and h.meta == rest.meta
+def _at_rest(path: Path, report: VerifyReport, structure: bool) -> AtRest | None:
+    """The data file held at rest (:class:`AtRest`), or ``None`` (noted when a walk was asked for) while a writer
+    is appending or ``writer.lock`` cannot be opened."""
+    try:
+        return AtRest(path)
+    except LmdbStoreError as exc:
+        if structure:
+            report.notes.append(f"structure check skipped: {exc.message}")
+        return None
 
 
-def reader_values(reader: StoreReader, opts: ValueOptions) -> SamplesFindings | None:
-    """The value pass over ``reader``'s snapshot (protected by its read transaction meanwhile), or ``None`` where
-    its ``samples`` tree cannot be read without liblmdb (the cursor walk then checks it).
+def _rest_pass(
+    rest: AtRest, report: VerifyReport, found: Collector, opts: ValueOptions, structure: bool
+) -> SamplesFindings | str | None:
+    """The page walk (``structure``, where py-lmdb has one) and the value pass on the file at rest; structure
+    problems are added to ``found`` and end the checks (:class:`Enough`) before liblmdb opens the file."""
+    walk = structure
+    if structure:
+        try:
+            from lmdb import verify as _  # noqa: F401  # py-lmdb >= 3.0
+        except ImportError:
+            report.notes.append("structure check skipped: this py-lmdb has no lmdb.verify (py-lmdb >= 3.0)")
+            walk = False
+    try:
+        errors, samples = rest.check(opts, walk)
+    except LmdbStoreError:
+        rest.check_unchanged()  # a copy over the file explains it: said so instead
+        raise
+    rest.check_unchanged()
+    report.structure_checked = walk
+    for msg in errors:
+        found.add("structure", None, msg)
+    if errors:
+        raise Enough  # liblmdb may crash on a damaged B-tree: do not open the store with it
+    return samples
+
+
+def _snapshot_pass(reader: StoreReader, opts: ValueOptions) -> SamplesFindings | str:
+    """The value pass over ``reader``'s snapshot (protected by its read transaction meanwhile), or why its
+    ``samples`` tree cannot be read.
 
     Raises:
         LmdbStoreError: a writer overwrote the snapshot meanwhile (a lock-free reader), or a worker failed.
     """
     h = reader._take()
     try:
-        snap = h.snapshot.meta
-        values = None if snap is None else value_table(h.fd, snap, reader.path)
-        if values is None:
-            return None
-        findings = check_values(values, h.meta, reader.path / DATA_FILE, h.fd, opts)
+        try:
+            if h.snapshot.meta is None:
+                raise UnsupportedLayout("lmdbstore's page parser does not know this data file's layout")
+            values = value_table(h.fd, h.snapshot.meta, reader.path)
+            out: SamplesFindings | str = check_values(values, h.meta, h.fd, reader.path / DATA_FILE, opts)
+        except (CorruptStoreError, UnsupportedLayout) as exc:
+            out = unreadable(exc)
         if not h.protected():
             raise LmdbStoreError(
                 "a writer overwrote the snapshot while verify read it", path=reader.path, hint="run verify again"
             )
-        return findings
+        return out
     finally:
         reader._give(h)
+
+
+def _report(samples: SamplesFindings, report: VerifyReport, found: Collector) -> None:
+    """The value pass's problems, in key order, and its counters (up to the last problem reported when they
+    reach ``max_problems``)."""
+    problems = samples.first(found.limit - len(found.items))
+    full = len(found.items) + len(problems) >= found.limit
+    upto = problems[-1][0] if full and problems else None
+    report.values_checked, report.samples_checked, report.checksums_checked = samples.counts(upto)
+    if not samples.complete:
+        report.complete = False
+    for index, kind in problems:
+        found.add(kind, index, samples.message(index, kind))
 
 
 def _check_opens(path: Path) -> None:
@@ -296,3 +232,144 @@ def _check_opens(path: Path) -> None:
     so those stay errors rather than structure problems.  Reads only LMDB's meta pages."""
     check_store_dir(path)
     ENVS.acquire(path, writable=False, lock=False, opener=lambda: open_env(path, readonly=True, lock=False)).release()
+
+
+def walk_pages(fd: PassedFd, path: str) -> list[str]:
+    """py-lmdb's offline page walk of the data file open as ``fd`` (``path`` where ``/proc`` is not there): one
+    message per problem found (none: intact)."""
+    from lmdb import verify as lmdb_verify
+
+    own = f"/proc/self/fd/{fd.fd}"  # the file this process holds, whatever the path names now
+    try:
+        return [str(m) for m in lmdb_verify.verify(own if os.path.exists(own) else path, subdir=False)]
+    except lmdb_verify.VerifyError as exc:
+        return [str(exc)]
+
+
+def unreadable(exc: Exception) -> str:
+    """The ``structure`` problem of a ``samples`` tree the page parser cannot read."""
+    return f"the samples B-tree cannot be read: {exc.message if isinstance(exc, LmdbStoreError) else exc}"
+
+
+class AtRest:
+    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring).
+
+    Attributes:
+        snap, meta: its newest snapshot (the meta page LMDB would pick) and metadata record, read with
+            lmdbstore's own parser; ``None`` where they cannot be (the ordinary open then reports why).
+
+    Raises:
+        StoreLockedError: a writer is appending to the store.
+        LmdbStoreError: ``writer.lock`` exists but cannot be opened.
+    """
+
+    def __init__(self, path: Path):
+        self.path, self.data = path, path / DATA_FILE
+        self.lock = hold_off_writers(path)
+        try:
+            self.fd = os.open(self.data, os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException:
+            release_lock(self.lock)
+            raise
+        self.stat = os.fstat(self.fd)
+        self.snap: LmdbMeta | None = None
+        self.meta: StoreMeta | None = None
+        try:
+            size = self.stat.st_size
+            snap = max((read_meta_page(self.fd, size, which, path) for which in (0, 1)), key=lambda m: m.txnid)
+            pages = PageReader(self.fd, size, snap, path, None)
+            off, n = record_position(pages, snap.main, layout.DB_META, layout.META_KEY)
+            meta = StoreMeta.from_json(os.pread(self.fd, n, off), path=str(path))
+            check_count_fits(meta, path)
+            self.snap, self.meta = snap, meta
+        except (LmdbStoreError, UnsupportedLayout, OSError, ValueError):
+            pass
+
+    def check(self, opts: ValueOptions, walk: bool) -> tuple[list[str], SamplesFindings | str | None]:
+        """Walk the page structure (``walk``) and, meanwhile, check the values: the walk's messages, and what the
+        value pass found (a string: why the ``samples`` tree cannot be read; ``None``: no snapshot to read, or the
+        walk found damage first).
+
+        Raises:
+            CorruptStoreError, LmdbStoreError: the value pass failed (the data file truncated meanwhile, a worker
+                process died) and the walk found the structure intact.
+        """
+        here = functools.partial(walk_pages, PassedFd(self.fd), str(self.data))
+        if self.snap is None or self.meta is None:
+            return (here() if walk else []), None
+        try:
+            values = value_table(self.fd, self.snap, self.path)
+        except (CorruptStoreError, UnsupportedLayout) as exc:
+            return (here() if walk else []), unreadable(exc)
+        values_check = functools.partial(check_values, values, self.meta, self.fd, self.data, opts)
+        if not walk:
+            return [], values_check()
+        check_bytes = int(values.sizes.sum()) if opts.checksums else 0
+        if resolve_workers(opts.workers, check_bytes) <= 1 and self.stat.st_size < BACKGROUND_WALK_BYTES:
+            errors = here()  # a small store: the walk first, in this process (a process would cost more)
+            return errors, None if errors else values_check()
+        name = "verify's structure-check process"
+        walker = Workers(functools.partial(walk_pages, PassedFd(self.fd)), 1, "spawn", name, main=False)
+        try:
+            walker.send(str(self.data))
+            try:
+                findings = values_check()
+            except CorruptStoreError:
+                errors = _walk_result(walker)  # a damaged structure explains it: the walk's verdict first
+                if errors:
+                    return errors, None
+                raise
+            return _walk_result(walker), findings
+        finally:
+            walker.close(0)
+
+    def replaced(self) -> StoreReplacedError:
+        return StoreReplacedError(
+            "the data file was replaced while it was verified", path=self.path, hint="run verify again"
+        )
+
+    def check_unchanged(self) -> None:
+        """Raise :meth:`replaced` where the file was written to since it was opened (no writer could: a copy over
+        it) or the path names another file now."""
+        now = os.fstat(self.fd)
+        try:
+            named = os.stat(self.data)
+        except OSError:
+            raise self.replaced() from None
+        when = (self.stat.st_size, self.stat.st_mtime_ns, self.stat.st_ctime_ns)
+        if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != when or _file_id(named) != _file_id(self.stat):
+            raise self.replaced()
+
+    def check_same(self, reader: StoreReader) -> None:
+        """Raise :meth:`replaced` where ``reader`` (opened since) shows another file or snapshot than the checks."""
+        h = reader._take()
+        try:
+            same = h.file_id == _file_id(self.stat) and (
+                self.snap is None or (h.snapshot.txnid == self.snap.txnid and h.meta == self.meta)
+            )
+        finally:
+            reader._give(h)
+        if not same:
+            raise self.replaced()
+
+    def close(self) -> None:
+        """Let writers start again (once liblmdb's snapshot is taken) and close the descriptor; idempotent."""
+        release_lock(self.lock)
+        self.lock = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _file_id(st: Any) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _walk_result(walker: Workers) -> list[str]:
+    """The background walk's messages; its process dying or failing is a one-line error."""
+    try:
+        return list(walker.answer())
+    except WorkerDied as exc:
+        raise LmdbStoreError(exc.message, hint="out of memory, or killed? run verify again") from None
+    except Exception as exc:
+        raise LmdbStoreError(f"verify's structure check failed: {type(exc).__name__}: {exc}") from None

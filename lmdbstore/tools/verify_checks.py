@@ -1,35 +1,138 @@
-"""The content checks of ``lmdbstore verify``: every sub-database walked once, against the metadata.
+"""What ``lmdbstore verify`` reports (:class:`Problem`, :class:`VerifyReport`, :data:`PROBLEM_KINDS`), and its
+content checks: every sub-database but ``samples`` walked once through liblmdb, against the metadata.
 
-:class:`ContentChecks` reads one snapshot of an open :class:`~lmdbstore.store.reader.StoreReader` and
-reports each problem it finds through a callback (:func:`lmdbstore.tools.verify.verify_store` collects
-them); what each check covers is listed in :mod:`lmdbstore.tools.verify`'s docstring.  Memory stays bounded
-by the label table: the class-index lists are compared chunk by chunk (:class:`ClassPositions`).
+:class:`ContentChecks` reads one snapshot of an open :class:`~lmdbstore.store.reader.StoreReader` and reports each
+problem it finds through a callback (:func:`lmdbstore.tools.verify.verify_store` collects them); what each check
+covers is listed in :mod:`lmdbstore.tools.verify`'s docstring (the ``samples`` sub-database is the value pass's,
+:mod:`lmdbstore.tools.verify_values`).  Memory stays bounded by the label table: the class-index lists are compared
+chunk by chunk (:class:`ClassPositions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format import layout
-from lmdbstore.format.checksums import compute_checksum
 from lmdbstore.format.ledger import parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.reader import StoreReader
 
-if TYPE_CHECKING:  # the report type only; verify.py imports this module
-    from lmdbstore.tools.verify import VerifyReport
-    from lmdbstore.tools.verify_findings import SamplesFindings
-
-__all__ = ["PROGRESS_EVERY", "AddProblem", "ClassPositions", "ContentChecks"]
+__all__ = ["PROBLEM_KINDS", "AddProblem", "ClassPositions", "Collector", "ContentChecks", "Problem", "VerifyReport"]
 
 #: How a check reports a problem: ``add(kind, index, message)``.
 AddProblem = Callable[[str, int | None, str], None]
-#: ``progress`` is called about every this many samples.
-PROGRESS_EVERY = 1 << 16
+
+#: Every ``Problem.kind`` verify can report, with what it means.
+PROBLEM_KINDS: dict[str, str] = {
+    "structure": "the LMDB file's page structure is damaged (lmdb.verify), or a B-tree lmdbstore cannot read",
+    "scan": "LMDB reported corruption while the contents were being read",
+    "missing-value": "a sample value the count implies is absent",
+    "extra-value": "a sample value beyond the count or off the samples_per_value grid",
+    "value-length": "a sample value has the wrong number of bytes",
+    "checksum": "a sample value's checksum trailer does not match its bytes",
+    "missing-label-chunk": "a label chunk the count implies is absent",
+    "extra-label-chunk": "a label chunk beyond the count or off the label_chunk grid",
+    "label-chunk-length": "a label chunk has the wrong number of bytes",
+    "label-range": "a label is not a valid class id",
+    "class-count": "meta.class_counts disagrees with the labels",
+    "missing-classidx-chunk": "a chunk of a class's index list is absent",
+    "extra-classidx-chunk": "a class-index chunk beyond the class's count, or of an unknown class",
+    "classidx-length": "a class-index chunk has the wrong number of bytes",
+    "classidx-mismatch": "a class's index list differs from the positions of its labels",
+    "bad-key": "a key of the wrong width in a sub-database",
+    "extra-db": "an unknown sub-database or key in the main database",
+    "extra-meta-key": "an unknown key in the metadata sub-database",
+    "progress": "a malformed resume-ledger entry",
+    "stats": "the value statistics do not cover exactly count samples",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: its ``kind`` (see :data:`PROBLEM_KINDS`), the sample index or list position it
+    concerns (``None`` when it concerns no single index) and a one-line message."""
+
+    kind: str
+    index: int | None
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        where = f" at {self.index}" if self.index is not None else ""
+        return f"{self.kind}{where}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`~lmdbstore.tools.verify.verify_store` checked and found.
+
+    Attributes:
+        path: the store verified.
+        ok: no problem found.
+        problems: the first ``max_problems`` problems, in the order found.
+        complete: every check ran to the end (``False`` after stopping at ``max_problems`` or when
+            the structure check found damage and the content checks were skipped).
+        count: samples according to the metadata.
+        structure_checked: whether the page-level LMDB check ran.
+        notes: why a check was skipped, if one was.
+        values_checked, samples_checked, checksums_checked, label_chunks_checked, labels_checked,
+        class_index_entries_checked, progress_entries_checked: how much was looked at (after a stop at
+            ``max_problems``: up to the last problem reported).
+    """
+
+    path: str
+    ok: bool = True
+    problems: list[Problem] = field(default_factory=list)
+    complete: bool = True
+    count: int = 0
+    structure_checked: bool = False
+    notes: list[str] = field(default_factory=list)
+    values_checked: int = 0
+    samples_checked: int = 0
+    checksums_checked: int = 0
+    label_chunks_checked: int = 0
+    labels_checked: int = 0
+    class_index_entries_checked: int = 0
+    progress_entries_checked: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable dict (``problems`` as a list of dicts)."""
+        d = asdict(self)
+        d["problems"] = [p.to_dict() for p in self.problems]
+        return d
+
+    def summary(self) -> str:
+        """One line: OK or the number of problems, and what was checked."""
+        head = "OK" if self.ok else f"{len(self.problems)} problem(s){'' if self.complete else ' (stopped early)'}"
+        return (
+            f"{self.path}: {head}: {self.samples_checked} samples in {self.values_checked} values, "
+            f"{self.checksums_checked} checksums, {self.labels_checked} labels, "
+            f"{self.class_index_entries_checked} class-index entries"
+        )
+
+
+class Enough(Exception):
+    """Raised by :class:`Collector` once ``max_problems`` problems are collected."""
+
+
+class Collector:
+    """The problems found so far; raises :class:`Enough` when the ``limit``-th is added."""
+
+    def __init__(self, limit: int):
+        self.items: list[Problem] = []
+        self.limit = limit
+
+    def add(self, kind: str, index: int | None, message: str) -> None:
+        self.items.append(Problem(kind, index, message))
+        if len(self.items) >= self.limit:
+            raise Enough
 
 
 class ContentChecks:
@@ -38,41 +141,22 @@ class ContentChecks:
     Args:
         reader: the open store; every check reads its current snapshot.
         meta: the metadata the contents are checked against (``reader.meta``).
-        report: the report whose counters (``values_checked`` and the like) the checks advance.
-        add: called with ``(kind, index, message)`` for each problem found (see
-            :data:`~lmdbstore.tools.verify.PROBLEM_KINDS`); it may raise to stop the checks early.
-        checksums: recompute every value's checksum (when the store has them).
-        progress: called with the number of samples checked so far, about every 65,536 samples.
-        samples: what the value pass (:mod:`lmdbstore.tools.verify_values`) found in this snapshot's ``samples``
-            sub-database, reported in place of the cursor walk of :meth:`check_samples` (``None``: walk).
-        limit: problems the report keeps at most (the value pass's findings are cut there).
+        report: the report whose counters (``labels_checked`` and the like) the checks advance.
+        add: called with ``(kind, index, message)`` for each problem found (see :data:`PROBLEM_KINDS`); it may
+            raise to stop the checks early.
+        samples: reports the value pass's findings, in their place after the main database's check.
     """
 
     def __init__(
-        self,
-        reader: StoreReader,
-        meta: StoreMeta,
-        report: VerifyReport,
-        add: AddProblem,
-        checksums: bool,
-        progress: Callable[[int], None] | None,
-        samples: SamplesFindings | None = None,
-        limit: int | None = None,
+        self, reader: StoreReader, meta: StoreMeta, report: VerifyReport, add: AddProblem, samples: Callable[[], None]
     ):
-        self.reader = reader
-        self.meta = meta
-        self.report = report
-        self.add = add
-        self.checksum = compute_checksum(meta.checksum) if checksums else None
-        self.progress = progress
-        self.samples = samples
-        self.limit = limit
+        self.reader, self.meta, self.report, self.add, self.samples = reader, meta, report, add, samples
 
     def run(self) -> None:
         """Run every check in order; LMDB reporting corruption mid-scan is a ``scan`` problem that ends them."""
         try:
             self.check_main_db()
-            self.check_samples()
+            self.samples()
             labels = self.check_labels()
             self.check_class_index(labels)
             self.check_meta_db()
@@ -95,72 +179,28 @@ class ContentChecks:
             if key != layout.META_KEY:
                 self.add("extra-meta-key", None, f"unknown key {key!r} in the metadata sub-database")
 
-    # ------------------------------------------------------------------ samples and labels
-    def _walk_grid(
-        self, db_name: bytes, step: int, kinds: tuple[str, str], missing: str, extra: Callable[[int], str]
-    ) -> Iterator[tuple[int, memoryview]]:
-        """The ``(first, value)`` entries of a sub-database keyed ``0, step, 2*step, ... < count``, in key order.
-
-        What is not on that grid is reported on the way and not yielded: a key of the wrong width
-        (``bad-key``), each grid key that is absent (``kinds[0]``, "<missing> of samples <key>.. is
-        missing") and each key off the grid or beyond the count (``kinds[1]``, message ``extra(key)``).
-        """
-        count = self.meta.count
-        expected = 0  # key of the next value we expect
-        for key, value in self.reader.iter_raw(db_name):
-            first = self._decode(key, db_name.decode())
-            if first is None:
+    # ------------------------------------------------------------------ labels
+    def _label_chunks(self) -> Iterator[tuple[int, memoryview]]:
+        """The ``(first, chunk)`` entries of the labels sub-database keyed ``0, label_chunk, ... < count``, in key
+        order; a key of the wrong width (``bad-key``), each chunk absent (``missing-label-chunk``) and each key off
+        that grid or beyond the count (``extra-label-chunk``) are reported on the way, not yielded."""
+        count, step, expected = self.meta.count, self.meta.label_chunk, 0
+        for key, value in self.reader.iter_raw(layout.DB_LABELS):
+            if len(key) != layout.KEY_BYTES:
+                self.add("bad-key", None, f"labels key {key.hex()} has {len(key)} bytes, expected {layout.KEY_BYTES}")
                 continue
+            first = layout.decode_key(key)
             while expected < min(first, count):
-                self.add(kinds[0], expected, f"{missing} of samples {expected}.. is missing")
+                self.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
                 expected += step
             if first != expected or first >= count:
-                self.add(kinds[1], first, extra(first))
+                self.add("extra-label-chunk", first, f"unexpected label chunk (label_chunk {step}, count {count})")
                 continue
             expected += step
             yield first, value
         while expected < count:
-            self.add(kinds[0], expected, f"{missing} of samples {expected}.. is missing")
+            self.add("missing-label-chunk", expected, f"label chunk of samples {expected}.. is missing")
             expected += step
-
-    def _decode(self, key: bytes, db: str) -> int | None:
-        """The sample index a key of ``db`` encodes; ``None`` (and a ``bad-key`` problem) for a wrong width."""
-        if len(key) != layout.KEY_BYTES:
-            self.add("bad-key", None, f"{db} key {key.hex()} has {len(key)} bytes, expected {layout.KEY_BYTES}")
-            return None
-        return layout.decode_key(key)
-
-    def check_samples(self) -> None:
-        """Every value the count implies is present, of the right length, with a matching checksum."""
-        m, rep = self.meta, self.report
-        if self.samples is not None:  # found by the value pass: reported as this walk reports it
-            self.samples.emit(rep, self.add, self.limit)
-            if self.progress is not None:
-                self.progress(rep.samples_checked)
-            return
-        spv, count, trailer = m.samples_per_value, m.count, m.trailer_bytes
-
-        def extra(first: int) -> str:
-            why = "beyond the count" if first >= count else f"not a multiple of samples_per_value {spv}"
-            return f"unexpected sample value ({why}; count {count})"
-
-        next_report = PROGRESS_EVERY
-        for first, value in self._walk_grid(layout.DB_SAMPLES, spv, ("missing-value", "extra-value"), "value", extra):
-            n = min(spv, count - first)
-            want = m.expected_value_len(first)
-            rep.values_checked += 1
-            rep.samples_checked += n
-            if len(value) != want:
-                self.add("value-length", first, f"value has {len(value)} bytes, expected {want}")
-            elif self.checksum is not None and trailer:
-                rep.checksums_checked += 1
-                if self.checksum(value[: want - trailer]) != bytes(value[want - trailer :]):
-                    self.add("checksum", first, f"{m.checksum} mismatch in the value of samples {first}..")
-            if self.progress is not None and rep.samples_checked >= next_report:
-                self.progress(rep.samples_checked)
-                next_report = rep.samples_checked + PROGRESS_EVERY
-        if self.progress is not None:
-            self.progress(rep.samples_checked)
 
     def check_labels(self) -> np.ndarray:
         """Check the label chunks and return the label table (missing chunks filled with an
@@ -168,9 +208,7 @@ class ContentChecks:
         m, rep = self.meta, self.report
         chunk, count, n_classes, ldt = m.label_chunk, m.count, len(m.classes), m.label_dtype
         labels = np.full(count, np.iinfo(ldt).max, ldt)
-        kinds = ("missing-label-chunk", "extra-label-chunk")
-        extra = f"unexpected label chunk (label_chunk {chunk}, count {count})"
-        for first, value in self._walk_grid(layout.DB_LABELS, chunk, kinds, "label chunk", lambda _: extra):
+        for first, value in self._label_chunks():
             n = min(chunk, count - first)
             if len(value) != n * ldt.itemsize:
                 self.add(

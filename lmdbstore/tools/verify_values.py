@@ -1,31 +1,28 @@
 """The ``samples`` check of ``lmdbstore verify`` at the disk's speed: every value read once, in large sequential
-runs, its checksum computed by the fastest library at hand, in ``workers`` processes.
+runs, its checksum computed by the fastest library at hand, on every core.
 
 liblmdb's cursor faults a value's pages in one at a time, so checking a cold store through it ran at ~130 MB/s
 of one core (issue 36).  This pass instead:
 
 1. locates every value from the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`, a
-   bounds-checked walk that never hands the file to liblmdb);
-2. finds from the keys and sizes alone what the cursor walk would report as ``missing-value``, ``extra-value``
-   and ``value-length`` (:func:`~lmdbstore.tools.verify_findings.grid_problems`);
-3. reads the values' bytes in file order, in chunks of a few MiB (:func:`plan_chunks`, sized by the data and
-   the memory available), and compares each value's checksum with its trailer (:class:`ChunkChecker`), one
-   chunk per worker process at a time (:func:`check_values`, on :class:`~lmdbstore.ingestion.pool.OrderedPool`).
+   bounds-checked walk that never hands the file to liblmdb); a tree it cannot read is a ``structure`` problem;
+2. finds from the keys and sizes alone the ``missing-value``, ``extra-value`` and ``value-length`` problems
+   (:func:`grid_problems`);
+3. reads the values' bytes in file order, in chunks of a few MiB (:func:`plan_chunks`, sized by the data and the
+   memory available), and compares each value's checksum with its trailer (:class:`ChunkChecker`), one chunk per
+   worker process at a time (:func:`check_values`, on :class:`~lmdbstore.util.pool.OrderedPool`).  The workers
+   read the descriptor verify opened (:class:`~lmdbstore.util.workers.PassedFd`), never the path again.
 
-What it finds (:class:`~lmdbstore.tools.verify_findings.SamplesFindings`) is reported exactly as the cursor walk of
-:class:`~lmdbstore.tools.verify_checks.ContentChecks` reports it -- the same problems in key order, the same
-messages and counters, also when ``max_problems`` stops the report early -- whatever the number of workers
-(tests compare them).  A tree this walk cannot read (a key of another width, an unknown page layout) is left
-to the cursor walk (:func:`value_table` returns ``None``).  Memory: the value table (25 bytes a value) in the
-calling process, one chunk buffer per worker.
+What it finds (:class:`SamplesFindings`) is reported in key order, the first ``max_problems``, whatever the number
+of workers: the pass stops once the first ``max_problems`` problems are known.  Memory: the value table (25 bytes
+a value) in the calling process, one chunk buffer per worker.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,19 +32,20 @@ from lmdbstore.format import layout
 from lmdbstore.format.btree import BTreeValues, samples_positions
 from lmdbstore.format.checksums import checksum_int, trailer_dtype
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.format.pages import LmdbMeta, UnsupportedLayout
-from lmdbstore.ingestion.pool import OrderedPool, TaskFailure, WorkerDied
-from lmdbstore.loader.window import available_memory
-from lmdbstore.tools.verify_findings import SamplesFindings, grid_problems
-from lmdbstore.util.procs import main_script_hidden
+from lmdbstore.format.pages import LmdbMeta
+from lmdbstore.util.memory import available_memory
+from lmdbstore.util.pool import OrderedPool, TaskFailure
+from lmdbstore.util.workers import PassedFd, WorkerDied
 
 __all__ = [
     "BYTES_PER_WORKER",
     "Chunk",
     "ChunkChecker",
+    "SamplesFindings",
     "ValueOptions",
     "check_values",
     "chunk_bytes",
+    "grid_problems",
     "plan_chunks",
     "resolve_workers",
     "value_table",
@@ -101,15 +99,107 @@ def chunk_bytes(total: int, workers: int, largest: int, available: int | None = 
     return max(want - want % ALIGN, largest)
 
 
-# ------------------------------------------------------------------------------------------ the value table
-def value_table(fd: int, snap: LmdbMeta, path: str | Path) -> BTreeValues | None:
-    """Every value of the ``samples`` sub-database of the snapshot ``snap`` (keys, sizes, file positions), or
-    ``None`` where the walk cannot read the tree (a key of another width, a damaged tree: the cursor walk then
-    reports what liblmdb sees)."""
-    try:
-        return samples_positions(fd, os.fstat(fd).st_size, snap, layout.DB_SAMPLES, path=path)
-    except (CorruptStoreError, UnsupportedLayout):
-        return None
+def value_table(fd: int, snap: LmdbMeta, path: str | Path) -> BTreeValues:
+    """Every value of the ``samples`` sub-database of the snapshot ``snap`` (keys, sizes, file positions).
+
+    Raises:
+        CorruptStoreError, UnsupportedLayout: the tree cannot be read (a ``structure`` problem).
+    """
+    return samples_positions(fd, os.fstat(fd).st_size, snap, layout.DB_SAMPLES, path=path)
+
+
+# ------------------------------------------------------------------------------------------ what was found
+@dataclass
+class SamplesFindings:
+    """What the pass over the ``samples`` sub-database found.
+
+    Attributes:
+        missing, extra, wrong_length, bad_checksum: the sample indices (keys) of each kind of problem, sorted.
+        lengths: the actual length of each value in ``wrong_length``.
+        accepted: the keys on the grid ``0, spv, ... < count`` (the values checked).
+        checksums: whether checksums were compared.
+        complete: every chunk was read (``False`` after a stop at ``max_problems``).
+    """
+
+    meta: StoreMeta
+    missing: np.ndarray
+    extra: np.ndarray
+    wrong_length: np.ndarray
+    lengths: np.ndarray
+    accepted: np.ndarray
+    checksums: bool
+    bad_checksum: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    complete: bool = True
+
+    def first(self, limit: int | None) -> list[tuple[int, str]]:
+        """The first ``limit`` problems (``None``: all) in key order as ``(index, kind)``."""
+        parts = [
+            (self.missing[:limit], "missing-value"),
+            (self.extra[:limit], "extra-value"),
+            (self.wrong_length[:limit], "value-length"),
+            (self.bad_checksum[:limit], "checksum"),
+        ]
+        return sorted((int(i), kind) for keys, kind in parts for i in keys.tolist())[:limit]
+
+    def known_before(self, bound: int) -> int:
+        """Problems at indices below ``bound`` (those later chunks cannot add to)."""
+        b = np.uint64(bound)
+        return sum(int(np.searchsorted(k, b)) for k in (self.missing, self.extra, self.wrong_length, self.bad_checksum))
+
+    def message(self, index: int, kind: str) -> str:
+        """The one-line message of the problem ``kind`` at ``index``."""
+        m = self.meta
+        if kind == "missing-value":
+            return f"value of samples {index}.. is missing"
+        if kind == "extra-value":
+            spv = m.samples_per_value
+            why = "beyond the count" if index >= m.count else f"not a multiple of samples_per_value {spv}"
+            return f"unexpected sample value ({why}; count {m.count})"
+        if kind == "value-length":
+            have = int(self.lengths[int(np.searchsorted(self.wrong_length, np.uint64(index)))])
+            return f"value has {have} bytes, expected {m.expected_value_len(index)}"
+        return f"{m.checksum} mismatch in the value of samples {index}.."
+
+    def samples_in(self, n: int) -> int:
+        """Samples in the first ``n`` accepted values (the last value of the store may be short)."""
+        if n == 0:
+            return 0
+        spv, count = self.meta.samples_per_value, self.meta.count
+        return n * spv - max(0, int(self.accepted[n - 1]) + spv - count)
+
+    def counts(self, upto: int | None = None) -> tuple[int, int, int]:
+        """``(values, samples, checksums)`` checked, of the values keyed ``upto`` or below (``None``: all)."""
+        n, wrong = len(self.accepted), len(self.wrong_length)
+        if upto is not None:
+            n = int(np.searchsorted(self.accepted, np.uint64(upto), side="right"))
+            wrong = int(np.searchsorted(self.wrong_length, np.uint64(upto), side="right"))
+        return n, self.samples_in(n), n - wrong if self.checksums else 0
+
+
+def grid_problems(values: BTreeValues, meta: StoreMeta, checksums: bool) -> tuple[SamplesFindings, np.ndarray]:
+    """The problems the keys and sizes show, and which values (by position in ``values``) are to be checksummed:
+    those on the grid with the right length (none when ``checksums`` is off or the store has none)."""
+    keys, spv, count = values.keys, np.uint64(meta.samples_per_value), meta.count
+    on = (keys % spv == 0) & (keys < np.uint64(count))
+    grid = np.zeros(meta.n_values, bool)
+    grid[(keys[on] // spv).astype(np.int64)] = True
+    accepted = keys[on]
+    want = np.full(len(accepted), meta.samples_per_value * meta.sample_bytes + meta.trailer_bytes, np.int64)
+    last = accepted + spv > np.uint64(count)
+    want[last] = [meta.expected_value_len(int(k)) for k in accepted[last].tolist()]
+    bad_len = values.sizes[on] != want
+    compare = checksums and meta.trailer_bytes > 0
+    findings = SamplesFindings(
+        meta=meta,
+        missing=(np.flatnonzero(~grid).astype(np.uint64) * spv),
+        extra=keys[~on],
+        wrong_length=accepted[bad_len],
+        lengths=values.sizes[on][bad_len],
+        accepted=accepted,
+        checksums=compare,
+    )
+    check = np.flatnonzero(on)[~bad_len] if compare else np.zeros(0, np.int64)
+    return findings, check
 
 
 # ------------------------------------------------------------------------------------------ chunks
@@ -148,16 +238,16 @@ def plan_chunks(values: BTreeValues, check: np.ndarray, size: int) -> tuple[list
 
 
 class ChunkChecker:
-    """Reads a chunk of the data file and returns the positions (in the chunk) of the values whose checksum
-    differs from their trailer.  Runs in a worker process (picklable: a path, the file's identity, a kind);
-    keeps one buffer of ``buffer_bytes`` for the process's life.
+    """Reads a chunk of the data file open as ``fd`` and returns the positions (in the chunk) of the values whose
+    checksum differs from their trailer.  Runs in a worker process (the descriptor travels with it); keeps one
+    buffer of ``buffer_bytes`` for the process's life.
 
     Raises (from a call):
-        CorruptStoreError: the data file is no longer the one verified, or ends before the chunk does.
+        CorruptStoreError: the data file ends before the chunk does.
     """
 
-    def __init__(self, data_path: str, file_id: tuple[int, int], kind: str, buffer_bytes: int):
-        self.data_path, self.file_id, self.kind, self.buffer_bytes = data_path, file_id, kind, buffer_bytes
+    def __init__(self, fd: PassedFd, kind: str, buffer_bytes: int, path: str):
+        self.fd, self.kind, self.buffer_bytes, self.path = fd, kind, buffer_bytes, path
         self._buf: np.ndarray | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -166,25 +256,16 @@ class ChunkChecker:
     def _read(self, chunk: Chunk) -> np.ndarray:
         if self._buf is None or len(self._buf) < chunk.length:
             self._buf = np.empty(max(self.buffer_bytes, chunk.length), np.uint8)
-        buf = self._buf[: chunk.length]
-        fd = os.open(self.data_path, os.O_RDONLY)
-        try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != self.file_id:
-                raise CorruptStoreError("the data file was replaced while it was verified", path=self.data_path)
-            if chunk.ahead[1] and hasattr(os, "posix_fadvise"):  # the disk reads the next chunk meanwhile
-                os.posix_fadvise(fd, chunk.ahead[0], chunk.ahead[1], os.POSIX_FADV_WILLNEED)
-            view, got = memoryview(buf), 0  # type: ignore[arg-type]  # numpy arrays are buffers
-            while got < chunk.length:
-                k = os.preadv(fd, [view[got:]], chunk.start + got)
-                if k == 0:
-                    raise CorruptStoreError(
-                        f"the data file ends at byte {chunk.start + got}, before the values it holds",
-                        path=self.data_path,
-                    )
-                got += k
-        finally:
-            os.close(fd)
+        buf, fd = self._buf[: chunk.length], self.fd.fd
+        if chunk.ahead[1] and hasattr(os, "posix_fadvise"):  # the disk reads the next chunk meanwhile
+            os.posix_fadvise(fd, chunk.ahead[0], chunk.ahead[1], os.POSIX_FADV_WILLNEED)
+        view, got = memoryview(buf), 0  # type: ignore[arg-type]  # numpy arrays are buffers
+        while got < chunk.length:
+            k = os.preadv(fd, [view[got:]], chunk.start + got)
+            if k == 0:
+                at = chunk.start + got
+                raise CorruptStoreError(f"the data file ends at byte {at}, before the values it holds", path=self.path)
+            got += k
         return buf
 
     def __call__(self, chunk: Chunk) -> np.ndarray:
@@ -217,12 +298,12 @@ class ValueOptions:
     total: Callable[[int], None] | None = None
 
 
-def check_values(values: BTreeValues, meta: StoreMeta, data_path: Path, fd: int, opts: ValueOptions) -> SamplesFindings:
-    """Find every problem of the ``samples`` sub-database whose values ``values`` lie in the data file ``fd``
-    (at ``data_path``): the grid's, then the checksums' (see :class:`ValueOptions`).
+def check_values(values: BTreeValues, meta: StoreMeta, fd: int, path: Path, opts: ValueOptions) -> SamplesFindings:
+    """Find every problem of the ``samples`` sub-database whose values ``values`` lie in the data file open as
+    ``fd`` (``path`` names it): the grid's, then the checksums' (see :class:`ValueOptions`).
 
     Raises:
-        CorruptStoreError: the data file was replaced or is shorter than its values.
+        CorruptStoreError: the data file is shorter than its values.
         LmdbStoreError: a worker process died or failed.
         ValueError: ``workers`` below 1.
     """
@@ -231,23 +312,14 @@ def check_values(values: BTreeValues, meta: StoreMeta, data_path: Path, fd: int,
     findings, check = grid_problems(values, meta, opts.checksums)
     total = int(values.sizes[check].sum())
     n_workers = resolve_workers(opts.workers, total)
-    largest = int(values.sizes[check].max()) if check.size else 0
-    size = chunk_bytes(total, n_workers, largest)
+    size = chunk_bytes(total, n_workers, int(values.sizes[check].max()) if check.size else 0)
     chunks, keys = plan_chunks(values, check, size)
     if chunks:
-        st = os.fstat(fd)
-        checker = ChunkChecker(str(data_path), (st.st_dev, st.st_ino), meta.checksum, size)
-        bad = _run(checker, chunks, keys, findings, n_workers, opts.max_problems, opts.progress)
-        findings.bad_checksum = np.sort(np.concatenate(bad)) if bad else findings.bad_checksum
+        checker = ChunkChecker(PassedFd(fd), meta.checksum, size, str(path))
+        _run(checker, chunks, keys, findings, n_workers, opts)
     if opts.progress is not None:
-        opts.progress(findings._samples_in(len(findings.accepted)))
+        opts.progress(findings.samples_in(len(findings.accepted)))
     return findings
-
-
-def _samples(keys: np.ndarray, meta: StoreMeta) -> int:
-    """Samples in the values keyed ``keys``."""
-    spv = meta.samples_per_value
-    return int(np.minimum(spv, np.uint64(meta.count) - keys).sum())
 
 
 def _run(
@@ -256,42 +328,35 @@ def _run(
     keys: list[np.ndarray],
     findings: SamplesFindings,
     workers: int,
-    max_problems: int,
-    progress: Callable[[int], None] | None,
-) -> list[np.ndarray]:
-    """Check the chunks in order, ``workers`` at a time; the keys of the values that failed, per chunk done."""
+    opts: ValueOptions,
+) -> None:
+    """Check the chunks in order, ``workers`` at a time, into ``findings.bad_checksum``."""
     lows = np.array([int(k.min()) for k in keys], np.uint64)
     later = np.minimum.accumulate(lows[::-1])[::-1]  # the smallest key any chunk from i on holds
     bad: list[np.ndarray] = []
-    done = 0
-    pool = OrderedPool(checker, workers if workers > 1 else 0, IN_FLIGHT_PER_WORKER * workers)
+    done, spv, count = 0, findings.meta.samples_per_value, np.uint64(findings.meta.count)
+    pool = OrderedPool(checker, workers if workers > 1 else 0, IN_FLIGHT_PER_WORKER * workers, main=False)
     results = pool.results(chunks)
     try:
-        with main_script_hidden("spawn"):  # the workers start on the first result: they need nothing of __main__
-            head = next(results)
-        for i, positions in itertools.chain([head], results):
+        for i, positions in results:
             bad.append(keys[i][positions])
             findings.bad_checksum = np.sort(np.concatenate(bad))
-            done += _samples(keys[i], findings.meta)
-            if progress is not None:
-                progress(done)
+            done += int(np.minimum(spv, count - keys[i]).sum())
+            if opts.progress is not None:
+                opts.progress(done)
             bound = int(later[i + 1]) if i + 1 < len(chunks) else 2**64 - 1
-            if i + 1 < len(chunks) and findings.known_before(bound) >= max_problems:
+            if i + 1 < len(chunks) and findings.known_before(bound) >= opts.max_problems:
                 findings.complete = False
                 break
     except WorkerDied as exc:
         raise LmdbStoreError(
             f"a verify worker process died (exit code {exc.exitcode})",
-            path=checker.data_path,
+            path=checker.path,
             hint="out of memory, or killed? run verify again (workers=1 checks in this process)",
         ) from None
     except TaskFailure as exc:
-        cause = exc.__cause__
-        if isinstance(cause, LmdbStoreError):  # in this process: the error itself
-            raise cause from None
-        if exc.type_name == "CorruptStoreError":
-            raise CorruptStoreError(exc.message, hint="run verify again") from None
+        if isinstance(exc.error, LmdbStoreError):
+            raise exc.error from None
         raise LmdbStoreError(f"a verify worker failed: {exc.type_name}: {exc.message}") from None
     finally:
         results.close()
-    return bad

@@ -29,6 +29,7 @@ from lmdbstore.config import (
     SAMPLE_READ_CHUNK,
 )
 from lmdbstore.errors import LmdbStoreError
+from lmdbstore.store.metaview import sample_indices
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.util.paths import check_output_file
 from lmdbstore.util.runfiles import METRICS_NAME
@@ -112,14 +113,10 @@ def _colour_scale(x: np.ndarray) -> tuple[str, float, float]:
 def _pick(reader: StoreReader, per_class: int, seed: int, indices: Any) -> list[tuple[int, np.ndarray]]:
     """(class id, sample indices) per row of the grid."""
     if indices is not None:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = sample_indices(indices)
         if not idx.size:
             raise ValueError("indices must name at least one sample")
-        n = len(reader)
-        if int(idx.min()) < 0 or int(idx.max()) >= n:
-            bad = int(idx[(idx < 0) | (idx >= n)][0])
-            raise IndexError(f"indices: sample index {bad} out of range for a store of {n} samples")
-        labels = reader.labels_of(idx)
+        labels = reader.labels_of(idx)  # indices outside the store: IndexError
         return [(int(c), idx[labels == c]) for c in sorted(set(labels.tolist()))]
     if isinstance(per_class, bool) or not isinstance(per_class, int) or not 1 <= per_class <= 64:
         raise ValueError(f"per_class must be an integer in 1..64, got {per_class!r}")

@@ -7,7 +7,6 @@ count losses, accuracy and the confusion matrix the same way.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -22,7 +21,9 @@ from torch import nn
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.samplers import EpochBatchSampler, stratified_split
+from lmdbstore.loader.choose import recorded_splits, run_split
+from lmdbstore.loader.samplers import EpochBatchSampler
+from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import as_reader
 from lmdbstore.training.batches import autocast, place_model, to_device
@@ -148,8 +149,6 @@ def evaluate(
     model: str | None = None,
     model_args: dict[str, Any] | None = None,
     split: str | None = None,
-    val_fraction: float | None = None,
-    seed: int | None = None,
 ) -> dict[str, Any]:
     """Score ``store`` (or the given ``indices`` of it) with a checkpoint from
     :func:`~lmdbstore.training.trainer.train`.
@@ -170,9 +169,9 @@ def evaluate(
             ``path/to/file.py:function``; required for one, as a checkpoint's word never chooses code to import);
             default ``None``: the built-in CNN.
         model_args: the factory's arguments; default ``None``: the checkpoint's (given, they must be them).
-        split: ``"train"`` or ``"val"``: score only that part of the seeded, stratified split the training run
-            used (``val_fraction`` and ``seed``, default: the ones the checkpoint records); default ``None``:
-            every sample (or ``indices``).
+        split: ``"train"`` or ``"val"``: score only that part of the split the training run used, exactly (the
+            checkpoint's record of it: :class:`~lmdbstore.loader.choose.SplitRecord`; on a store that grew since,
+            the run's samples); default ``None``: every sample (or ``indices``).
 
     Returns a dict with ``samples``, ``loss``, ``accuracy``, ``per_class_accuracy`` and ``confusion`` over
     the checkpoint's ``classes`` (and ``store``: the first store, ``stores``: all, ``checkpoint``).
@@ -181,9 +180,11 @@ def evaluate(
         ValidationError: the store's samples have a shape the CNN cannot take; stores of a set that do not
             make one set.
         LmdbStoreError: unreadable checkpoint, or one trained on another number of channels or another
-            sample shape, or without a class of the store; ``predictions_out`` cannot be written.
+            sample shape, or without a class of the store; ``predictions_out`` cannot be written; with ``split``:
+            a checkpoint that records no split, or a store that changed since the run.
         ModelError: a checkpoint of the user's model without ``model``, or of another factory or arguments.
-        ValueError: ``split`` not ``"train"``/``"val"``, or with ``indices``.
+        ValueError: ``split`` not ``"train"``/``"val"``, or with ``indices``; indices that are not integers.
+        IndexError: an index outside the store.
     """
     if split not in (None, "train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
@@ -195,6 +196,7 @@ def evaluate(
         check_output_file(predictions_out, "predictions file", sources=list(getattr(reader, "paths", [path])))
     with reader:
         meta = reader.meta
+        labels = reader.labels() if split is not None else None
     if model is None:
         model_channels(meta.shape, path)  # the built-in CNN's shapes
     dev = resolve_device(device, DistInfo())
@@ -203,9 +205,11 @@ def evaluate(
     check_checkpoint(ckpt, classes, meta.shape, Path(checkpoint))  # shape and channels; classes by name below
     label_map = class_map(list(meta.classes), classes, Path(checkpoint))
     net = place_model(model_from_checkpoint(ckpt, Path(checkpoint), model, model_args), dev)
-    idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(np.asarray(indices, np.int64))
-    if split is not None:
-        idx = _split_indices(reader, ckpt, split, val_fraction, seed)
+    idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(sample_indices(indices))
+    check_in_range(idx, meta.count)
+    if labels is not None:
+        train_idx, val_idx = run_split(recorded_splits(ckpt, Path(checkpoint)), labels, path).parts(labels)
+        idx = val_idx if split == "val" else train_idx
     loader = make_loader(
         LmdbBatchDataset(reader),
         EpochBatchSampler(idx, batch_size, shuffle="none"),
@@ -238,29 +242,3 @@ def evaluate(
         "classes": classes,
         "split": split,
     }
-
-
-def _split_indices(
-    reader: Any, ckpt: dict[str, Any], split: str, val_fraction: float | None, seed: int | None
-) -> np.ndarray:
-    """The ``split`` part of the stratified split of ``reader``'s labels, by ``val_fraction`` and ``seed``
-    (default: the checkpoint's training run's, else the training defaults)."""
-    recorded_t = _recorded(ckpt, "train_config")
-    recorded_l = _recorded(ckpt, "loader_config")
-    frac = val_fraction if val_fraction is not None else recorded_t.get("val_fraction", TrainConfig.val_fraction)
-    sd = seed if seed is not None else recorded_l.get("seed", LoaderConfig.seed)
-    if not isinstance(frac, (int, float)) or not 0 <= frac < 1 or not isinstance(sd, int):
-        raise LmdbStoreError("malformed checkpoint: its val_fraction or seed is out of range")
-    with reader:
-        labels = reader.labels()
-    train_idx, val_idx = stratified_split(labels, float(frac), int(sd))
-    return np.sort(val_idx if split == "val" else train_idx)
-
-
-def _recorded(ckpt: dict[str, Any], key: str) -> dict[str, Any]:
-    """A JSON object the checkpoint records (``{}`` when absent or malformed)."""
-    try:
-        value = json.loads(ckpt.get(key, "{}"))
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -21,8 +21,9 @@ otherwise).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,8 @@ import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
+from lmdbstore.loader.choose import SplitRecord, run_split
 from lmdbstore.loader.passes import EpochPasses
-from lmdbstore.loader.samplers import stratified_split
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
 from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
@@ -216,6 +217,7 @@ class RankData:
         train_idx, val_idx: this rank's group's split.
         sampler: this rank's training batches (as many per epoch as on every other rank).
         sizes: the job's training and validation samples, each group's split counted once.
+        splits: the records of every group's split, as JSON (what checkpoints keep).
     """
 
     data: TrainData
@@ -224,6 +226,7 @@ class RankData:
     val_idx: np.ndarray
     sampler: Any
     sizes: tuple[int, int]
+    splits: str = "[]"
 
     def val_batches(self, sampler: Any) -> Any:
         """The validation sampler with as many steps as on every other rank (when sharded)."""
@@ -240,19 +243,30 @@ def rank_data(
     say: Log,
     device: torch.device | None = None,
     recorded: Order | None = None,
+    splits: Sequence[SplitRecord] | None = None,
 ) -> RankData:
     """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
-    ``lcfg.seed``), check it (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
+    ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it
+    (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
     (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
     make this rank's sampler (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded):
     the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
 
     Raises:
         ValidationError: as :func:`place`, :func:`split_sizes` and ``check_inputs``.
+        LmdbStoreError: no record of ``splits`` is of this data (the store changed since the run).
     """
     placement = place(data.reader, info)
     data, share = shard_data(data, placement), placement.share
-    train_idx, val_idx = stratified_split(data.labels, val_fraction, lcfg.seed)
+    if splits is None:
+        split = SplitRecord.drawn(data.labels, val_fraction, lcfg.seed)
+    else:
+        split = run_split(splits, data.labels, data.path)
+        if split.samples < len(data.labels):
+            say(f"the store grew since the run split its first {split.samples} samples: the run keeps that split")
+    train_idx, val_idx = split.parts(data.labels)
+    every = gather(asdict(split), info)
+    records = json.dumps([r for k, r in enumerate(every) if r not in every[:k]])
     sizes = split_sizes(placement, len(train_idx), len(val_idx), info)
     check_inputs(data, train_idx, lcfg, share)
     sample_bytes, where = len(train_idx) * data.meta.sample_bytes, device or torch.device("cpu")
@@ -262,4 +276,4 @@ def rank_data(
     )
     if placement.sharded:  # DDP needs as many steps on every rank
         sampler = EqualSteps(sampler, equal_steps(len(sampler), info))
-    return RankData(data, placement, train_idx, val_idx, sampler, sizes)
+    return RankData(data, placement, train_idx, val_idx, sampler, sizes, records)

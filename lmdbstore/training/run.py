@@ -45,6 +45,7 @@ class TrainRun:
     train_loader: Any = None  # the training loader (its state -- the batches it delivered -- goes into checkpoints)
     stop: Any = None  # ``() -> bool``, asked after every step: stop there (checkpoint written), or ``None``
     val_loader: Any = None  # the validation loader (``None``: no validation split)
+    splits: str = "[]"  # the records of the run's split, as JSON (:class:`~lmdbstore.loader.choose.SplitRecord`)
 
     @property
     def writes(self) -> bool:

@@ -8,9 +8,9 @@ next one already trained (``step``) with that epoch's partial metrics (``epoch_t
 ranks: every sample counted once), the training loader's state under the key ``sampler`` (its sampler's
 epoch and the batches the loader delivered to the loop -- :mod:`~lmdbstore.loader.delivered` --, checked
 against the sampler of the resumed run; the format earlier versions wrote there, so their checkpoints
-resume too), torch's random number generator (dropout), the metrics history, the best
-validation accuracy and the last confusion matrix.  Only tensors and primitives: it loads with
-``torch.load(weights_only=True)``.  Written atomically: a kill during the write leaves the previous one.
+resume too), torch's random number generator (dropout), the metrics history, the best validation accuracy,
+the last confusion matrix and what the split was drawn from (``split``).  Only tensors and primitives: it loads
+with ``torch.load(weights_only=True)``.  Written atomically: a kill during the write leaves the previous one.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def checkpoint_dict(
         "train_config": json.dumps(asdict(run.cfg)),
         "loader_config": json.dumps(asdict(run.lcfg)),
         "order": order_of(run.sampler).to_json(),  # auto's choice and the window's size: a resumed run keeps them
+        "split": run.splits,  # what the split was drawn from: eval, export and a resumed run draw it again exactly
     }
     if step:
         ckpt["epoch_totals"] = list(totals or [])

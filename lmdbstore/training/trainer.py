@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lmdbstore.config import LoaderConfig, TrainConfig
+from lmdbstore.config import BUILTIN_MODEL, LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError
+from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.batches import place_model
-from lmdbstore.training.checkpoint import load_checkpoint, model_name
+from lmdbstore.training.checkpoint import check_checkpoint, load_checkpoint, model_name
 from lmdbstore.training.data import TrainData, make_loaders, read_store
 from lmdbstore.training.distributed import DistInfo, device_kind, init_distributed, resolve_device
 from lmdbstore.training.evaluate import format_confusion
@@ -69,6 +70,8 @@ class TrainResult:
     classes: list[str]
     out_dir: Path | None
     checkpoint: Path | None
+    #: the model trained: its factory (``lmdbstore.training.model:build_cnn``: the built-in CNN) and arguments
+    model: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final(self) -> EpochMetrics:
@@ -142,7 +145,11 @@ def train(
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
     out = Path(out_dir) if out_dir is not None else None
     ckpt = _checkpoint(out, device) if resume else None  # read once: its order now, its weights and state below
-    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded_order(ckpt))  # or shards per node
+    splits = None
+    if ckpt is not None and out is not None:  # its sample shape first (its classes once the ranks agree on them)
+        check_checkpoint(ckpt, list(ckpt["classes"]), data.meta.shape, out / CHECKPOINT_NAME)
+        splits = recorded_splits(ckpt, out / CHECKPOINT_NAME, cfg.val_fraction, lcfg.seed)
+    mine = rank_data(data, cfg.val_fraction, lcfg, info, say, device, recorded_order(ckpt), splits)  # or shards
     data, sampler, placement = mine.data, mine.sampler, mine.placement
     model, net = _build_model(data, cfg, lcfg.seed, info, device)
     steps = len(sampler) if cfg.max_steps_per_epoch is None else min(len(sampler), cfg.max_steps_per_epoch)
@@ -158,7 +165,7 @@ def train(
     tb = _run_files(out if info.is_main else None, state, steps, resume)
     run = TrainRun(
         cfg, lcfg, info, device, data, model, net, optimizer, scheduler, steps, out, progress, say, sampler, tb,
-        train_loader, stop if not info.active else None, val_loader,
+        train_loader, stop if not info.active else None, val_loader, mine.splits,
     )  # fmt: skip
     validated = split_sizes(placement, len(mine.train_idx), len(val_idx), info)[1]  # every rank calls it: a gather
     n_batches = len(val_loader) if val_loader is not None else 0
@@ -174,7 +181,10 @@ def train(
         _report(run, conf, state, has_val=val_loader is not None)
     if info.active:
         dist.barrier()
-    return TrainResult(state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None)
+    model_ = {"factory": cfg.model, "args": cfg.model_kwargs}
+    return TrainResult(
+        state.history, conf.tolist(), data.classes, out, (out / CHECKPOINT_NAME) if out else None, model_
+    )
 
 
 def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None) -> None:
@@ -235,11 +245,13 @@ def _build_model(
 
 def _plan_line(run: TrainRun, n_train: int, n_val: int, validation: str = "") -> str:
     """The line that says what the run is about to do (``validation``: what each validation reads, and when)."""
-    lcfg = run.lcfg
+    lcfg, cfg = run.lcfg, run.cfg
+    model = "the built-in CNN" if cfg.model == BUILTIN_MODEL else cfg.model
     return (
         f"training on {run.device} ({run.info.world_size} process(es)): {n_train} train / {n_val} val samples, "
         f"batch {lcfg.batch_size}, {run.steps} steps/epoch, {validation + ', ' if validation else ''}"
-        f"{lcfg.workers} workers, shuffle {_shuffle_used(run)}"
+        f"{lcfg.workers} workers, shuffle {_shuffle_used(run)}, model {model}"
+        f"({', '.join(f'{k}={v!r}' for k, v in cfg.model_kwargs.items())})"
     )
 
 

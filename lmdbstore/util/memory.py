@@ -29,16 +29,21 @@ import errno
 import os
 import warnings
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 __all__ = [
     "DEFAULT_SHARE",
     "MemoryBoundWarning",
+    "ResultBudget",
     "available_memory",
     "check_allocation",
     "clip_bytes",
     "clip_count",
     "describe_bytes",
     "reserve",
+    "result_bytes",
     "shm_available",
 ]
 
@@ -225,3 +230,52 @@ def reserve(fd: int, nbytes: int, *, what: str, parameter: str) -> None:
             f"{parameter}: {what} of {describe_bytes(nbytes)} do not fit in shared memory ({exc.strerror}; "
             f"{describe_bytes(shm_available())} free in /dev/shm); lower {parameter}"
         ) from None
+
+
+def result_bytes(result: Any) -> int:
+    """The bytes of a task's result held in memory: its numpy arrays (and those of a tuple or list of them)."""
+    if isinstance(result, np.ndarray):
+        return int(result.nbytes)
+    if isinstance(result, (tuple, list)):
+        return sum(result_bytes(r) for r in result)
+    return 0
+
+
+class ResultBudget:
+    """How many task results a run may hold at once, by their bytes: ``share`` of the memory available when it
+    starts (:func:`available_memory`).  Results produced and not yet consumed are held in this process (a pool
+    reads them off the pipes while it waits for the next in order; an executor's futures keep theirs), so the
+    count asked for (``in_flight`` per worker) is lowered to what the budget holds at the largest result seen so
+    far -- with a :class:`MemoryBoundWarning` naming ``in_flight`` -- and, until a first result says how large
+    they are, to two per worker.
+
+    Args:
+        workers: the tasks that run at once (at least one each is always allowed).
+        available: bytes available (default: read now).
+    """
+
+    def __init__(self, workers: int, available: int | None = None, share: float = DEFAULT_SHARE) -> None:
+        self.workers = max(1, workers)
+        self.budget = int((available_memory() if available is None else available) * share)
+        self.largest = 0
+        self._warned = False
+
+    def observe(self, result: Any) -> None:
+        """Note a result received (its size bounds the window from now on)."""
+        self.largest = max(self.largest, result_bytes(result))
+
+    def window(self, limit: int) -> int:
+        """The tasks that may be submitted and not yet consumed now, of the ``limit`` asked for."""
+        if self.largest == 0:
+            return min(limit, 2 * self.workers)
+        fits = max(1, self.budget // self.largest)
+        if fits < limit and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"in_flight: {limit:,} task results of up to {describe_bytes(self.largest)} in flight would take "
+                f"{describe_bytes(limit * self.largest)}, more than this machine can give ({describe_bytes(self.budget)}); "
+                f"keeping {fits:,} in flight",
+                MemoryBoundWarning,
+                stacklevel=4,
+            )
+        return min(limit, fits)

@@ -1,15 +1,18 @@
-"""The benchmarks, one module each, run as ``python scripts/bench/<name>.py`` (``--quick`` for a smoke test):
+"""The benchmark harness: every benchmark declared as data (:mod:`.suites`), run by one driver (:mod:`.driver`).
 
-* ``storage``   lmdbstore against memmap, naive LMDB, HDF5, SQLite and per-sample ``.npy`` files
-* ``scaling``   lmdbstore stores of growing size, each read in a fresh process, against a memmap of that size
-* ``loader``    the real DataLoader and trainer against a numpy memmap baseline
-* ``ooc``       out-of-core reads against the disk's own random-read limits
-* ``parallel``  ``write_parallel``'s producer scaling, and the single writer against ``np.save``
-* ``peers``     lmdbstore beside MosaicML streaming, litdata and webdataset
+Run one with ``python -m scripts.bench NAME [--quick]`` from the repository root (``list`` names them; ``report``
+writes docs/benchmarks.md and the README's headline table from the results).  Modules:
 
-Shared, not benchmarks: ``common`` (progress lines, tables and files, data and the store builder, timing,
-goals) and ``machine`` (host facts, the page cache, the machine's own limits: memmap copy and ``pread`` rates).
-Adapters: ``formats`` and ``other_formats`` (storage formats), ``peer_formats`` (the peer libraries).  A
-benchmark too large for one module keeps its parts beside it: ``storage_report``, ``loader_runs`` and
-``loader_report``, ``ooc_runs``.  No benchmark imports another; tests import them as ``bench.<name>``.
+* ``spec``      what a benchmark is: its data, rows, baselines and goals (dataclasses, nothing runs);
+* ``suites``    every benchmark, declared;
+* ``driver``    the one driver: extras and disk checked first, artifacts built or reused, interleaved rounds,
+                bracketing limits, results written row by row;
+* ``machine``   the machine's header, its page cache, its own limits (``pread``, sequential read and write);
+* ``data``      the samples, and the store, set and ``.npy`` built from them;
+* ``measures``  the read measurements (``read_batch``, memmap, ``make_loader``, the feed under each framework);
+* ``formats``   the other formats and the peer libraries: built, and read their own way;
+* ``jobs``      whole jobs: verify, writing, TFRecord ingest, samplers' memory, training, the demo, the GPU;
+* ``report``    results as Markdown: a benchmark's section, docs/benchmarks.md, the README's headline table.
+
+Measurements use the library's public API and its CLI only.
 """

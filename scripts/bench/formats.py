@@ -1,261 +1,261 @@
-"""Storage formats behind one adapter (:class:`Format`: build from ``(x, y)``, read batches of ``(x, y)`` by
-index, a DataLoader over it), and the two formats every comparison runs:
+"""The other ways to store many small samples, and the loaders people pick today, each built from the benchmarks'
+samples (:func:`.data.chunks`) and read the way its library recommends:
 
-* ``memmap``       one ``.npy`` file written by ``np.save`` and read through ``np.load(mmap_mode="r")``:
-                   the raw sequential write rate and the physical in-cache read baseline.
-* ``lmdbstore``    this library (``open_writer`` / ``StoreReader.read_batch``), random and block order.
+* ``h5``, ``h5chunked``: HDF5 contiguous / in chunks of 16 samples (h5py); ``dset[i]`` per sample or one sorted
+  fancy-index read per batch;
+* ``sqlite``: one BLOB per row, one ``WHERE id IN (...)`` query per batch;
+* ``lmdb1``: one LMDB key per sample (the sample's bytes), one ``txn.get`` per sample: how tutorials do it;
+* ``npyfiles``: one ``.npy`` file per sample (the first :data:`.measures.NPY_FILES` samples);
+* ``mds``, ``litdata``, ``wds``: MosaicML streaming, Lightning litdata and webdataset with their own writers; random
+  access through their datasets, shuffled epochs through their loaders (the ``[peers]`` extra).
 
-Not a benchmark itself: ``bench.storage`` measures these and the formats of ``bench.other_formats``;
-``bench.peers`` uses these two as its baseline rows.
+:data:`BUILDERS` builds them, :func:`format_read` and :func:`peer_epoch` are the measurements.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+import sqlite3
+import sys
+import types
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import build_store
-from bench.machine import allocated_bytes, files_under, flush_to_disk
-from lmdbstore.store.reader import StoreReader
+from .data import CHUNK, chunks
+from .measures import NPY_FILES, WARM_BATCHES, first_then_rate, timed, warm_batches
+from .spec import Ctx, Data, Measure
 
 
-@dataclass
-class BuildStats:
-    """What building a format cost: samples, seconds (final flush included), allocated disk bytes."""
+# ============================================================================ building
+def write_h5(path: Path, data: Data, chunked: bool = False) -> None:
+    import h5py
 
-    n: int
-    seconds: float
-    disk_bytes: int
-    used_bytes: int | None = None  # LMDB pages in use (formats that have them)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Format:
-    """One storage format: build it from (x, y), then read batches of (x, y) by index.
-
-    Handles (files, environments, connections) are opened lazily in the process that reads and
-    re-opened after a fork, because h5py, sqlite3 and LMDB handles must never cross a fork.
-    """
-
-    name = ""
-    title = ""
-    modes: tuple[str, ...] = ()
-    orders: tuple[str, ...] = ("random",)
-    note = ""
-
-    def __init__(self, root: Path):
-        self.dir = root / self.name
-        self.n = 0
-        self.shape: tuple[int, ...] = ()
-        self._h: Any = None
-        self._pid = -1
-
-    # ----- to implement
-    def _build(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Write ``(x, y)`` into the empty directory ``self.dir`` (the flush to disk follows)."""
-        raise NotImplementedError
-
-    def _open(self) -> Any:
-        """Open the handles ``read_xy`` uses (called in the process that reads)."""
-        raise NotImplementedError
-
-    def _close(self, h: Any) -> None:
-        """Close the handles ``_open`` returned."""
-
-    def read_xy(self, idx: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
-        """Samples and labels at ``idx`` (in that order) using read method ``mode``."""
-        raise NotImplementedError
-
-    def used_bytes(self) -> int | None:
-        """Bytes of pages in use, for formats that allocate pages ahead (LMDB); ``None`` for the others."""
-        return None
-
-    # ----- shared
-    def build(self, x: np.ndarray, y: np.ndarray) -> BuildStats:
-        """Write (x, y) from scratch, flush to disk, and return timing and size."""
-        self.close()
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
-        t0 = time.perf_counter()
-        self._build(x, y)
-        flush_to_disk(self.dir)
-        seconds = time.perf_counter() - t0
-        self.n, self.shape = len(x), tuple(x.shape[1:])
-        return BuildStats(len(x), seconds, allocated_bytes(self.dir), self.used_bytes())
-
-    def files(self) -> list[Path]:
-        """Every file of the format (whose pages a cold read drops)."""
-        return files_under(self.dir)
-
-    def handles(self) -> Any:
-        """This process's handles, opened on first use and again after a fork."""
-        if self._h is None or self._pid != os.getpid():
-            self._h = self._open()  # an inherited handle belongs to the parent: drop it unclosed
-            self._pid = os.getpid()
-        return self._h
-
-    def open(self) -> None:
-        """Open the handles now (outside a timing)."""
-        self.handles()
-
-    def close(self) -> None:
-        """Close this process's handles (an inherited one is only forgotten)."""
-        if self._h is not None and self._pid == os.getpid():
-            self._close(self._h)
-        self._h = None
-
-    def remove(self) -> None:
-        """Close and delete the format's files."""
-        self.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def loader(self, batches: list[np.ndarray], mode: str, order: str, workers: int) -> Iterable[Any]:
-        """A DataLoader over ``batches`` (``batch_size=None``: one ``__getitem__`` per batch)."""
-        from torch.utils.data import DataLoader
-
-        self.close()  # nothing open may cross the fork
-        ds = _batch_dataset_class()(self, mode)
-        kw: dict[str, Any] = {"multiprocessing_context": "fork", "prefetch_factor": 2} if workers else {}
-        return DataLoader(ds, sampler=batches, batch_size=None, num_workers=workers, **kw)
+    path.mkdir()
+    with h5py.File(path / "data.h5", "w") as f:
+        cs = (16, *data.shape) if chunked else None
+        dx = f.create_dataset("x", shape=(data.samples, *data.shape), dtype=data.dtype, chunks=cs)
+        for a, x, _y in chunks(data):
+            dx[a : a + len(x)] = x
 
 
-_BATCH_DS: Any = None
+def write_sqlite(path: Path, data: Data) -> None:
+    path.mkdir()
+    con = sqlite3.connect(path / "data.db")
+    try:
+        con.execute("CREATE TABLE samples (id INTEGER PRIMARY KEY, label INTEGER NOT NULL, x BLOB NOT NULL)")
+        for a, x, y in chunks(data):
+            with con:
+                con.executemany(
+                    "INSERT INTO samples VALUES (?, ?, ?)", ((a + i, int(y[i]), x[i].tobytes()) for i in range(len(x)))
+                )
+    finally:
+        con.close()
 
 
-def _batch_dataset_class() -> Any:
-    """The small batch-indexed torch Dataset used for every baseline (torch is imported lazily)."""
-    global _BATCH_DS
-    if _BATCH_DS is None:
-        import torch
-        from torch.utils.data import Dataset
+def write_lmdb1(path: Path, data: Data) -> None:
+    import lmdb
 
-        class BatchDataset(Dataset):  # type: ignore[type-arg]
-            """``ds[index_array] -> (x, y)`` through a format's ``read_xy``."""
-
-            def __init__(self, fmt: Format, mode: str):
-                self.fmt, self.mode = fmt, mode
-
-            def __len__(self) -> int:
-                return self.fmt.n
-
-            def __getitem__(self, idx: Any) -> tuple[Any, Any]:
-                x, y = self.fmt.read_xy(np.asarray(idx, dtype=np.int64), self.mode)
-                if not x.flags.writeable:  # np.frombuffer over bytes: torch wants a writable array
-                    x = x.copy()
-                return torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
-
-        _BATCH_DS = BatchDataset
-    return _BATCH_DS
+    env = lmdb.open(str(path), map_size=max(1 << 26, data.samples * (data.sample_bytes + 2048) * 2))
+    try:
+        for a, x, _y in chunks(data):
+            with env.begin(write=True) as txn:
+                for i in range(len(x)):
+                    txn.put(b"%08d" % (a + i), x[i].tobytes())
+    finally:
+        env.close()
 
 
-class MemmapFormat(Format):
-    name, title = "memmap", "numpy memmap"
-    modes = ("fancy",)
-    note = "np.save + np.load(mmap_mode='r'); ingest = raw sequential write"
-
-    def _build(self, x: np.ndarray, y: np.ndarray) -> None:
-        np.save(self.dir / "x.npy", x)
-        np.save(self.dir / "y.npy", y)
-
-    def _open(self) -> Any:
-        return np.load(self.dir / "x.npy", mmap_mode="r"), np.load(self.dir / "y.npy")
-
-    def _close(self, h: Any) -> None:
-        mm = h[0]
-        if getattr(mm, "_mmap", None) is not None:
-            mm._mmap.close()
-
-    def read_xy(self, idx: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
-        x, y = self.handles()
-        return np.asarray(x[idx]), y[idx]
+def write_npyfiles(path: Path, data: Data) -> None:
+    path.mkdir()
+    for a, x, _y in chunks(data, 0, min(data.samples, NPY_FILES)):
+        for i in range(len(x)):
+            np.save(path / f"{a + i:08d}.npy", x[i])
 
 
-class LmdbstoreFormat(Format):
-    name, title = "lmdbstore", "lmdbstore"
-    modes = ("read_batch",)
-    orders = ("random", "block")
-    note = "open_writer (crc32) + StoreReader.read_batch"
-    block_buffer = 4
+def write_mds(path: Path, data: Data) -> None:
+    streaming = import_streaming()
+    columns = {"x": f"ndarray:{data.dtype}:{','.join(map(str, data.shape))}", "y": "int"}
+    with streaming.MDSWriter(out=str(path), columns=columns, compression=None, size_limit=1 << 26) as w:
+        for _a, x, y in chunks(data):
+            for i in range(len(x)):
+                w.write({"x": x[i], "y": int(y[i])})
 
-    def _build(self, x: np.ndarray, y: np.ndarray) -> None:
-        build_store(self.dir, [(x, y)], classes=[f"c{i}" for i in range(int(y.max(initial=0)) + 1)])
 
-    def _open(self) -> Any:
-        reader = StoreReader(self.dir)
-        return reader, reader.labels()
+def _litdata_samples(task: tuple[int, int, str, tuple[int, ...]]) -> Any:
+    """litdata's ``optimize`` function: the samples of one task (runs in its workers)."""
+    from .data import produce
 
-    def _close(self, h: Any) -> None:
-        h[0].close()
+    x, y = produce(task)
+    for i in range(len(x)):
+        yield {"x": x[i], "y": int(y[i])}
 
-    def spv(self) -> int:
-        return int(self.handles()[0].meta.samples_per_value)
 
-    def read_xy(self, idx: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
-        reader, labels = self.handles()
-        return reader.read_batch(idx), labels[idx]
+def write_litdata(path: Path, data: Data) -> None:
+    import litdata
 
-    def used_bytes(self) -> int | None:
-        with StoreReader(self.dir) as r:
-            st = r.env_stats()
-        return int((st["info"]["last_pgno"] + 1) * st["psize"])
+    tasks = [(a, min(a + CHUNK, data.samples), data.dtype, data.shape) for a in range(0, data.samples, CHUNK)]
+    litdata.optimize(
+        fn=_litdata_samples,
+        inputs=tasks,
+        output_dir=str(path),
+        chunk_bytes="64MB",
+        num_workers=1,
+        mode="overwrite",
+        start_method="fork",
+    )
 
-    def env_stats(self) -> dict[str, Any]:
-        with StoreReader(self.dir) as r:
-            return r.env_stats()
 
-    def loader(self, batches: list[np.ndarray], mode: str, order: str, workers: int) -> Iterable[Any]:
-        """lmdbstore's own pieces: LmdbBatchDataset + EpochBatchSampler + make_loader."""
-        from lmdbstore.config import LoaderConfig
-        from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-        from lmdbstore.loader.samplers import EpochBatchSampler
+def write_wds(path: Path, data: Data) -> None:
+    import webdataset as wds
 
-        self.close()
-        ds = LmdbBatchDataset(self.dir)
-        cfg = LoaderConfig(
-            batch_size=len(batches[0]),
-            shuffle=order,  # type: ignore[arg-type]
-            block_buffer=self.block_buffer,
-            workers=workers,
-            persistent_workers=False,
-            multiprocessing_context="fork" if workers else None,
+    path.mkdir()
+    with wds.ShardWriter(str(path / "shard-%06d.tar"), maxcount=100_000, verbose=0) as w:
+        for a, x, y in chunks(data):
+            for i in range(len(x)):
+                w.write({"__key__": f"{a + i:09d}", "x.npy": x[i], "cls": int(y[i])})
+
+
+def _raw(factor: float) -> Callable[[Data], int]:
+    return lambda d: int(factor * d.samples * d.sample_bytes) + (64 << 20)
+
+
+BUILDERS: dict[str, tuple[Callable[[Path, Data], None], Callable[[Data], int]]] = {
+    "h5": (write_h5, _raw(1.0)),
+    "h5chunked": (lambda p, d: write_h5(p, d, chunked=True), _raw(1.0)),
+    "sqlite": (write_sqlite, _raw(1.2)),
+    "lmdb1": (write_lmdb1, _raw(2.0)),
+    "npyfiles": (write_npyfiles, lambda d: min(d.samples, NPY_FILES) * (d.sample_bytes + 4096)),
+    "mds": (write_mds, _raw(1.1)),
+    "litdata": (write_litdata, _raw(1.1)),
+    "wds": (write_wds, _raw(1.3)),
+}
+
+
+# ============================================================================ reading
+def opener(kind: str, mode: str, path: Path, data: Data) -> tuple[Callable[[np.ndarray], np.ndarray], Any]:
+    """``read(idx) -> samples`` of format ``kind`` read by ``mode``, and what to close."""
+    if kind in ("h5", "h5chunked"):
+        import h5py
+
+        f = h5py.File(path / "data.h5", "r")
+        dx = f["x"]
+        if mode == "per sample":
+            return lambda idx: np.stack([dx[i] for i in idx.tolist()]), f
+        return lambda idx: dx[np.unique(idx)], f  # h5py wants increasing indices; the batches are sorted
+    if kind == "sqlite":
+        con = sqlite3.connect(f"file:{path / 'data.db'}?mode=ro", uri=True)
+
+        def rows(idx: np.ndarray) -> np.ndarray:
+            q = f"SELECT x FROM samples WHERE id IN ({','.join('?' * len(idx))}) ORDER BY id"
+            blobs = b"".join(r[0] for r in con.execute(q, idx.tolist()))
+            return np.frombuffer(blobs, data.dtype).reshape(len(idx), *data.shape)
+
+        return rows, con
+    if kind == "lmdb1":
+        import lmdb
+
+        env = lmdb.open(str(path), readonly=True, lock=False, readahead=False)
+        txn = env.begin()
+        return lambda idx: np.stack([np.frombuffer(txn.get(b"%08d" % i), data.dtype) for i in idx.tolist()]), env
+    if kind == "npyfiles":
+        return lambda idx: np.stack([np.load(path / f"{i:08d}.npy") for i in idx.tolist()]), None
+    if kind == "mds":
+        streaming = import_streaming()
+        streaming.base.util.clean_stale_shared_memory()
+        ds = streaming.StreamingDataset(local=str(path), shuffle=False)
+        return lambda idx: np.stack([ds.get_item(i)["x"] for i in idx.tolist()]), None
+    if kind == "litdata":
+        import litdata
+
+        lds = litdata.StreamingDataset(input_dir=str(path), shuffle=False, batch_decode=0)
+        return lambda idx: np.stack([np.asarray(lds[i]["x"]) for i in idx.tolist()]), None
+    raise ValueError(f"no random reads of {kind}")
+
+
+def format_read(kind: str, mode: str) -> Measure:
+    """Warm random batches (sorted) of format ``kind`` read by ``mode``, one process (files in the page cache)."""
+
+    def fn(ctx: Ctx) -> dict[str, float]:
+        n = min(ctx.data.samples, NPY_FILES) if kind == "npyfiles" else ctx.data.samples
+        read, handle = opener(kind, mode, ctx.path(kind), ctx.data)
+        try:
+            batches = warm_batches(n, ctx.batch, "random", 1, ctx.round)
+            x = read(batches[0])
+            if not np.array_equal(x.reshape(len(x), -1)[:, 0].astype(np.int64), batches[0] % 1024):
+                raise RuntimeError(f"{kind} returned other samples than asked")
+            return {"rate": timed(batches[1:WARM_BATCHES], ctx.seconds, lambda b: len(read(b)))}
+        finally:
+            if handle is not None:
+                handle.close()
+
+    return Measure(f"{NAMES[kind]}, {mode} (warm)", fn, uses=(kind,), warm=True)
+
+
+def peer_epoch(kind: str) -> Measure:
+    """A shuffled epoch of a peer through its recommended loader, 2 workers: samples/s after the first batch."""
+
+    def fn(ctx: Ctx) -> dict[str, float]:
+        loader = peer_loader(kind, ctx.path(kind), ctx.batch)
+        return {"rate": first_then_rate(iter(loader), ctx.seconds)["rate"]}
+
+    return Measure(f"{NAMES[kind]}, shuffled epoch, 2 workers (warm)", fn, uses=(kind,), warm=True)
+
+
+def peer_loader(kind: str, path: Path, batch: int) -> Iterable[Any]:
+    """``(x, y)`` batches of a peer's own loader, shuffled, 2 workers."""
+    if kind == "mds":
+        streaming = import_streaming()
+        streaming.base.util.clean_stale_shared_memory()
+        ds = streaming.StreamingDataset(local=str(path), shuffle=True, batch_size=batch, shuffle_seed=1)
+        return pairs(streaming.StreamingDataLoader(ds, batch_size=batch, num_workers=2))
+    if kind == "litdata":
+        import litdata
+
+        lds = litdata.StreamingDataset(input_dir=str(path), shuffle=True, seed=1)
+        return pairs(litdata.StreamingDataLoader(lds, batch_size=batch, num_workers=2))
+    import webdataset as wds
+
+    urls = [str(p) for p in sorted(path.glob("shard-*.tar"))]
+    ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=1, empty_check=False).shuffle(5000).decode()
+    return wds.WebLoader(ds.to_tuple("x.npy", "cls").batched(batch, partial=True), batch_size=None, num_workers=2)
+
+
+def pairs(loader: Iterable[Any]) -> Iterable[Any]:
+    for b in loader:
+        yield b["x"], b["y"]
+
+
+def import_streaming() -> Any:
+    """MosaicML streaming.  It imports torchvision (for its vision datasets only), whose CUDA wheel does not load
+    beside a CPU torch: then a stand-in with the names ``streaming.vision`` imports is used."""
+    try:
+        import streaming
+
+        return streaming
+    except Exception:  # torchvision's C++ ops fail to load
+        for mod in [m for m in sys.modules if m.startswith(("torchvision", "streaming"))]:
+            del sys.modules[mod]
+        tv, ds, tf, fn = (
+            types.ModuleType(f"torchvision{s}") for s in ("", ".datasets", ".transforms", ".transforms.functional")
         )
-        sampler = EpochBatchSampler(
-            np.arange(ds.count),
-            cfg.batch_size,
-            shuffle=cfg.shuffle,
-            samples_per_value=ds.reader.meta.samples_per_value,
-            block_buffer=cfg.block_buffer,
-            seed=1,
-        )
-        ds.reader.close()
-        return make_loader(ds, _Epochs(sampler, len(batches)), cfg)  # type: ignore[arg-type]
+        ds.VisionDataset = ds.CIFAR10 = object  # type: ignore[attr-defined]
+        fn.to_tensor = lambda x: x  # type: ignore[attr-defined]
+        tv.datasets, tv.transforms, tf.functional = ds, tf, fn  # type: ignore[attr-defined]
+        sys.modules.update({m.__name__: m for m in (tv, ds, tf, fn)})
+        import streaming
+
+        return streaming
 
 
-class _Epochs:
-    """Run an EpochBatchSampler epoch after epoch, up to ``max_batches`` batches."""
-
-    def __init__(self, sampler: Any, max_batches: int):
-        self.sampler, self.max_batches = sampler, max_batches
-        self.batch_size = sampler.batch_size  # make_loader sizes its reusable buffers by it
-
-    def __len__(self) -> int:
-        return self.max_batches
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        k, epoch = 0, 0
-        while True:
-            self.sampler.set_epoch(epoch)
-            for b in self.sampler:
-                if k >= self.max_batches:
-                    return
-                yield b
-                k += 1
-            epoch += 1
+NAMES = {
+    "h5": "HDF5 contiguous",
+    "h5chunked": "HDF5 chunked (16 samples)",
+    "sqlite": "SQLite, BLOB per row",
+    "lmdb1": "LMDB, one key per sample",
+    "npyfiles": f"one .npy file per sample (first {NPY_FILES:,})",
+    "mds": "MosaicML streaming",
+    "litdata": "litdata",
+    "wds": "webdataset",
+}

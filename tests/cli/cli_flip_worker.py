@@ -1,7 +1,7 @@
-"""Worker of the CLI damage fuzz (``test_cli_fuzz.py``): for each flip of ``PLAN`` (rows of ``(offset, xor)``
-applied to ``STORE/data.mdb`` from row ``START``), runs the CLI commands of ``COMMANDS`` in this process
-(typer's runner) and prints one JSON line per command: exit code, whether it ended in an uncaught exception
-(a traceback), and whether stderr was empty or one ``error:`` line.  The byte is restored after each flip;
+"""Worker of the CLI damage fuzz (``test_common.py::test_cli_on_damaged_stores``): for each flip of ``PLAN`` (rows
+of ``(offset, xor)`` applied to ``STORE/data.mdb`` from row ``START``), runs the CLI commands of ``COMMANDS`` in
+this process (typer's runner) and prints one JSON line per command: exit code, whether it ended in an uncaught
+exception (a traceback), and whether stderr was empty or one ``error:`` line.  The byte is restored after each flip;
 a crash (signal) of this process is seen by the caller."""
 
 from __future__ import annotations

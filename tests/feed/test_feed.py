@@ -19,12 +19,12 @@ from conftest import SET_CLASSES, StoreInfo, build_set, damage_store
 from lmdbstore.config import FeedConfig
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.feed import idle
-from lmdbstore.feed import slots as slots_module
 from lmdbstore.feed.feed import BatchFeed
 from lmdbstore.feed.opening import loader_config, open_feed
 from lmdbstore.feed.slots import SHM_DIR, SharedSlots
 from lmdbstore.loader.choose import split_indices
 from lmdbstore.util.lifeline import process_start_time
+from lmdbstore.util.workers import PassedFd
 
 BATCH = 64
 
@@ -88,6 +88,24 @@ def test_kept_batches_are_never_overwritten(small_store: StoreInfo, workers: int
     # once nothing is kept, every slot comes back
     _pass(feed)
     assert feed.state.count(0) >= feed.slots.n - 1
+
+
+def _flatten(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return x.reshape(len(x), -1), y  # another shape, still a view of the slot
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kept_batches_a_transform_returned_as_views_of_their_slots_are_never_overwritten(
+    small_store: StoreInfo, workers: int
+) -> None:
+    """Issue 39: read in the consumer's thread, such a batch's slot was free at once and the next batch
+    overwrote it."""
+    cfg = loader_config(None, {"batch_size": BATCH, "workers": workers, "multiprocessing_context": "fork"})
+    feed = open_feed(small_store.path, cfg, transform=_flatten)
+    kept = _pass(feed, keep=True)
+    for (x, y), idx in zip(kept, feed.plan, strict=True):
+        np.testing.assert_array_equal(x, small_store.x[idx].reshape(len(idx), -1))
+        np.testing.assert_array_equal(y, small_store.y[idx])
 
 
 def test_an_abandoned_pass_gives_way_to_a_whole_new_one(small_store: StoreInfo) -> None:
@@ -195,7 +213,7 @@ def test_errors_are_one_line(small_store: StoreInfo, tmp_path: Path) -> None:
         loader_config(None, {"split": "test"})
     with pytest.raises(ValueError, match="indices or a split"):
         open_feed(small_store.path, FeedConfig(split="val"), channels="last", indices=[1, 2])
-    with pytest.raises(ValueError, match="indices must be"):
+    with pytest.raises(IndexError, match="sample index 2000 out of range"):  # the reader's rule
         open_feed(small_store.path, FeedConfig(), channels="last", indices=[2000])
 
 
@@ -241,7 +259,7 @@ def test_without_memfd_the_segment_is_a_file_removed_at_once(monkeypatch: pytest
     slots = SharedSlots(2, 10, 100)
     assert slots.fd is not None and not _named_segments()
     assert os.fstat(slots.fd).st_nlink == 0  # no name anywhere
-    reader_side = SharedSlots(2, 10, 100, segment=slots_module.SegmentFd(os.dup(slots.fd)))
+    reader_side = SharedSlots(2, 10, 100, segment=PassedFd(os.dup(slots.fd)))
     slots.y(1, 10)[:] = np.arange(10)
     np.testing.assert_array_equal(reader_side.y(1, 10), np.arange(10))  # the same memory
     reader_side.close()

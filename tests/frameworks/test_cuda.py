@@ -1,7 +1,7 @@
 """The GPU path's logic on the CPU (lmdbstore.frameworks.cuda and the feed's fences): a slot -- or a page-locked
 buffer of the copy thread -- is written again only after the copy that read it has finished, told by an event
 recorded when the batch was let go.  Stand-in events play CUDA's (``query()`` false until the test says the copy
-is done); the real registration and staging run in scripts/bench/gpu.py on a GPU."""
+is done); the real registration and staging run in `python -m scripts.bench gpu` on a GPU."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
@@ -290,3 +291,51 @@ def test_a_batch_sent_to_another_process_stays_intact_when_its_slot_is_reused(sm
     child.join(60)
     assert sum(loader.feed.came.values()) == 20 and loader.feed.came["slot"] > loader.feed.slots.n  # slots reused
     assert got == [list(range(k * 100, (k + 1) * 100)) for k in range(20)]
+
+
+class Paired(LmdbBatchDataset):
+    """Reads twice per batch (pairs, mixup, contrastive views): the batch and the samples after it."""
+
+    def __getitem__(self, indices):  # type: ignore[no-untyped-def]
+        x1, y1 = super().__getitem__(indices)
+        x2, y2 = super().__getitem__((np.asarray(indices) + 1) % len(self))
+        return x1, x2, y1, y2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_subclass_reading_twice_gets_every_read_as_read(small_store: StoreInfo, workers: int) -> None:
+    """Issue 39: both reads landed in the reader's slot (the second read in both results); with no workers a
+    result holding the slot's memory was overwritten by the next batch."""
+    cfg = LoaderConfig(batch_size=100, workers=workers, multiprocessing_context="fork")
+    kept = list(make_loader(Paired(small_store.path), EpochBatchSampler(np.arange(2000), 100), cfg))
+    seen = []
+    for x1, x2, y1, y2 in kept:  # every batch kept: a reused slot under one of them would show
+        idx = x1[:, 0, 0, 0].numpy().astype(np.int64)
+        after = (idx + 1) % 2000
+        np.testing.assert_array_equal(x1[:, 0].numpy(), small_store.x[idx])
+        np.testing.assert_array_equal(x2[:, 0].numpy(), small_store.x[after])
+        assert np.array_equal(y1.numpy(), small_store.y[idx]) and np.array_equal(y2.numpy(), small_store.y[after])
+        seen.append(idx)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(2000))
+
+
+MASK = np.zeros(256, bool)
+MASK[[3, 100, 200]] = True
+
+
+@pytest.mark.parametrize("bad", [MASK, [10.7, 20.2], torch.tensor(MASK)], ids=["mask", "floats", "tensor_mask"])
+def test_masks_and_float_indices_are_refused_as_the_reader_refuses_them(small_store: StoreInfo, bad: Any) -> None:
+    """Issue 39: a 256-long mask with 3 True read 256 samples numbered 0 and 1; ``[10.7, 20.2]`` read 10 and 20."""
+    ds = LmdbBatchDataset(small_store.path)
+    want = "boolean mask" if np.asarray(bad).dtype == bool else "integer sample indices"
+    with pytest.raises(ValueError, match=want):
+        ds[bad]
+    cfg = LoaderConfig(workers=0)
+    with pytest.raises(ValueError, match=want):
+        next(iter(make_loader(ds, [bad], cfg)))  # a batch sampler's batch
+    with pytest.raises(ValueError, match=want):
+        make_loader(small_store.path, config=cfg, indices=bad)
+    with pytest.raises(ValueError, match=want):
+        EpochBatchSampler(bad, 10)
+    got = ds[torch.tensor([10, 20])][0]  # integer tensors are sample numbers as they are
+    np.testing.assert_array_equal(got[:, 0].numpy(), small_store.x[[10, 20]])

@@ -238,3 +238,24 @@ def test_fortran_order_npz_round_trips_bit_for_bit(tmp_path: Path) -> None:
         got = r.read_range(0, 2100)
         assert got.tobytes() == np.concatenate([x, x, x]).tobytes()
         assert np.array_equal(r.labels(), np.concatenate([y, y, np.full(700, 1)]))
+
+
+def test_big_endian_samples_of_every_source_kind_are_stored_little_endian(tmp_path: Path) -> None:
+    """Issue 40's sibling check: wherever a byte order enters (a .npy/.npz header, an HDF5 dataset, a class
+    directory's files, ingest's dtype=), big-endian samples are read as such and stored little-endian."""
+    h5py = pytest.importorskip("h5py")
+    x, y = make_data(40, 11)
+    be = x.astype(">f4")
+    np.save(tmp_path / "a.npy", be)
+    np.savez(tmp_path / "b.npz", x=be, y=y)
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["x"], f["y"] = be, y
+    for k, c in enumerate(CLASSES[:2]):
+        (tmp_path / "root" / c).mkdir(parents=True)
+        np.save(tmp_path / "root" / c / "0.npy", be[20 * k : 20 * (k + 1)])
+    cases = [("a.npy", {"label": "a"}, {"dtype": ">f4"}), ("b.npz", {}, {}), ("c.h5", {}, {}), ("root", {}, {})]
+    for name, open_kw, ingest_kw in cases:
+        store = tmp_path / f"s-{name}"
+        ingest(store, open_sources([tmp_path / name], sample_shape=(25, 25), **open_kw), **ingest_kw)
+        with open_reader(store) as r:
+            assert r.meta.dtype == "<f4" and np.array_equal(r.read_range(0, 40), x), name

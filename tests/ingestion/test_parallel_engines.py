@@ -22,8 +22,8 @@ from conftest import REPO, TESTS, snapshot_store
 from lmdbstore import TaskError, ValidationError, WriterConfig, open_reader, open_writer, write_parallel
 from lmdbstore.format.layout import DB_META
 from lmdbstore.ingestion.engines import DaskEngine, EnginePool, FuturesEngine, TaskLost, engine_of
-from lmdbstore.ingestion.pool import TaskFailure
 from lmdbstore.tools.verify import verify_store
+from lmdbstore.util.pool import TaskFailure
 
 SMALL = WriterConfig(commit_bytes=4096, sync=False)  # several commits per run
 TASKS = [(i, 50 + i % 7) for i in range(14)]

@@ -12,8 +12,8 @@ import pytest
 from conftest import SOURCE_N as N
 from conftest import assert_roundtrip, collect, make_x, one_line, run_cli_measured, same_bits
 
-from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources import NpzSource, open_source
+from lmdbstore.errors import SourceError, ValidationError
+from lmdbstore.ingestion.sources import NpzSource, infer_classes, open_source
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["stored", "deflated"])
@@ -138,3 +138,11 @@ def test_corrupt_npz_member_fails_while_reading(tmp_path: Path, save: Callable[.
         for _ in src.iter_batches(256):
             pass
     one_line(err, path)
+
+
+def test_npz_label_names_holding_a_control_character_are_refused(tmp_path: Path) -> None:
+    """Issue 40: the one name check applies to an npz's labels as to its class_names (numpy keeps an inner NUL)."""
+    np.savez(tmp_path / "d.npz", x=make_x(), y=np.array(["a", "a\0b"] * (N // 2) + ["a"] * (N % 2)))
+    with pytest.raises(ValidationError) as err:
+        infer_classes(open_source(tmp_path / "d.npz"))
+    one_line(err, tmp_path / "d.npz", r"class label 'a\x00b' holds a control character (at 1)")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import SOURCE_N as N
 from conftest import SOURCE_SHAPE as SHAPE
-from conftest import h5py, make_x, needs_h5py, one_line, truncate_file
+from conftest import h5py, make_x, needs_h5py, one_error_line, one_line, run_cli, truncate_file
 
 from lmdbstore.errors import SourceError
 from lmdbstore.ingestion.sources import open_source, open_sources
@@ -121,3 +121,58 @@ def test_bad_file_inputs(
     with pytest.raises(SourceError) as err:
         open_source(path, **kwargs)
     one_line(err, path, expect)
+
+
+def _tree(root: Path) -> None:
+    """A class tree ``root/{cat,dog}/0.npy`` (and files no source kind reads: they never count)."""
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        np.save(root / c / "0.npy", make_x())
+    (root / "README.txt").write_text("notes")
+    (root / ".cache").mkdir()
+
+
+def _shards(root: Path) -> None:
+    from lmdbstore.ingestion.sources.tfrecord_io import encode_example, write_records
+
+    root.mkdir(parents=True, exist_ok=True)
+    write_records(root / "extra.tfrecord", (encode_example({"x": row.reshape(-1), "y": [0]}) for row in make_x(3)))
+    (root / "dataset_info.json").write_text("{}")
+
+
+#: (what the directory is, the stray entry put beside it, words of the refusal): every kind with a stray of another.
+STRAYS = [
+    ("tree", "extra.tfrecord", "mixes TFRecord files (extra.tfrecord) and class subdirectories (cat, dog)"),
+    ("tree", "x.npy", "mixes class subdirectories (cat, dog) and files (x.npy)"),
+    ("tree", "x.h5", "mixes class subdirectories (cat, dog) and files (x.h5)"),
+    ("shards", "x.npz", "mixes TFRecord files (extra.tfrecord) and files (x.npz)"),
+    ("shards", "sub/", "mixes TFRecord files (extra.tfrecord) and class subdirectories (sub)"),
+    ("store", "extra.tfrecord", "mixes a store (data.mdb) and TFRecord files (extra.tfrecord)"),
+    ("tree", "cat/a.tfrecord", "cat: the class directory holds 'a.tfrecord' beside its .npy files"),
+    ("tree", "dog/more/", "dog: the class directory holds 'more' beside its .npy files"),
+    ("tree", "dog/y.npz", "dog: the class directory holds 'y.npz' beside its .npy files"),
+]
+
+
+@pytest.mark.parametrize(("kind", "stray", "words"), STRAYS, ids=[f"{k}+{s}" for k, s, _ in STRAYS])
+def test_a_directory_mixing_kinds_is_refused(tmp_path: Path, kind: str, stray: str, words: str) -> None:
+    """Issue 40: a stray .tfrecord at the top of a class tree ingested its 3 records and dropped the classes'
+    samples in silence; a directory read as one kind now refuses an entry of another kind, in one line."""
+    root = tmp_path / "root"
+    if kind == "store":
+        from lmdbstore.ingestion.pipeline import ingest_synthetic
+
+        ingest_synthetic(root, 10)
+    else:
+        (_tree if kind == "tree" else _shards)(root)
+    assert len(open_source(root, sample_shape=SHAPE if kind == "tree" else None)) >= 1  # alone, it reads
+    if stray.endswith("/"):
+        (root / stray).mkdir()
+    elif stray.endswith(".tfrecord"):
+        _shards(tmp_path / "s")
+        (tmp_path / "s" / "extra.tfrecord").rename(root / stray)
+    else:
+        (root / stray).write_bytes(b"\0")
+    line = one_error_line(run_cli("ingest", tmp_path / "out", root))
+    assert words in line and "hint:" in line, line
+    assert not (tmp_path / "out").exists()

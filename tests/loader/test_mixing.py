@@ -180,3 +180,11 @@ def test_the_feeds_take_weights_over_a_set(mixed_set: SetInfo) -> None:
             seen.append(idx)
         assert _shares(np.concatenate(seen)) == [890, 445, 445]
     feed.close()
+
+
+def test_parts_take_sample_numbers_only(mixed_set: SetInfo) -> None:
+    """Issue 39: one index rule (the reader's) for the parts and the indices split by store."""
+    with open_reader(mixed_set.paths) as reader, pytest.raises(ValueError, match="boolean mask"):
+        store_parts(reader, np.ones(len(reader), bool))
+    with pytest.raises(ValueError, match="integer sample indices"):
+        MixedBatchSampler([[0.5, 1.5], [2, 3]], [1, 1], 2)

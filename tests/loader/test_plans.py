@@ -10,7 +10,7 @@ import pytest
 from lmdbstore.loader.orders import concat_runs, deal_batches, runs, shuffle_runs
 from lmdbstore.loader.plans import BlockPlan, WindowSequence, batch_bounds, value_starts
 from lmdbstore.loader.samplers import EpochBatchSampler, block_order
-from lmdbstore.loader.window import WindowBatchSampler, window_order
+from lmdbstore.loader.window import WindowBatchSampler
 
 
 def reference_block_order(
@@ -87,8 +87,8 @@ def test_window_orders_are_the_eager_ones() -> None:
         spv, ws, cs = int(rng.integers(1, 30)), int(rng.integers(1, 700)), int(rng.integers(1, 150))
         first = None if rng.random() < 0.5 else int(rng.integers(1, 400))
         order, starts, lo, hi = reference_window_order(idx, spv, ws, cs, np.random.default_rng(t), first)
-        plan = window_order(idx, spv, ws, cs, np.random.default_rng(t), first)
-        np.testing.assert_array_equal(plan.order, order)
+        plan = WindowSequence(idx, spv, ws, cs, np.random.default_rng(t), first)
+        np.testing.assert_array_equal(plan.order(), order)
         np.testing.assert_array_equal(plan.window_starts, starts)
         assert [a.tolist() for a in plan.chunk_lo] == [a.tolist() for a in lo]
         assert [a.tolist() for a in plan.chunk_hi] == [a.tolist() for a in hi]
@@ -121,7 +121,7 @@ def test_batches_of_every_rank_and_resume_point_are_the_eager_ones(world: int) -
             assert len(rest) == len(want) - start
             assert all(np.array_equal(a, b) for a, b in zip(rest, want[start:], strict=True))
             win = WindowBatchSampler(idx, bs, samples_per_value=spv, sample_bytes=10, window_bytes=3000, **kw)
-            order = win.plan(3).order[:n]
+            order = win.plan(3).order()[:n]
             wwant = deal_batches(order, bs, world)[rank::world]
             wgot = list(win.batches_from(3, start))
             assert len(wgot) == len(wwant) - start

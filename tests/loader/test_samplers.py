@@ -295,3 +295,12 @@ def test_building_the_split_and_orders_holds_no_second_copy_of_the_index_space()
     b = EpochBatchSampler(train, 4096, shuffle="block", samples_per_value=36, seed=0)
     _, peak = _peak_bytes(lambda: next(iter(b)))
     assert peak <= 0.5 * train.nbytes  # the block plan holds pieces of values (36 samples), not samples
+
+
+@pytest.mark.parametrize("bad", [np.ones(8, bool), [1.5, 2.0]], ids=["mask", "floats"])
+def test_samplers_take_sample_numbers_only(bad: Any) -> None:
+    """Issue 39: one index rule (the reader's): a boolean mask or floats are refused, never cast to 0/1 or truncated."""
+    want = "boolean mask" if np.asarray(bad).dtype == bool else "integer sample indices"
+    for make in (lambda: EpochBatchSampler(bad, 4), lambda: BalancedBatchSampler([bad, [1, 2]], 4)):
+        with pytest.raises(ValueError, match=want):
+            make()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import SET_CLASSES, SetInfo, build_set
+from conftest import SET_CLASSES, SetInfo
 from torch.utils.data import ConcatDataset, TensorDataset
 
 from lmdbstore import LoaderConfig, open_reader
@@ -20,11 +20,6 @@ from lmdbstore.training.data import make_sampler, read_store
 from lmdbstore.training.distributed import DistInfo
 
 SPV = 18
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> SetInfo:
-    return build_set(tmp_path_factory.mktemp("set"))
 
 
 def _quiet(_msg: str) -> None:
@@ -98,8 +93,9 @@ def test_window_read_ahead_covers_each_window_in_set_indices(three: SetInfo) -> 
     plan = inner.plan()
     space = sampler.space
     assert space is not None
+    order = plan.order()
     for w in range(len(plan.chunk_lo)):
-        members = space.to_set(plan.order[plan.window_starts[w] : plan.window_starts[w + 1]])
+        members = space.to_set(order[plan.window_starts[w] : plan.window_starts[w + 1]])
         lo, hi = space.to_set(plan.chunk_lo[w]), space.to_set(plan.chunk_hi[w] - 1) + 1
         covered = np.zeros(1780, bool)
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):

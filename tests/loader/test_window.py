@@ -9,8 +9,9 @@ import pytest
 from conftest import build_store, make_data
 
 from lmdbstore import WriterConfig
+from lmdbstore.loader.plans import WindowSequence
 from lmdbstore.loader.samplers import EpochBatchSampler
-from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle, default_window_bytes, window_order
+from lmdbstore.loader.window import WindowBatchSampler, choose_shuffle, default_window_bytes
 from lmdbstore.store.reader import StoreReader
 
 SB = 2500  # bytes of a 25x25 float32 sample
@@ -56,16 +57,17 @@ def test_deterministic_under_seed_and_epoch() -> None:
 
 def test_windows_hold_whole_chunks_and_mix_within() -> None:
     idx = np.arange(20_000)
-    plan = window_order(idx, 18, window_samples=2000, chunk_samples=90, rng=np.random.default_rng(1))
+    plan = WindowSequence(idx, 18, window_samples=2000, chunk_samples=90, rng=np.random.default_rng(1))
+    order = plan.order()
     assert plan.window_starts[0] == 0 and plan.window_starts[-1] == len(idx)
     for w in range(len(plan.chunk_lo)):
-        part = plan.order[plan.window_starts[w] : plan.window_starts[w + 1]]
+        part = order[plan.window_starts[w] : plan.window_starts[w + 1]]
         inside = np.zeros(len(idx), bool)
         for lo, hi in zip(plan.chunk_lo[w], plan.chunk_hi[w], strict=True):
             inside[lo:hi] = True
         assert inside[part].all() and inside.sum() == len(part)  # a window is exactly its chunks' samples
         assert len(plan.chunk_lo[w]) <= 2000 // 90 + 1
-    first = plan.order[: plan.window_starts[1]]
+    first = order[: plan.window_starts[1]]
     assert not np.array_equal(first, np.sort(first))  # shuffled within the window
 
 
@@ -104,7 +106,7 @@ def test_prefetch_is_called_one_window_ahead() -> None:
     nxt = sampler(np.arange(10_000)).plan(1)
     assert np.array_equal(calls[-1][0], nxt.chunk_lo[0]) and np.array_equal(calls[-1][1], nxt.chunk_hi[0])
     again = list(s)  # epoch 1: its first window is not asked for again; the one after it is, and so on
-    assert np.array_equal(np.concatenate(again), nxt.order)
+    assert np.array_equal(np.concatenate(again), nxt.order())
     assert len(calls) == (n_windows + 1) + n_windows and np.array_equal(calls[n_windows + 1][0], nxt.chunk_lo[1])
 
 

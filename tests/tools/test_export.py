@@ -118,6 +118,19 @@ def test_bad_selections_and_outputs_write_nothing(small_store: StoreInfo, tmp_pa
     assert snapshot_store(small_store.path) == before
 
 
+def test_indices_are_sample_numbers_only(small_store: StoreInfo, tmp_path: Path) -> None:
+    """Issue 39: the reader's index rule for indices= and the --indices file: no mask, no floats, never cast."""
+    mask = np.zeros(2000, bool)
+    mask[[5, 7]] = True
+    for bad, want in [(mask, "boolean mask"), ([10.7, 20.2], "integer sample indices")]:
+        with pytest.raises(ValueError, match=want):
+            export_store(small_store.path, tmp_path / "a.npz", indices=bad)
+        np.save(tmp_path / "bad.npy", np.asarray(bad))
+        with pytest.raises(ValueError, match=want):
+            load_indices(tmp_path / "bad.npy")
+    assert list(tmp_path.glob("a.*")) == []
+
+
 def test_export_memory_stays_at_one_chunk(store_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     info = store_factory(20000, seed=3)  # 50 MB of samples
     tracemalloc.start()

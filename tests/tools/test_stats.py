@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import CLASSES, StoreInfo, edit_meta_text, one_error_line, run_cli, strict_json
 
-from lmdbstore import CorruptStoreError, NotAStoreError, StoreNotFoundError
+from lmdbstore import CorruptStoreError, NotAStoreError, StoreNotFoundError, StoreReader
 from lmdbstore.tools.stats import format_stats, store_stats
 
 
@@ -85,3 +90,19 @@ def test_stats_json_is_valid_json(small_store: StoreInfo) -> None:
     result = run_cli("stats", small_store.path, "--json")
     assert result.exit_code == 0
     assert strict_json(result.stdout)["samples"] == len(small_store.x)
+
+
+def test_stats_are_of_the_file_opened_when_the_path_names_another_since(
+    small_store: StoreInfo, store_factory: Callable[..., StoreInfo], tmp_path: Path
+) -> None:
+    """Issue 39 #5's sibling: the file sizes came from a second look at the path."""
+    other = store_factory(5000, name="other")
+    copy = tmp_path / "copy"
+    shutil.copytree(small_store.path, copy)
+    with StoreReader(copy) as r:
+        assert r.meta.count == len(small_store.x)
+        os.rename(copy / "data.mdb", tmp_path / "old.mdb")
+        shutil.copy(other.path / "data.mdb", copy / "data.mdb")
+        s = store_stats(r)
+    assert s["samples"] == len(small_store.x) and s["path"] == str(copy)
+    assert s["bytes"]["file_size"] == os.path.getsize(tmp_path / "old.mdb") != os.path.getsize(copy / "data.mdb")

@@ -1,4 +1,5 @@
-"""``verify_store``: a clean store verifies clean, and each kind of damage is found at the right index.
+"""``verify_store``: a clean store verifies clean, each kind of damage is found at the right index, and a store
+replaced while it is verified is one line "replaced".
 
 The damage is done with raw py-lmdb (a real second writer of the same files) or by editing bytes of
 ``data.mdb`` on disk; nothing is mocked.
@@ -12,17 +13,19 @@ import os
 import pickle
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import lmdb
 import numpy as np
 import pytest
+from conftest import build_store, make_data
 
 from lmdbstore import CorruptStoreError, StoreNotFoundError, StoreReader, WriterConfig, open_writer
+from lmdbstore.errors import StoreReplacedError
 from lmdbstore.format.layout import classidx_key, encode_key
-from lmdbstore.tools.verify import PROBLEM_KINDS, Problem, VerifyReport, verify_store
+from lmdbstore.tools.verify import PROBLEM_KINDS, AtRest, Problem, VerifyReport, verify_store
 
 #: py-lmdb >= 3.0 ships the offline page walker that verify's structure check uses
 HAS_STRUCTURE_CHECK = importlib.util.find_spec("lmdb.verify") is not None
@@ -224,13 +227,14 @@ def test_extra_sample_keys(store: tuple[Path, np.ndarray, np.ndarray]) -> None:
     path, _, _ = store
     _put(path, b"samples", encode_key(701), b"x" * 256)  # off the 7-sample grid
     _put(path, b"samples", encode_key(N + 3 * SPV), b"y" * 256)  # beyond the count
-    _put(path, b"samples", b"short", b"z")  # key of the wrong width
     report = verify_store(path)
-    assert [(p.kind, p.index) for p in report.problems] == [
-        ("extra-value", 701),
-        ("extra-value", N + 3 * SPV),
-        ("bad-key", None),  # b"short" sorts after every 8-byte big-endian index below 2**62
-    ]
+    assert [(p.kind, p.index) for p in report.problems] == [("extra-value", 701), ("extra-value", N + 3 * SPV)]
+    _put(path, b"samples", b"short", b"z")  # a key of the wrong width: a tree lmdbstore's page parser cannot read
+    for workers in (1, 2):
+        report = verify_store(path, workers=workers)
+        assert [(p.kind, p.index) for p in report.problems] == [("structure", None)] and not report.complete
+        assert "samples B-tree cannot be read" in report.problems[0].message and "8-byte key" in str(report.problems[0])
+        assert any("content checks skipped" in n for n in report.notes)
 
 
 # ---------------------------------------------------------------------------------------------- labels, class index
@@ -459,3 +463,76 @@ def test_verify_reads_a_read_only_store(small_store) -> None:  # type: ignore[no
         path.chmod(0o755)
         for p in files:
             p.chmod(0o644)
+
+
+# ---------------------------------------------------------------------------------------------- replaced meanwhile
+#: A store replaced while it is verified -- ``rm -r A && cp -r B A``, or ``cp B/data.mdb A/data.mdb`` in place,
+#: caught half-way as a copy in progress leaves it -- is a one-line "replaced" error (the CLI's exit 2), never a
+#: report on another file (issue 39 #5: 9 ``structure`` problems, exit 1, though both stores are healthy).  The
+#: replacement is made from verify's own ``total`` callback, which comes once the walk and the value pass began.
+REPLACED_N = 8_003  # 10 MB in 2,001 values of 4 float16 25x25 samples
+
+
+def _replaceable(path: Path, seed: int) -> Path:
+    x, y = make_data(REPLACED_N, seed, dtype=np.float16)
+    return build_store(path, x, y, config=WriterConfig(samples_per_value=4), batch=3_000)
+
+
+def _half_copied(src: Path, dst: Path) -> None:
+    """``dst`` as ``cp src dst`` leaves it half-way: the first half of the file written."""
+    data = src.read_bytes()
+    with open(dst, "r+b" if dst.exists() else "wb") as f:
+        f.truncate(0)
+        f.write(data[: len(data) // 2])
+
+
+def _rm_cp(a: Path, b: Path) -> None:
+    shutil.rmtree(a)
+    a.mkdir()
+    for f in b.iterdir():
+        if f.name != "data.mdb":
+            shutil.copy(f, a / f.name)
+    _half_copied(b / "data.mdb", a / "data.mdb")
+
+
+def _in_place(a: Path, b: Path) -> None:
+    _half_copied(b / "data.mdb", a / "data.mdb")
+
+
+@pytest.mark.parametrize("replace", [_rm_cp, _in_place], ids=["rm-r-and-cp-r", "cp-in-place"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_store_replaced_while_verified_is_one_line_replaced(
+    tmp_path: Path, replace: Callable[[Path, Path], None], workers: int
+) -> None:
+    a, b = _replaceable(tmp_path / "a", 0), _replaceable(tmp_path / "b", 1)
+    assert verify_store(a).ok and verify_store(b).ok  # both healthy
+
+    def meanwhile(_count: int) -> None:  # the walk and the value pass have begun
+        replace(a, b)
+
+    with pytest.raises(StoreReplacedError, match="the data file was replaced while it was verified") as err:
+        verify_store(a, workers=workers, total=meanwhile)
+    assert "run verify again" in str(err.value) and "\n" not in str(err.value)
+    shutil.rmtree(a)
+    shutil.copytree(b, a)  # the copy done: verify again
+    assert verify_store(a, workers=workers).ok
+
+
+def test_the_checks_see_the_file_opened_and_liblmdb_must_show_it(tmp_path: Path) -> None:
+    """What ``AtRest`` holds is the file as opened: a path that names another file since, or liblmdb opened on
+    another file, is "replaced"; the same file, untouched, is not."""
+    a, b = _replaceable(tmp_path / "a", 0), _replaceable(tmp_path / "b", 1)
+    rest = AtRest(a)
+    try:
+        assert rest.meta is not None and rest.snap is not None and rest.meta.count == REPLACED_N
+        rest.check_unchanged()
+        with StoreReader(a) as r:
+            rest.check_same(r)  # the same file and snapshot
+        os.rename(a / "data.mdb", tmp_path / "old.mdb")
+        shutil.copy(b / "data.mdb", a / "data.mdb")
+        with pytest.raises(StoreReplacedError):
+            rest.check_unchanged()
+        with StoreReader(a) as r, pytest.raises(StoreReplacedError):
+            rest.check_same(r)
+    finally:
+        rest.close()

@@ -4,6 +4,7 @@ wrong, oversized, damaged or hostile one refused with one ``LmdbStoreError`` lin
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from conftest import CLASSES, build_store, make_data
 from lmdbstore import LmdbStoreError, ValidationError
 from lmdbstore.config import MAX_WIDTH, LoaderConfig, TrainConfig
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
+from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_save,
@@ -273,3 +275,25 @@ def test_a_pickled_object_payload_is_refused_and_runs_no_code(tmp_path: Path, wr
         torch.save(payload, path)
     _refused(path, "cannot load checkpoint")
     assert not marker.exists()
+
+
+def test_the_split_record_is_checked_by_the_one_rule_of_its_fields(trained: Path) -> None:
+    """Issue 39: a count (``val_fraction=200``) is a valid split (``eval`` refused it as malformed); a record out of
+    range, malformed or missing is one line."""
+    ckpt, path = load_checkpoint(trained / CHECKPOINT_NAME), trained / CHECKPOINT_NAME
+    (record,) = json.loads(ckpt["split"])
+    assert (record["val_fraction"], record["seed"], record["samples"]) == (0.1, 0, 400)
+    ckpt["split"] = json.dumps([{**record, "val_fraction": 200}])
+    assert recorded_splits(ckpt, path)[0].val_fraction == 200
+    for bad, words in [
+        ([{**record, "val_fraction": 1.5}], "val_fraction must be a share"),
+        ([{**record, "seed": "0"}], "seed must be an integer"),
+        ([{**record, "extra": 1}], "unexpected keyword"),
+        ([], "index out of range"),
+    ]:
+        ckpt["split"] = json.dumps(bad)
+        with pytest.raises(LmdbStoreError, match="malformed checkpoint: its split record .*" + words):
+            recorded_splits(ckpt, path)
+    del ckpt["split"]
+    with pytest.raises(LmdbStoreError, match="records no split"):
+        recorded_splits(ckpt, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,15 @@ train(sys.argv[1], sys.argv[2], TrainConfig(epochs=2, width=4, device="cpu", log
       LoaderConfig(batch_size=200, workers=0), log=None, progress=False)
 print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
 """
+
+
+@pytest.fixture(autouse=True)
+def _tensorboard_without_tensorflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorBoard's reader on its own TensorFlow-free implementation (``tensorboard.compat.notf`` importable: its
+    switch for builds without TensorFlow; the choice is made once per process, at the first read), not on
+    TensorFlow, which would load all of TensorFlow and start its runtime in the test process (seconds, and forked
+    DataLoader workers of the tests after it no longer safe)."""
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:

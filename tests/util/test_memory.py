@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import warnings
 
+import numpy as np
 import pytest
 
 from lmdbstore.util.memory import (
     MemoryBoundWarning,
+    ResultBudget,
     available_memory,
     check_allocation,
     clip_bytes,
@@ -91,3 +93,13 @@ def test_shared_memory_is_reserved_up_front(tmp_path_factory: pytest.TempPathFac
             os.close(fd)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_results_in_flight_are_bounded_by_their_largest() -> None:
+    budget = ResultBudget(4, available=8 * GIB)  # 4 GiB for results
+    assert budget.window(10**9) == 8  # two per worker until a result says how large they are
+    budget.observe((np.empty(1 << 20, np.uint8), np.empty(0), None))
+    assert budget.window(16) == 16  # 16 MiB in flight: fits
+    budget.observe((np.empty(0), [np.empty(512 << 20, np.uint8)]))
+    with pytest.warns(MemoryBoundWarning, match=r"in_flight: 10,000 task results of up to 512\.0 MiB .* keeping 8"):
+        assert budget.window(10_000) == 8

@@ -22,7 +22,7 @@ import numpy as np
 from lmdbstore.errors import SourceError, ValidationError
 from lmdbstore.format.ledger import source_key
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS, MAX_CLASSES
-from lmdbstore.format.meta import control_character
+from lmdbstore.format.meta import controlled_name
 from lmdbstore.ingestion.sources.checks import Label
 
 __all__ = ["CLASS_NAMES_KEY", "FileSource", "Source", "const_labels"]
@@ -67,14 +67,18 @@ def _string_chars(dtype: np.dtype[Any]) -> int:
 
 
 def _names_to_list(arr: np.ndarray, path: Path, what: str) -> list[str]:
-    """A file's ``class_names`` array as a list of distinct non-empty names of bounded length."""
-    if arr.ndim != 1 or arr.dtype.kind not in "US" or len(arr) == 0:
+    """A file's ``class_names`` (strings, bytes or Python strings) as a list of distinct non-empty names of
+    bounded length, none holding a control character (checked before numpy could drop a trailing NUL)."""
+    if arr.ndim != 1 or arr.dtype.kind not in "USO" or len(arr) == 0:
         raise SourceError(f"{what} must be a non-empty 1-D array of strings, got {arr.dtype} {arr.shape}", path=path)
-    _check_names_layout(arr.shape, arr.dtype, _string_chars(arr.dtype), path, what)
-    names = [str(s) for s in arr.astype(str).tolist()]
+    raw = arr.tolist()
+    if any(not isinstance(s, (str, bytes)) for s in raw):
+        raise SourceError(f"{what} must hold strings", path=path)
+    names = [s.decode("utf-8", "replace") if isinstance(s, bytes) else s for s in raw]
+    _check_names_layout(arr.shape, arr.dtype, max(len(s) for s in names), path, what)
     if len(set(names)) != len(names) or any(not s.strip() for s in names):
         raise SourceError(f"{what} must hold distinct non-empty names", path=path)
-    if any(control_character(s) is not None for s in names):
+    if controlled_name(raw) is not None:
         raise SourceError(f"{what} holds a name with a control character", path=path)
     return names
 
@@ -101,10 +105,15 @@ def _as_label_array(y: np.ndarray, path: Path, first: int) -> np.ndarray:
     """Labels as int64 ids or a str (``U``) array.
 
     Raises:
-        ValidationError: an unsigned id beyond the int64 range (named exactly, not wrapped negative):
-            no store has that many classes.
+        ValidationError: a name holding a control character (:func:`~lmdbstore.format.meta.controlled_name`), or
+            an unsigned id beyond the int64 range (named exactly, not wrapped negative): no store has that many.
     """
-    if y.dtype.kind in "US":
+    if y.dtype.kind in "USO":  # names; Python strings (TFRecord, HDF5) keep a trailing NUL numpy would drop
+        if controlled_name(np.unique(y).tolist()) is not None:
+            at = next(k for k, name in enumerate(y.tolist()) if controlled_name((name,)) is not None)
+            raise ValidationError(
+                f"class label {str(y[at])[:60]!r} holds a control character", path=path, key=first + at
+            )
         return y.astype(str)
     if y.dtype.kind == "u" and y.dtype.itemsize >= 8:
         i = _first_out_of_range(y, MAX_CLASSES)
@@ -138,6 +147,8 @@ class Source(ABC):
     _n: int = 0
     #: the file's own ``class_names`` (npz, HDF5), which its integer labels index
     _names: list[str] | None = None
+    #: why the file's own class names cannot be read, raised where they are needed (``classes=`` settles them)
+    _names_error: SourceError | None = None
 
     def __len__(self) -> int:
         """Number of samples."""
@@ -160,7 +171,13 @@ class Source(ABC):
         return source_key(self.kind, digest, self.path.name)
 
     def class_names(self) -> list[str] | None:
-        """Class names the source implies (a ``label=`` name, the file's ``class_names``, subdirectories) or None."""
+        """Class names the source implies (a ``label=`` name, the file's ``class_names``, subdirectories) or None.
+
+        Raises:
+            SourceError: the file has class names that cannot be read (give the classes instead).
+        """
+        if self.label is None and self._names_error is not None:
+            raise self._names_error
         if self.label is None and self._names is not None:
             return list(self._names)
         return [self.label] if isinstance(self.label, str) else None

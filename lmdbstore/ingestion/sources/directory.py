@@ -13,7 +13,7 @@ import math
 import os
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import SourceError
-from lmdbstore.format.meta import control_character
+from lmdbstore.format.meta import controlled_name
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_range, one_line
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_sample_dtype, check_size, pread_into, read_header
@@ -81,8 +81,9 @@ class _DirFile:
     mtime_ns: int
 
 
-def _scan_class_dir(d: Path) -> list[tuple[str, str, int, int]]:
-    """(name, path, size, mtime_ns) of the ``*.npy`` files directly in ``d``, sorted by name.
+def _scan_class_dir(d: Path, is_source: Callable[[str], bool]) -> list[tuple[str, str, int, int]]:
+    """(name, path, size, mtime_ns) of the ``*.npy`` files directly in ``d``, sorted by name; a subdirectory or
+    a file of another source kind (``is_source``) beside them is refused (it would be dropped in silence).
 
     Plain strings, not ``Path`` objects: a class may hold millions of tiny files.
     """
@@ -90,9 +91,17 @@ def _scan_class_dir(d: Path) -> list[tuple[str, str, int, int]]:
     try:
         with os.scandir(d) as it:
             for e in it:
-                if e.name.endswith(".npy") and not e.name.startswith(".") and e.is_file():
+                if e.name.startswith("."):
+                    continue
+                if e.name.endswith(".npy") and e.is_file():
                     st = e.stat()
                     out.append((e.name, e.path, st.st_size, st.st_mtime_ns))
+                elif e.is_dir() or is_source(e.name):
+                    raise SourceError(
+                        f"the class directory holds {e.name!r} beside its .npy files; it reads only those",
+                        path=d,
+                        hint="move it elsewhere, or give it as a source of its own",
+                    )
     except OSError as exc:
         raise SourceError(f"cannot list ({one_line(exc)})", path=d) from exc
     out.sort()
@@ -180,8 +189,11 @@ def _decide_sample_shape(root: Path, files: list[_DirFile], sample_shape: tuple[
     raise SourceError(f"cannot tell the sample shape: the files disagree ({listed}{more})", path=root, hint=_SHAPE_HINT)
 
 
-def open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...] | None) -> list[Source]:
-    """Check every file of ``ROOT/<class>/*.npy`` (headers, sizes, one shape and dtype) and return a source per class."""
+def open_directory(
+    root: Path, label: Label | None, sample_shape: tuple[int, ...] | None, is_source: Callable[[str], bool]
+) -> list[Source]:
+    """Check every file of ``ROOT/<class>/*.npy`` (headers, sizes, one shape and dtype) and return a source per
+    class; ``is_source`` tells the names of files of other source kinds, refused in a class directory."""
     if label is not None:
         raise SourceError(
             "label= does not apply to a directory; its labels are the class subdirectory names", path=root
@@ -197,14 +209,14 @@ def open_directory(root: Path, label: Label | None, sample_shape: tuple[int, ...
             "directory has no class subdirectories", path=root, hint="lay it out as ROOT/<class_name>/*.npy"
         )
     names = [e.name for e in class_dirs]
-    bad = next((n for n in names if control_character(n) is not None), None)
+    bad = controlled_name(names)
     if bad is not None:
-        raise SourceError(f"class subdirectory {bad!r} holds a control character"[:200], path=root)
+        raise SourceError(f"class subdirectory {bad[:60]!r} holds a control character", path=root)
     cache = _HeaderCache()
     per_class: list[tuple[str, list[_DirFile]]] = []
     for name in names:
         files = []
-        for _, p, size, mtime in _scan_class_dir(root / name):
+        for _, p, size, mtime in _scan_class_dir(root / name, is_source):
             if size == 0:
                 raise SourceError("file is empty (0 bytes)", path=p)
             h = cache.read(p)

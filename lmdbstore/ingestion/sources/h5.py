@@ -6,13 +6,14 @@ opened, so ``import lmdbstore`` works without it and a missing package is a one-
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import PREVIEW_ITEMS, SourceError, preview
+from lmdbstore.errors import PREVIEW_ITEMS, SourceError, clip, preview
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
 from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_stack
@@ -30,6 +31,36 @@ def _import_h5py(path: Path) -> Any:
             "reading HDF5 needs the h5py package", path=path, hint="pip install 'lmdbstore[hdf5]'"
         ) from exc
     return h5py
+
+
+def _attribute_names(value: Any, what: str, path: Path) -> np.ndarray:
+    """The class names of a ``class_names`` attribute as h5py reads it: an array (of strings or bytes, checked
+    by the caller), or one string: a JSON list, names separated by commas or by newlines, or a single name.
+
+    Raises:
+        SourceError: (naming the attribute ``what``) a string that is none of these, or could be a list several
+            ways (a space without a separator).
+    """
+    arr = np.asarray(value)
+    text = arr.item() if arr.ndim == 0 else None
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    if not isinstance(text, str):
+        return arr  # an array, or a scalar that is no string: checked by the caller
+    text = text.strip()
+    seps = [sep for sep in (",", "\n") if sep in text]
+    try:
+        names = json.loads(text) if text.startswith("[") else None
+    except ValueError:
+        names = None
+    if not text.startswith("["):
+        names = [n.strip() for n in text.split(seps[0])] if len(seps) == 1 else None if seps else text.split()
+    if not isinstance(names, list) or (not seps and len(names) > 1):  # "cat dog": a name with a space, or two?
+        raise SourceError(
+            f"{what} does not list class names unambiguously: {clip(text)!r} (a JSON list, or names separated "
+            "by commas or newlines)",
+            path=path,
+        )
+    return np.array(names, dtype=object)
 
 
 def _h5_dataset_names(f: Any) -> str:
@@ -50,8 +81,8 @@ def _h5_dataset_names(f: Any) -> str:
 
 class H5Source(FileSource):
     """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), class names (optional) in a
-    ``class_names`` attribute of the label dataset or of the file, or a ``class_names`` or ``classes`` dataset
-    (the first found, in that order).  Picklable (``workers=`` sends sources to other processes): it keeps no
+    ``class_names`` attribute of the label dataset or of the file (strings, or one string listing them), or a
+    ``class_names`` or ``classes`` dataset (the first found, in that order).  Picklable (``workers=`` sends sources to other processes): it keeps no
     open file and no module."""
 
     kind = "h5"
@@ -76,34 +107,33 @@ class H5Source(FileSource):
             self._read_names(f, h5py)
 
     def _read_names(self, f: Any, h5py: Any) -> None:
-        """The file's class names: a ``class_names`` attribute of the label dataset or of the file, or a
-        ``class_names`` or ``classes`` dataset (not one of the sample or label datasets); checked from their
-        header before being read whole."""
+        """The file's class names: a ``class_names`` attribute of the label dataset or of the file (see
+        :func:`_attribute_names`), or a ``class_names`` or ``classes`` dataset (not one of the sample or label
+        datasets; checked from its header before it is read whole).  Names that cannot be read are an error only
+        where they are needed (:meth:`class_names`): ``classes=`` settles what the file's ids mean."""
         y = f.get(self.h5_y) if self.label is None else None
-        for holder in (y, f):
-            attr = None if holder is None else holder.attrs.get(CLASS_NAMES_KEY)
-            if attr is not None:
-                arr = np.asarray(attr)
-                arr = (
-                    np.asarray([v.decode() if isinstance(v, bytes) else v for v in arr.reshape(-1)])
-                    if arr.dtype.kind in "OS"
-                    else arr
-                )
-                self._check_names_header(tuple(arr.shape), arr.dtype)
-                self._set_names(arr.astype(str))
+        try:
+            for holder, where in ((y, f"of dataset {self.h5_y!r}"), (f, "of the file")):
+                attr = None if holder is None else holder.attrs.get(CLASS_NAMES_KEY)
+                if attr is not None:
+                    what = f"attribute {CLASS_NAMES_KEY!r} {where}"
+                    self._set_names(_attribute_names(attr, what, self.path), what)
+                    return
+            for key in (CLASS_NAMES_KEY, CLASSES_KEY):
+                names = f.get(key)
+                if names is None or not hasattr(names, "shape") or key in (self.h5_x, self.h5_y):
+                    continue
+                what = f"dataset {key!r}"
+                is_str = h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
+                self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str, what=what)
+                try:
+                    arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
+                except (*READ_ERRORS, TypeError) as exc:
+                    raise SourceError(f"cannot read {what} ({one_line(exc)})", path=self.path) from exc
+                self._set_names(arr, what=what)
                 return
-        for key in (CLASS_NAMES_KEY, CLASSES_KEY):
-            names = f.get(key)
-            if names is None or not hasattr(names, "shape") or key in (self.h5_x, self.h5_y):
-                continue
-            is_str = h5py.check_string_dtype(names.dtype) is not None  # variable-length: checked once read
-            self._check_names_header(tuple(names.shape), names.dtype, is_str=is_str, what=f"dataset {key!r}")
-            try:
-                arr = np.asarray(names.asstr()[()] if names.dtype.kind in "OS" else names[()])
-            except (*READ_ERRORS, TypeError) as exc:
-                raise SourceError(f"cannot read dataset {key!r} ({one_line(exc)})", path=self.path) from exc
-            self._set_names(arr.astype(str), what=f"dataset {key!r}")
-            return
+        except SourceError as exc:
+            self._names_error = SourceError(exc.message, path=self.path, hint="give the classes with classes=")
 
     def _open(self) -> Any:
         h5py = _import_h5py(self.path)
@@ -123,7 +153,7 @@ class H5Source(FileSource):
         return ds
 
     def _read_labels(self, y: Any, a: int, b: int) -> np.ndarray:
-        arr = np.asarray(y.asstr()[a:b], dtype=str) if self._y_is_str else np.asarray(y[a:b])
+        arr = np.asarray(y.asstr()[a:b], dtype=object) if self._y_is_str else np.asarray(y[a:b])  # NULs kept
         return self._labels(arr, a)
 
     def _slices(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:

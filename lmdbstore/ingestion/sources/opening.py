@@ -4,7 +4,7 @@ The suffix -> kind decision is the one table :data:`_FILE_OPENERS` (and TFRecord
 :func:`~lmdbstore.ingestion.sources.tfrecord.is_tfrecord_name`, whose shard names end in ``-00003-of-00016``); a
 directory holding LMDB's data file is another store (:mod:`lmdbstore.ingestion.sources.store`), one holding
 TFRecord files a set of shards (one source per file, in name order), any other directory a ``ROOT/<class>/*.npy``
-tree.
+tree; a directory holding several of these kinds is refused (:func:`_directory_kinds`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from lmdbstore.config import DEFAULT_X_KEY, DEFAULT_Y_KEY
-from lmdbstore.errors import SourceError
+from lmdbstore.errors import SourceError, preview
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_label, one_line
 from lmdbstore.ingestion.sources.directory import open_directory
 from lmdbstore.ingestion.sources.h5 import H5Source
 from lmdbstore.ingestion.sources.npy import NpySource
 from lmdbstore.ingestion.sources.npz import NpzSource
-from lmdbstore.ingestion.sources.store import is_store_dir, open_store_source
+from lmdbstore.ingestion.sources.store import open_store_source
 from lmdbstore.ingestion.sources.tfrecord import TFRecordSource, is_tfrecord_name
+from lmdbstore.ingestion.sources.tfrecord_io import COMPRESSIONS
+from lmdbstore.store.env import DATA_FILE
 
 __all__ = ["open_source", "open_sources"]
 
@@ -37,8 +39,6 @@ class _Keys:
     y_key: str
     h5_x: str | None
     h5_y: str | None
-    dtype: Any = None
-    sample_shape: tuple[int, ...] | None = None
 
 
 #: File suffix (lower case) -> how a file with it is opened: the one place a suffix picks the kind.
@@ -50,16 +50,43 @@ _FILE_OPENERS: dict[str, Callable[[Path, Label | None, _Keys], Source]] = {
 }
 
 
-def _tfrecord(p: Path, lab: Label | None, k: _Keys) -> Source:
-    return TFRecordSource(p, label=lab, x_key=k.x_key, y_key=k.y_key, dtype=k.dtype, sample_shape=k.sample_shape)
+def _is_source_name(name: str) -> bool:
+    """Whether a file of this name would be read as a source (see :data:`_FILE_OPENERS`)."""
+    return is_tfrecord_name(name) or Path(name).suffix.lower() in _FILE_OPENERS
 
 
-def _tfrecord_shards(root: Path) -> list[Path]:
-    """The TFRecord files directly in ``root``, in name order (none: it is not a directory of shards)."""
+def _directory_kinds(root: Path) -> dict[str, list[str]]:
+    """What the directory ``root`` holds, by the kind it would be read as (hidden entries aside): a store (LMDB's
+    data file), TFRecord shards, class subdirectories, other source files; refused when it holds several of them.
+
+    Raises:
+        SourceError: the directory mixes kinds (reading one would drop the others in silence).
+    """
+    found: dict[str, list[str]] = {"a store": [], "TFRecord files": [], "class subdirectories": [], "files": []}
     try:
-        return sorted(e for e in root.iterdir() if is_tfrecord_name(e.name) and e.is_file())
+        for e in os.scandir(root):
+            if e.name.startswith("."):
+                continue
+            kind = (
+                "a store" if e.name == DATA_FILE
+                else "class subdirectories" if e.is_dir()
+                else "TFRecord files" if is_tfrecord_name(e.name)
+                else "files" if _is_source_name(e.name)
+                else None
+            )  # fmt: skip
+            if kind is not None:
+                found[kind].append(e.name)
     except OSError as exc:
         raise SourceError(f"cannot list ({one_line(exc)})", path=root) from exc
+    kinds = {kind: sorted(names) for kind, names in found.items() if names}
+    if len(kinds) > 1 and set(kinds) != {"files"}:
+        raise SourceError(
+            f"the directory mixes {' and '.join(f'{k} ({preview(v)})' for k, v in kinds.items())}; it is read as "
+            "one kind",
+            path=root,
+            hint="move one kind elsewhere, or give its files as sources of their own",
+        )
+    return kinds
 
 
 def open_source(
@@ -72,6 +99,7 @@ def open_source(
     h5_y: str | None = None,
     sample_shape: Sequence[int] | None = None,
     dtype: Any = None,
+    compression: str | None = None,
 ) -> list[Source]:
     """Open ``path`` as ingest source(s); the path's kind decides how (see the :mod:`lmdbstore.ingestion.sources` docstring).
 
@@ -86,15 +114,18 @@ def open_source(
             or stacks (pass the store's shape when appending; default: the shape most files share,
             refusing directories where that is ambiguous); of a TFRecord's samples (default: 1-D); ignored
             for other files.
-        dtype: the dtype of a TFRecord's samples stored as bytes (which do not record it); ignored for other
-            sources.
+        dtype: the dtype of a TFRecord's samples stored as bytes (which do not record it), byte order included
+            (``">f4"`` is read big-endian); ignored for other sources.
+        compression: how TFRecord files are stored: ``"none"``, ``"gzip"`` or ``"zlib"`` (TensorFlow's
+            ``compression_type``; default: told by each file's first bytes); ignored for other sources.
 
     Returns:
         One source for a file, one per non-empty class subdirectory for a directory.
 
     Raises:
-        SourceError: missing, empty, truncated, corrupt or wrongly laid out input (one line, file named).
-        ValueError: a bad argument (``label``, keys, ``sample_shape``).
+        SourceError: missing, empty, truncated, corrupt or wrongly laid out input (one line, file named), a
+            directory mixing kinds (a stray ``.tfrecord`` beside class subdirectories...).
+        ValueError: a bad argument (``label``, keys, ``sample_shape``, ``compression``).
     """
     p = Path(path)
     lab = check_label(label)
@@ -106,22 +137,26 @@ def open_source(
         shape = tuple(int(s) for s in sample_shape)
         if not shape or any(s < 1 for s in shape):
             raise ValueError(f"sample_shape must be positive dimensions, got {tuple(sample_shape)}")
+    if compression is not None and compression.lower() not in COMPRESSIONS:
+        raise ValueError(
+            f"compression must be one of {', '.join(COMPRESSIONS)} (or None: told by the file), got {compression!r}"
+        )
     if not p.exists():
         raise SourceError("no such file or directory", path=p)
-    if is_store_dir(p):  # a store is a source too
+    kinds = _directory_kinds(p) if p.is_dir() else {}
+    if "a store" in kinds:  # a store is a source too
         return open_store_source(p, label=lab)
-    keys = _Keys(x_key, y_key, h5_x, h5_y, dtype, shape)
+    shards = [p / f for f in kinds.get("TFRecord files", [])] if p.is_dir() else [p] if is_tfrecord_name(p.name) else []
+    if shards:
+        how = compression and compression.lower()
+        kw = {"x_key": x_key, "y_key": y_key, "dtype": dtype, "sample_shape": shape, "compression": how}
+        return [TFRecordSource(f, label=lab, **kw) for f in shards]
     if p.is_dir():
-        shards = _tfrecord_shards(p)
-        if shards:
-            return [_tfrecord(f, lab, keys) for f in shards]
-        return open_directory(p, lab, shape)
-    if is_tfrecord_name(p.name):
-        return [_tfrecord(p, lab, keys)]
+        return open_directory(p, lab, shape, _is_source_name)
     suffix = p.suffix.lower()
     opener = _FILE_OPENERS.get(suffix)
     if opener is not None:
-        return [opener(p, lab, keys)]
+        return [opener(p, lab, _Keys(x_key, y_key, h5_x, h5_y))]
     raise SourceError(
         f"unsupported source type {suffix or '(no suffix)'!r}",
         path=p,

@@ -3,50 +3,49 @@ one ``tf.train.Example`` per sample, read without TensorFlow (:mod:`~lmdbstore.i
 
 Each record holds the sample in feature ``x_key`` and its label in ``y_key``:
 
-* the sample as ``bytes`` (its raw little-endian values: ``x.tobytes()``), read as ``dtype`` -- which bytes
-  cannot tell, so it must be given -- in ``sample_shape`` (default: 1-D); or as a float list (float32) or an
-  int64 list, in ``sample_shape`` (default: 1-D of the list's length);
+* the sample as ``bytes`` (its raw values: ``x.tobytes()``), read as ``dtype`` -- which bytes cannot tell, so it
+  must be given, byte order included (``">f4"``: big-endian, stored little-endian) -- in ``sample_shape``
+  (default: 1-D); or as a float list (float32) or an int64 list, in ``sample_shape`` (default: 1-D of the list's
+  length);
 * the label as an int64 list of one class id, or a bytes list of one class name (UTF-8); ``label=`` labels
   every sample instead.
 
 Every record of a file must have the same kinds and sizes as its first.  Each file is one source, so a
-directory of shards resumes file by file (the resume ledger has an entry per shard).  Opening a file walks its
-record headers once (12 bytes each: the count, every length's crc32c, a cut last record); reading checks every
-record's data crc32c.  A damaged record is one :class:`~lmdbstore.errors.SourceError` line naming the file and
-the record, a record of another layout a :class:`~lmdbstore.errors.ValidationError` line.
+directory of shards resumes file by file (the resume ledger has an entry per shard).  A file may be one GZIP or
+ZLIB stream (TensorFlow's ``compression_type``): told by its first bytes, or forced with ``compression=``.
+Opening a file reads its first record and walks the others' headers (the count, every length's crc32c, a cut
+last record); reading checks every record's data crc32c.  A damaged record is one
+:class:`~lmdbstore.errors.SourceError` line naming the file and the record, a record of another layout a
+:class:`~lmdbstore.errors.ValidationError` line.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import SourceError, ValidationError
+from lmdbstore.errors import PREVIEW_ITEMS, SourceError, ValidationError, preview
 from lmdbstore.format.dtypes import normalize_dtype
 from lmdbstore.format.limits import MAX_CLASS_NAME_CHARS
 from lmdbstore.ingestion.sources.base import FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import Label, check_range, stat_file
 from lmdbstore.ingestion.sources.tfrecord_io import (
-    FOOTER_BYTES,
-    HEADER_BYTES,
+    Feature,
+    RecordFile,
     crc32c_module,
-    masked_crc,
+    feature_names,
     parse_example,
-    read_header,
 )
 
 __all__ = ["TFRecordSource", "is_tfrecord_name"]
 
 #: File names TFRecord files go by: ``*.tfrecord``, ``*.tfrecords`` and TensorFlow's ``*.tfrecord-00003-of-00016``.
 _TFRECORD_NAME = re.compile(r"\.tfrecords?(-\d+-of-\d+)?$", re.IGNORECASE)
-#: Read buffer of a TFRecord file (records are read one by one; the buffer makes that a few large reads).
-_BUFFER = 1 << 20
 
 
 def is_tfrecord_name(name: str) -> bool:
@@ -54,9 +53,15 @@ def is_tfrecord_name(name: str) -> bool:
     return _TFRECORD_NAME.search(name) is not None
 
 
+def _what(kind: str) -> str:
+    return "an empty feature" if kind == "empty" else f"a {kind} list"
+
+
 class TFRecordSource(FileSource):
     """A TFRecord file of ``tf.train.Example`` records: sample feature ``x_key``, label feature ``y_key`` (or
-    ``label``); ``dtype`` (for a bytes sample feature) and ``sample_shape`` say how to read the samples."""
+    ``label``); ``dtype`` (for a bytes sample feature) and ``sample_shape`` say how to read the samples,
+    ``compression`` (``"none"``, ``"gzip"``, ``"zlib"``; default: told by the file's first bytes) how the file is
+    stored."""
 
     kind = "tfrecord"
     _key_options = ("x_key", "y_key", "bytes_dtype", "sample_shape")
@@ -71,64 +76,44 @@ class TFRecordSource(FileSource):
         y_key: str,
         dtype: Any = None,
         sample_shape: tuple[int, ...] | None = None,
+        compression: str | None = None,
     ) -> None:
         self._stat = stat_file(path)
         self.path, self.label, self.x_key, self.y_key = path, label, x_key, y_key
         self.name = f"{path}[{x_key}]"
-        self.bytes_dtype = normalize_dtype(dtype) if dtype is not None else None
+        if dtype is not None:
+            normalize_dtype(dtype)  # refuses a dtype no store holds
+        self.bytes_dtype = np.dtype(dtype).str if dtype is not None else None  # its byte order kept: it is read so
         self.sample_shape = list(sample_shape) if sample_shape is not None else None
-        crc = crc32c_module(path)  # before anything: a missing package is one line
-        self._n = self._count(crc)
-        if self._n == 0:
-            raise SourceError("the TFRecord file holds no records", path=path)
-        first = self._first_record(crc)
-        self._x_kind, self.shape, self.dtype = self._sample_layout(first)
-        self._y_kind = self._label_kind(first) if label is None else None
+        with RecordFile(path, compression, crc32c_module(path)) as f:  # the package first: if missing, one line
+            self.compression, first = f.compression, f.next()
+            if first is None:
+                raise SourceError("the TFRecord file holds no records", path=path)
+            while f.next(keep=False) is not None:
+                pass
+            self._n = f.index
+        feats = self._parse(first, 0)
+        self._x_kind, self.shape, self.dtype = self._sample_layout(first, feats)
+        self._y_kind = self._label_kind(first, feats) if label is None else None
 
     # ------------------------------------------------------------------------------------------ opening
-    def _open(self) -> Any:
+    def _parse(self, data: bytes, i: int) -> dict[str, Feature]:
+        wanted: Collection[str] = (self.x_key,) if self.label is not None else (self.x_key, self.y_key)
         try:
-            return open(self.path, "rb", buffering=_BUFFER)
-        except OSError as exc:
-            raise SourceError(f"cannot open ({one_line(exc)})", path=self.path) from exc
+            return parse_example(data, wanted)
+        except ValueError as exc:
+            raise SourceError(f"record {i} is no tf.train.Example ({exc})", path=self.path) from exc
 
-    def _count(self, crc: Any) -> int:
-        """The number of records, walking their headers (each length's crc checked; the file must end where
-        the last record does)."""
-        size, at, n = self._stat.st_size, 0, 0
-        with self._open() as f:
-            while True:
-                length = self._header(f, crc, at, n)
-                if length is None:
-                    return n
-                at += HEADER_BYTES + length + FOOTER_BYTES
-                if at > size:
-                    raise SourceError(
-                        f"record {n} is cut short: it claims {length} bytes of data, the file ends first",
-                        path=self.path,
-                    )
-                f.seek(at)
-                n += 1
+    def _missing(self, first: bytes, key: str, hint: str) -> SourceError:
+        names, n = feature_names(first, PREVIEW_ITEMS)
+        has = preview(sorted(names), total=n) or "none"
+        return SourceError(f"record 0 has no feature {key!r}; it has: {has}", path=self.path, hint=hint)
 
-    def _header(self, f: Any, crc: Any, at: int, index: int) -> int | None:
-        try:
-            return read_header(f, crc, at, index, self.path)
-        except READ_ERRORS as exc:
-            raise SourceError(f"read failed at record {index} ({one_line(exc)})", path=self.path) from exc
-
-    def _first_record(self, crc: Any) -> dict[str, Any]:
-        with self._open() as f:
-            return next(self._records(f, crc, 0, 1, every=True))[1]  # every feature: messages list them
-
-    def _sample_layout(self, first: dict[str, Any]) -> tuple[str, tuple[int, ...], np.dtype[Any]]:
+    def _sample_layout(self, first: bytes, feats: dict[str, Feature]) -> tuple[str, tuple[int, ...], np.dtype[Any]]:
         """The sample feature's kind, and the samples' shape and dtype, from the first record."""
-        if self.x_key not in first:
-            raise SourceError(
-                f"record 0 has no feature {self.x_key!r}; it has: {', '.join(sorted(first)) or 'none'}",
-                path=self.path,
-                hint="choose the sample feature with x_key=",
-            )
-        kind, value = first[self.x_key]
+        if self.x_key not in feats:
+            raise self._missing(first, self.x_key, "choose the sample feature with x_key=")
+        kind, value = feats[self.x_key]
         if kind == "bytes":
             if self.bytes_dtype is None:
                 raise SourceError(
@@ -136,8 +121,8 @@ class TFRecordSource(FileSource):
                     path=self.path,
                     hint="give the samples' dtype= (and their sample_shape=)",
                 )
-            dtype = np.dtype(self.bytes_dtype).newbyteorder("<")
-            nbytes = len(value[0]) if len(value) == 1 else -1
+            dtype = np.dtype(self.bytes_dtype)
+            nbytes = int(value[0, 1] - value[0, 0]) if len(value) == 1 else -1
             if nbytes < 0 or nbytes % dtype.itemsize:
                 raise SourceError(
                     f"record 0: feature {self.x_key!r} is not one bytes value of whole {dtype} elements",
@@ -145,131 +130,110 @@ class TFRecordSource(FileSource):
                 )
             count = nbytes // dtype.itemsize
         else:
-            dtype = np.dtype("<f4" if kind == "float" else "<i8")
+            dtype = np.dtype("<i8" if kind == "int64" else "<f4")
             count = len(value)
             if self.bytes_dtype is not None and normalize_dtype(self.bytes_dtype) != normalize_dtype(dtype):
                 raise SourceError(
-                    f"feature {self.x_key!r} is a {kind} list ({dtype.name}); dtype= applies to bytes features",
+                    f"feature {self.x_key!r} is {_what(kind)} ({dtype.name}); dtype= applies to bytes features",
                     path=self.path,
                     hint="leave dtype= out (a store of another dtype: cast=True converts)",
                 )
         shape = tuple(self.sample_shape) if self.sample_shape is not None else (count,)
         if math.prod(shape) != count or count == 0:
             raise SourceError(
-                f"record 0: feature {self.x_key!r} holds {count} values, sample_shape {shape} needs {math.prod(shape)}",
+                f"record 0: feature {self.x_key!r} holds {count} values"
+                + (f", sample_shape {shape} needs {math.prod(shape)}" if count else ""),
                 path=self.path,
                 hint="give the samples' sample_shape=",
             )
         return kind, shape, dtype
 
-    def _label_kind(self, first: dict[str, Any]) -> str:
-        if self.y_key not in first:
-            raise SourceError(
-                f"record 0 has no feature {self.y_key!r}; it has: {', '.join(sorted(first)) or 'none'}",
-                path=self.path,
-                hint="choose the label feature with y_key=, or label every sample with label=CLASS",
+    def _label_kind(self, first: bytes, feats: dict[str, Feature]) -> str:
+        if self.y_key not in feats:
+            raise self._missing(
+                first, self.y_key, "choose the label feature with y_key=, or label every sample with label=CLASS"
             )
-        kind, value = first[self.y_key]
-        if kind == "float" or len(value) != 1:
+        kind, value = feats[self.y_key]
+        if kind not in ("int64", "bytes") or len(value) != 1:
             raise SourceError(
                 f"record 0: label feature {self.y_key!r} must be one int64 class id or one bytes class name, "
                 f"got {len(value)} {kind} value(s)",
                 path=self.path,
             )
-        return str(kind)
+        return kind
 
     # ------------------------------------------------------------------------------------------ reading
-    def _records(
-        self, f: Any, crc: Any, start: int, stop: int, every: bool = False
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(index, features)`` of records ``start..stop-1`` (``f`` at the file's start), every crc checked;
-        only the sample and label features unless ``every``."""
-        wanted = None if every else (self.x_key,) if self.label is not None else (self.x_key, self.y_key)
-        at = 0
-        for i in range(stop):
-            length = self._header(f, crc, at, i)
-            if length is None:
-                raise SourceError(f"the file ends before record {i}; was it changed while read?", path=self.path)
-            if i < start:
-                at += HEADER_BYTES + length + FOOTER_BYTES
-                f.seek(at)
-                continue
-            body = f.read(length + FOOTER_BYTES)
-            if len(body) != length + FOOTER_BYTES:
-                raise SourceError(f"record {i} is cut short", path=self.path)
-            data = body[:length]
-            if masked_crc(crc.value(data)) != struct.unpack("<I", body[length:])[0]:
-                raise SourceError(f"record {i} is damaged: the crc32c of its data does not match", path=self.path)
-            try:
-                feats = parse_example(data, wanted)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise SourceError(f"record {i} is no tf.train.Example ({exc})", path=self.path) from exc
-            at += HEADER_BYTES + length + FOOTER_BYTES
-            yield i, feats
+    def _records(self, start: int) -> Generator[tuple[int, bytes, dict[str, Feature]]]:
+        """``(index, data, features)`` of records ``start..`` in order, every crc checked."""
+        with RecordFile(self.path, self.compression, crc32c_module(self.path)) as f:
+            for i in range(self._n):
+                data = f.next(keep=i >= start)
+                if data is None:
+                    raise SourceError(f"the file ends before record {i}; was it changed while read?", path=self.path)
+                if i >= start:
+                    yield i, data, self._parse(data, i)
 
-    def _sample(self, feats: dict[str, Any], i: int) -> np.ndarray:
-        got = feats.get(self.x_key)
-        if got is None:
+    def _sample(self, data: bytes, feats: dict[str, Feature], i: int) -> np.ndarray:
+        if self.x_key not in feats:
             raise ValidationError(f"record {i} has no feature {self.x_key!r}", path=self.path)
-        kind, value = got
+        kind, value = feats[self.x_key]
         if kind != self._x_kind:
             raise ValidationError(
-                f"record {i}: feature {self.x_key!r} is a {kind} list, record 0's a {self._x_kind} list", path=self.path
-            )
-        if kind == "bytes":
-            if len(value) != 1 or len(value[0]) != self.dtype.itemsize * math.prod(self.shape):
-                have = sum(len(v) for v in value)
-                raise ValidationError(
-                    f"record {i}: feature {self.x_key!r} holds {have} bytes, {self.dtype.itemsize * math.prod(self.shape)} "
-                    f"expected ({self.dtype} {self.shape})",
-                    path=self.path,
-                )
-            return np.frombuffer(value[0], self.dtype)
-        if len(value) != math.prod(self.shape):
-            raise ValidationError(
-                f"record {i}: feature {self.x_key!r} holds {len(value)} values, {math.prod(self.shape)} expected",
+                f"record {i}: feature {self.x_key!r} is {_what(kind)}, record 0's {_what(self._x_kind)}",
                 path=self.path,
             )
-        return np.asarray(value)
+        size = math.prod(self.shape)
+        if kind != "bytes":
+            if len(value) != size:
+                raise ValidationError(
+                    f"record {i}: feature {self.x_key!r} holds {len(value)} values, {size} expected", path=self.path
+                )
+            return value
+        nbytes = self.dtype.itemsize * size
+        if len(value) != 1 or value[0, 1] - value[0, 0] != nbytes:
+            have = int((value[:, 1] - value[:, 0]).sum())
+            raise ValidationError(
+                f"record {i}: feature {self.x_key!r} holds {have} bytes, {nbytes} expected ({self.dtype} {self.shape})",
+                path=self.path,
+            )
+        return np.frombuffer(data, self.dtype, size, int(value[0, 0]))
 
-    def _label(self, feats: dict[str, Any], i: int) -> int | str:
-        got = feats.get(self.y_key)
-        if got is None or got[0] != self._y_kind or len(got[1]) != 1:
-            what = "no" if got is None else f"{len(got[1])} {got[0]} value(s) of"
+    def _label(self, data: bytes, feats: dict[str, Feature], i: int) -> int | str:
+        kind, value = feats.get(self.y_key, ("", np.zeros(0)))
+        if kind != self._y_kind or len(value) != 1:
+            what = "no" if not kind else f"{len(value)} {kind} value(s) of"
             raise ValidationError(
                 f"record {i} has {what} label feature {self.y_key!r}; one {self._y_kind} value expected", path=self.path
             )
-        value = got[1][0]
-        if self._y_kind == "int64":
-            return int(value)
-        if len(value) > 4 * MAX_CLASS_NAME_CHARS:
+        if kind == "int64":
+            return int(value[0])
+        a, b = int(value[0, 0]), int(value[0, 1])
+        if b - a > 4 * MAX_CLASS_NAME_CHARS:
             raise ValidationError(f"record {i}: its class name is longer than {MAX_CLASS_NAME_CHARS}", path=self.path)
         try:
-            return str(value.decode("utf-8"))
+            return data[a:b].decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValidationError(f"record {i}: its class name is not UTF-8", path=self.path) from exc
 
     def _batches(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
-        crc = crc32c_module(self.path)
-        with self._open() as f:
-            records = self._records(f, crc, start, self._n)
-            for a in range(start, self._n, batch):
-                k = min(batch, self._n - a)
-                x = np.empty((k, *self.shape), self.dtype) if with_x else None
-                labels: list[Any] = []
-                for j in range(k):
-                    i, feats = next(records)
-                    if x is not None:
-                        x[j] = self._sample(feats, i).reshape(self.shape)
-                    if self.label is None:
-                        labels.append(self._label(feats, i))
-                if self.label is not None:
-                    y = const_labels(self.label, k)
-                else:
-                    y = np.asarray(labels, np.int64) if self._y_kind == "int64" else np.asarray(labels, dtype=str)
-                    y = self._labels(y, a)
-                yield x, y
+        records = self._records(start)
+        for a in range(start, self._n, batch):
+            k = min(batch, self._n - a)
+            x = np.empty((k, *self.shape), self.dtype) if with_x else None
+            labels: list[Any] = []
+            for j in range(k):
+                i, data, feats = next(records)
+                if x is not None:
+                    x[j] = self._sample(data, feats, i).reshape(self.shape)
+                if self.label is None:
+                    labels.append(self._label(data, feats, i))
+            if self.label is not None:
+                y = const_labels(self.label, k)
+            else:  # names as Python strings: checked before numpy could drop a trailing NUL
+                y = self._labels(np.array(labels, np.int64 if self._y_kind == "int64" else object), a)
+            yield x, y
+        records.close()
 
     def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for x, y in self._batches(batch, start, with_x=True):

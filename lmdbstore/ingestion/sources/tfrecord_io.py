@@ -1,4 +1,4 @@
-"""TFRecord framing and ``tf.train.Example`` messages, read and written without TensorFlow.
+"""TFRecord files and ``tf.train.Example`` messages, read and written without TensorFlow.
 
 A TFRecord file is a sequence of records, each framed as::
 
@@ -7,39 +7,42 @@ A TFRecord file is a sequence of records, each framed as::
     byte   data[length]      here a serialized tf.train.Example
     uint32 masked crc32c     of the data
 
-where ``masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 (mod 2**32)``.  The crc32c (Castagnoli) comes from
-``google-crc32c`` (the optional ``tfrecord`` extra: Google's C implementation, hardware-accelerated, 40 KB, no
-dependencies; docs/design.md says why it and not ``protobuf``/TensorFlow).
+where ``masked(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 (mod 2**32)``; the whole file may be one GZIP or ZLIB
+stream (TensorFlow's ``compression_type``), inflated as read (:class:`RecordFile`).  The crc32c comes from
+``google-crc32c`` (the ``tfrecord`` extra; docs/design.md says why it and not ``protobuf``/TensorFlow).
 
-``tf.train.Example`` is the protobuf message ``Example{Features features = 1}``, ``Features{map<string, Feature>
-feature = 1}``, ``Feature{oneof {BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}}``,
-each list ``repeated <type> value = 1`` (floats and ints packed, as TensorFlow writes them; unpacked ones are
-read too).  :func:`parse_example` decodes the wire format of just these messages (unknown fields skipped), every
-length checked against the bytes it lies in, so a damaged or hostile record is a :class:`ValueError` and never
-an allocation beyond its own size.  :func:`encode_example` and :func:`write_records` write the same format (what
-the tests and the benchmark make their shards with; TensorFlow reads them).
+``tf.train.Example`` is ``Example{Features features = 1}``, ``Features{map<string, Feature> feature = 1}``,
+``Feature{oneof {BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}}``, each list
+``repeated <type> value = 1``.  :func:`parse_example` decodes them through one walker of every wire type
+(:func:`_fields`): lists packed or not alike, unknown fields skipped, every length checked against the bytes it
+lies in, a list's values counted before one array is allocated for them, so a damaged or hostile record is a
+:class:`ValueError` and never an allocation beyond a few times its own size.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from lmdbstore.errors import SourceError
+from lmdbstore.ingestion.sources.checks import one_line
 
 __all__ = [
-    "HEADER_BYTES",
+    "COMPRESSIONS",
+    "KINDS",
     "Feature",
+    "RecordFile",
     "crc32c_module",
-    "encode_example",
+    "feature_names",
     "masked_crc",
     "parse_example",
-    "write_records",
 ]
 
 #: Bytes before a record's data: its length and that length's masked crc32c.
@@ -48,12 +51,16 @@ HEADER_BYTES = 12
 FOOTER_BYTES = 4
 _MASK_DELTA = 0xA282EAD8
 _BYTES, _FLOATS, _INTS = 1, 2, 3
-#: The kinds of a feature, by field number of ``Feature``.
+#: The kinds of a feature, by field number of ``Feature`` (an empty ``Feature`` is ``"empty"``).
 KINDS = {_BYTES: "bytes", _FLOATS: "float", _INTS: "int64"}
+#: Compressions of a TFRecord file (TensorFlow's ``compression_type``), as :mod:`zlib` ``wbits``; 0: none.
+COMPRESSIONS = {"none": 0, "zlib": 15, "gzip": 31}
+#: Most bytes read (or inflated) at once: what reading adds to memory besides the record being read.
+_CHUNK = 1 << 20
 
-#: A decoded feature: its kind (``"bytes"``, ``"float"``, ``"int64"``) and value (a list of ``bytes``, a float32
-#: array, an int64 array).
-Feature = tuple[str, Any]
+#: A decoded feature: its kind and values: float32 or int64 values, or for bytes each value's (start, stop)
+#: in the record, an ``(n, 2)`` int64 array.
+Feature = tuple[str, np.ndarray]
 
 
 def crc32c_module(path: Path | None = None) -> Any:
@@ -74,188 +81,229 @@ def masked_crc(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-# --------------------------------------------------------------------------------------------------- reading
+# --------------------------------------------------------------------------------------------------- records
+class RecordFile:
+    """The records of a TFRecord file, in order: plain, or one GZIP or ZLIB stream inflated as read
+    (``compression``, a key of :data:`COMPRESSIONS`; ``None``: told by the first bytes, a plain file by its first
+    length's crc32c), in pieces of at most 1 MiB, so a record's claimed length allocates nothing by itself.
+    :meth:`next` reads a record (or passes over it); every fault is a one-line SourceError naming the record."""
+
+    def __init__(self, path: Path, compression: str | None, crc: Any) -> None:
+        self.path, self.index, self._crc = path, 0, crc
+        try:
+            self._f = io.BufferedReader(io.FileIO(path), _CHUNK)  # closed by __exit__
+            head = self._f.peek(HEADER_BYTES)[:HEADER_BYTES]
+        except OSError as exc:
+            raise SourceError(f"cannot open ({one_line(exc)})", path=path) from exc
+        if compression is None:
+            plain = len(head) == HEADER_BYTES and masked_crc(crc.value(head[:8])) == struct.unpack("<I", head[8:])[0]
+            zlib_head = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+            compression = "none" if plain else "gzip" if head[:2] == b"\x1f\x8b" else "zlib" if zlib_head else "none"
+        self.compression, self._wbits = compression, COMPRESSIONS[compression]
+        self._inflate = zlib.decompressobj(self._wbits) if self._wbits else None
+        self._size = os.fstat(self._f.fileno()).st_size
+
+    def __enter__(self) -> RecordFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+    def _some(self, n: int) -> bytes:
+        """Up to ``n`` (>= 1) more bytes of the records, ``b""`` at their end."""
+        d = self._inflate
+        if d is None:
+            return self._f.read(n)
+        while True:
+            if d.eof:  # another stream may follow (gzip members are concatenated)
+                data = d.unused_data or self._f.read(_CHUNK)
+                if not data:
+                    return b""
+                d = self._inflate = zlib.decompressobj(self._wbits)
+            elif d.unconsumed_tail:
+                data = d.unconsumed_tail
+            elif not (data := self._f.read(_CHUNK)):
+                raise EOFError("the compressed stream is cut short")
+            if out := d.decompress(data, n):
+                return out
+
+    def _take(self, n: int, keep: bool = True) -> tuple[bytes, int]:
+        """The next ``n`` bytes (fewer at the end) when ``keep`` (else passed over: a seek when plain), and how
+        many there were."""
+        if not keep and self._inflate is None:
+            at = self._f.tell()
+            return b"", self._f.seek(min(at + n, self._size)) - at
+        parts, got = [], 0
+        while got < n and (piece := self._some(min(n - got, _CHUNK))):
+            parts.append(piece if keep else b"")
+            got += len(piece)
+        return b"".join(parts), got
+
+    def next(self, keep: bool = True) -> bytes | None:
+        """The next record's data, its crc32c checked (``b""`` when not ``keep``: passed over, its length
+        checked); ``None`` after the last record."""
+        i, where = self.index, self.path
+        try:
+            head, _ = self._take(HEADER_BYTES)
+            if not head:
+                return None
+            if len(head) < HEADER_BYTES:
+                raise SourceError(
+                    f"record {i} is cut short: {len(head)} of its {HEADER_BYTES} header bytes", path=where
+                )
+            length, want = struct.unpack("<QI", head)
+            if masked_crc(self._crc.value(head[:8])) != want:
+                raise SourceError(
+                    f"record {i} is damaged: the crc32c of its length does not match",
+                    path=where,
+                    hint="is it compressed some other way? (compression=)" if i == 0 else None,
+                )
+            data, got = self._take(length, keep)
+            foot, _ = self._take(FOOTER_BYTES)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise SourceError(f"read failed at record {i} ({one_line(exc)})", path=where) from exc
+        if got < length or len(foot) < FOOTER_BYTES:
+            raise SourceError(
+                f"record {i} is cut short: it claims {length} bytes of data, the file ends first", path=where
+            )
+        if keep and masked_crc(self._crc.value(data)) != struct.unpack("<I", foot)[0]:
+            raise SourceError(f"record {i} is damaged: the crc32c of its data does not match", path=where)
+        self.index += 1
+        return data
+
+
+# --------------------------------------------------------------------------------------------------- messages
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """The varint at ``pos`` (at most 10 bytes, before ``end``) and the position after it."""
+    """The varint at ``pos`` (at most 10 bytes, before ``end``, below 2**64) and the position after it."""
     result = shift = 0
     while True:
         if pos >= end or shift > 63:
-            raise ValueError("truncated or overlong varint")
+            raise ValueError("a varint is cut short or longer than 10 bytes")
         b = buf[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if b < 0x80:
+            if result >> 64:
+                raise ValueError("a varint is above 2**64")
             return result, pos
         shift += 7
 
 
 def _fields(buf: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """``(field, wire type, start, stop)`` of each field of the message in ``buf[pos:end]``; for a varint
-    field ``start`` is its value and ``stop`` the position after it."""
+    """``(field, wire type, start, stop)`` of each field of the message in ``buf[pos:end]``, every wire type
+    (varint, fixed64, length-delimited, fixed32); for a varint field ``start`` is its value."""
     while pos < end:
-        key, pos = _varint(buf, pos, end)
+        key = buf[pos]  # one-byte keys and lengths (nearly all of them) without a call
+        key, pos = (key, pos + 1) if key < 0x80 else _varint(buf, pos, end)
         field, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(buf, pos, end)
             yield field, wire, value, pos
-        elif wire == 2:
-            n, pos = _varint(buf, pos, end)
-            if n > end - pos:
-                raise ValueError(f"field {field} claims {n} bytes, {end - pos} are left")
-            yield field, wire, pos, pos + n
-            pos += n
+            continue
+        if wire == 2:
+            size, pos = (buf[pos], pos + 1) if pos < end and buf[pos] < 0x80 else _varint(buf, pos, end)
         elif wire in (1, 5):
             size = 8 if wire == 1 else 4
-            if size > end - pos:
-                raise ValueError(f"field {field} is cut short")
-            yield field, wire, pos, pos + size
-            pos += size
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if size > end - pos:
+            raise ValueError(f"field {field} claims {size} bytes, {end - pos} are left")
+        yield field, wire, pos, pos + size
+        pos += size
 
 
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
+def _list_field(buf: bytes, kind: int, wire: int, a: int, b: int, out: np.ndarray | None, i: int) -> int:
+    """How many values one field (``wire``, ``buf[a:b]``; a varint's value in ``a``) of a BytesList, FloatList or
+    Int64List holds, packed or not; written to ``out[i:]`` when ``out`` is given."""
+    if kind == _FLOATS and wire in (2, 5):
+        n, rest = divmod(b - a, 4)
+        if rest:
+            raise ValueError("a packed float list's length is not a multiple of 4")
+        if out is not None:
+            out.view("<u4")[i : i + n] = np.frombuffer(buf, "<u4", n, a)  # the bits as written, NaNs included
+        return n
+    if kind == _INTS and wire == 2:  # packed varints: one value per byte below 0x80
+        if out is None:
+            return int(np.count_nonzero(np.frombuffer(buf, np.uint8, b - a, a) < 0x80))
+        n = 0
+        while a < b:
+            v, a = _varint(buf, a, b)
+            out[i + n] = v - (1 << 64) if v >> 63 else v
+            n += 1
+        return n
+    if kind == _INTS and wire == 0:
+        if out is not None:
+            out[i] = a - (1 << 64) if a >> 63 else a
+        return 1
+    if kind == _BYTES and wire == 2:
+        if out is not None:
+            out[i] = a, b
+        return 1
+    raise ValueError(f"a {KINDS[kind]} list holds a field of wire type {wire}")
 
 
-def _decode_list(buf: bytes, kind: int, pos: int, end: int) -> Any:
-    """The values of a BytesList, FloatList or Int64List message in ``buf[pos:end]``."""
-    if kind == _BYTES:
-        return [buf[a:b] for f, w, a, b in _fields(buf, pos, end) if f == 1 and w == 2]
-    floats: list[np.ndarray] = []
-    ints: list[int] = []
-    for f, w, a, b in _fields(buf, pos, end):
-        if f != 1:
-            continue
-        if kind == _FLOATS and w == 2:  # packed
-            if (b - a) % 4:
-                raise ValueError("a packed float list's length is not a multiple of 4")
-            floats.append(np.frombuffer(buf, "<f4", (b - a) // 4, a))
-        elif kind == _FLOATS and w == 5:
-            floats.append(np.frombuffer(buf, "<f4", 1, a))
-        elif kind == _INTS and w == 2:  # packed
-            p = a
-            while p < b:
-                v, p = _varint(buf, p, b)
-                ints.append(_signed(v))
-        elif kind == _INTS and w == 0:
-            ints.append(_signed(a))
-        else:
-            raise ValueError(f"a {KINDS[kind]} list holds a field of wire type {w}")
-    if kind == _FLOATS:
-        return np.concatenate(floats) if len(floats) != 1 else floats[0]
-    return np.asarray(ints, np.int64)
+def _list_values(buf: bytes, kind: int, a: int, b: int) -> np.ndarray:
+    """The values of a BytesList, FloatList or Int64List in ``buf[a:b]`` (see :data:`Feature`): every field 1 in
+    order, unknown fields skipped.  Counted first, then written into one array: at most 8 bytes per value (16
+    per bytes value), each of which takes at least one byte (two) of the record."""
+    n = 0
+    for f, w, s, e in _fields(buf, a, b):
+        if f == 1:
+            n += _list_field(buf, kind, w, s, e, None, 0)
+    out = np.empty((n, 2) if kind == _BYTES else n, "<f4" if kind == _FLOATS else "<i8")
+    i = 0
+    for f, w, s, e in _fields(buf, a, b):
+        if f == 1:
+            i += _list_field(buf, kind, w, s, e, out, i)
+    return out
 
 
-def parse_example(buf: bytes, wanted: Iterable[str] | None = None) -> dict[str, Feature]:
-    """The features of a serialized ``tf.train.Example`` (only those named in ``wanted``, when given).
-
-    Raises:
-        ValueError: the bytes are no well-formed Example.
-    """
-    keep = set(wanted) if wanted is not None else None
-    out: dict[str, Feature] = {}
-    end = len(buf)
-    vals: Any
-    for f, w, a, b in _fields(buf, 0, end):
+def _entries(buf: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """``(name start, name stop, Feature start, Feature stop)`` of each entry of the Example's feature map, in
+    order (a later entry of the same name replaces an earlier one, as protobuf merges maps)."""
+    for f, w, a, b in _fields(buf, 0, len(buf)):
         if f != 1 or w != 2:
             continue  # Example.features is field 1
         for f2, w2, a2, b2 in _fields(buf, a, b):
             if f2 != 1 or w2 != 2:
                 continue  # Features.feature (map entries) is field 1
-            name: str | None = None
-            value: tuple[int, int] | None = None
+            name = value = (a2, a2)  # absent: "" and an empty Feature
             for f3, w3, a3, b3 in _fields(buf, a2, b2):
-                if f3 == 1 and w3 == 2:
-                    name = buf[a3:b3].decode("utf-8", "replace")
-                elif f3 == 2 and w3 == 2:
+                if w3 == 2 and f3 == 1:
+                    name = (a3, b3)
+                elif w3 == 2 and f3 == 2:
                     value = (a3, b3)
-            if name is None or (keep is not None and name not in keep):
-                continue
-            kind, vals = "bytes", []  # an empty Feature is an empty list
-            if value is not None:  # Feature: a oneof of the three lists
-                for f4, w4, a4, b4 in _fields(buf, *value):
-                    if f4 in KINDS and w4 == 2:
-                        kind, vals = KINDS[f4], _decode_list(buf, f4, a4, b4)
-            out[name] = (kind, vals)
+            yield (*name, *value)
+
+
+def parse_example(buf: bytes, wanted: Collection[str]) -> dict[str, Feature]:
+    """The features named in ``wanted`` of a serialized ``tf.train.Example`` (those it has), as
+    ``(kind, values)``: ``kind`` ``"bytes"``, ``"float"``, ``"int64"`` or ``"empty"`` (a Feature of no list).
+
+    Raises:
+        ValueError: the bytes are no well-formed Example (a varint cut short or above 2**64, a length past the
+            end, a list field of another type).
+    """
+    keys = {name.encode(): name for name in wanted}
+    out: dict[str, Feature] = {}
+    for n0, n1, a, b in _entries(buf):
+        name = keys.get(buf[n0:n1])
+        if name is None:
+            continue
+        kind, values = "empty", np.zeros(0, "<f4")
+        for f, w, s, e in _fields(buf, a, b):  # a oneof: the last list given wins
+            if f in KINDS and w == 2:
+                kind, values = KINDS[f], _list_values(buf, f, s, e)
+        out[name] = (kind, values)
     return out
 
 
-def read_header(f: BinaryIO, crc: Any, at: int, index: int, path: Path) -> int | None:
-    """The data length of the record starting at ``at`` (``f`` positioned there), its length's crc checked;
-    ``None`` at the end of the file.
-
-    Raises:
-        SourceError: a cut header or a length crc that does not match (naming the record).
-    """
-    head = f.read(HEADER_BYTES)
-    if not head:
-        return None
-    if len(head) < HEADER_BYTES:
-        raise SourceError(f"record {index} is cut short: {len(head)} of its {HEADER_BYTES} header bytes", path=path)
-    length, want = struct.unpack("<QI", head)
-    if masked_crc(crc.value(head[:8])) != want:
-        raise SourceError(f"record {index} is damaged: the crc32c of its length does not match", path=path)
-    return int(length)
-
-
-# --------------------------------------------------------------------------------------------------- writing
-def _key(field: int, wire: int) -> bytes:
-    return _put_varint((field << 3) | wire)
-
-
-def _put_varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _len_field(field: int, payload: bytes) -> bytes:
-    return _key(field, 2) + _put_varint(len(payload)) + payload
-
-
-def _feature(value: Any) -> bytes:
-    """A serialized ``Feature``: ``bytes`` (or a list of them) as a BytesList, float arrays as a FloatList,
-    integer arrays and ints as an Int64List."""
-    if isinstance(value, (bytes, bytearray)):
-        value = [bytes(value)]
-    if isinstance(value, str):
-        value = [value.encode()]
-    if isinstance(value, list) and value and isinstance(value[0], (bytes, bytearray)):
-        return _len_field(_BYTES, b"".join(_len_field(1, bytes(v)) for v in value))
-    arr = np.atleast_1d(np.asarray(value))
-    if arr.dtype.kind == "f":
-        packed = arr.astype("<f4").tobytes()
-        return _len_field(_FLOATS, _len_field(1, packed))
-    if arr.dtype.kind in "iub":
-        packed = b"".join(_put_varint(int(v)) for v in arr.reshape(-1))
-        return _len_field(_INTS, _len_field(1, packed))
-    raise TypeError(f"cannot encode a feature of dtype {arr.dtype}")
-
-
-def encode_example(features: Mapping[str, Any]) -> bytes:
-    """A serialized ``tf.train.Example`` of ``features`` (name -> bytes, float array or int array)."""
-    entries = b"".join(
-        _len_field(1, _len_field(1, name.encode()) + _len_field(2, _feature(value))) for name, value in features.items()
-    )
-    return _len_field(1, entries)
-
-
-def write_records(path: str | os.PathLike[str], records: Iterable[bytes]) -> int:
-    """Write ``records`` to a TFRecord file at ``path`` (framed and crc32c-checked); return how many."""
-    crc = crc32c_module()
+def feature_names(buf: bytes, limit: int) -> tuple[list[str], int]:
+    """The first ``limit`` feature names of a serialized Example (for messages), and how many it has."""
+    names: list[str] = []
     n = 0
-    with open(path, "wb") as f:
-        for data in records:
-            head = struct.pack("<Q", len(data))
-            f.write(head + struct.pack("<I", masked_crc(crc.value(head))))
-            f.write(data + struct.pack("<I", masked_crc(crc.value(data))))
-            n += 1
-    return n
+    for n0, n1, _, _ in _entries(buf):
+        n += 1
+        if len(names) < limit:
+            names.append(buf[n0:n1].decode("utf-8", "replace"))
+    return names, n
