@@ -114,6 +114,7 @@ def tf_dataset(
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
+        Exception: what ``transform`` raises on the batch read for the element spec.
     """
     feed = open_feed(
         store,
