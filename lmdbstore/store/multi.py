@@ -18,9 +18,10 @@ the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader a
   set out again).  Each store's reader pins its store and data file
   (:class:`~lmdbstore.errors.StoreReplacedError` if one is replaced).
 
-Every store keeps its own position table, reads by file offset and reads in flight: a batch is read store by
-store, each part straight into its rows of the output when the batch is grouped by store (as the trainer's set
-samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy otherwise.
+Every store keeps its own position table and reads by file offset: a batch is grouped by store once and each
+store's part is one compiled call (many reads in flight) straight into its rows of the output when the batch
+comes grouped (as the trainer's set samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy
+otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import itertools
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -97,8 +97,6 @@ class StoreSet(MetaView):
         self._offsets: np.ndarray | None = None
         self._remaps: list[np.ndarray] = []
         self._labels: np.ndarray | None = None
-        self._threads: ThreadPoolExecutor | None = None
-        self._threads_pid = 0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> StoreSet:
@@ -108,10 +106,6 @@ class StoreSet(MetaView):
 
     def close(self) -> None:
         """Close every store in this process (call in the parent before starting workers)."""
-        with self._locked():  # reads in progress on other threads keep the pool they submitted to
-            pool, self._threads = self._threads, None
-        if pool is not None and self._threads_pid == os.getpid():
-            pool.shutdown(wait=True)
         for r in self.readers:
             r.close()
 
@@ -130,7 +124,6 @@ class StoreSet(MetaView):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_labels"] = None  # rebuilt from the stores' tables on first use
-        state["_threads"], state["_threads_pid"] = None, 0  # threads stay in their process
         del state["_mutex"], state["_mutex_pid"]
         return state
 
@@ -268,33 +261,10 @@ class StoreSet(MetaView):
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows.  The parts the page cache holds whole (the
-        kernel says so: :meth:`StoreReader.read_if_cached`) are copied on this thread; the others then read
-        together on threads (each store's reads in flight at once keep the disk busy), or one alone here."""
+        """Each store's part of a grouped batch straight into its rows: one compiled read per store."""
         starts = self.offsets.tolist()
-        parts = [(i, idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))]
-        if len(parts) == 1:
-            i, local, rows = parts[0]
-            self.readers[i].read_batch(local, out=rows)
-            return
-        cold = [(i, local, rows) for i, local, rows in parts if not self.readers[i].read_if_cached(local, rows)]
-        if len(cold) == 1:
-            i, local, rows = cold[0]
-            self.readers[i].read_batch(local, out=rows)
-            return
-        with self._locked():  # submitted under the lock: close() cannot shut the pool down in between
-            pool = self._pool()
-            futures = [pool.submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]
-        for f in futures:
-            f.result()
-
-    def _pool(self) -> ThreadPoolExecutor:
-        """This process's threads for cold reads of several stores at once (made after a fork anew); call
-        holding the set's lock."""
-        if self._threads is None or self._threads_pid != os.getpid():
-            self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
-            self._threads_pid = os.getpid()
-        return self._threads
+        for i, lo, hi in _groups(store, len(self.readers)):
+            self.readers[i].read_batch(idx[lo:hi] - starts[i], out=out[lo:hi])
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
