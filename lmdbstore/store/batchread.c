@@ -47,7 +47,8 @@ enum { TRUSTED, SPENT, COPIED, PREAD, STATE_N }; /* the state array's entries */
 #define CALL_PAGES 112                          /* one mincore call costs about as much as checking this many pages */
 #define PREFETCH_AHEAD 4
 #define STACK_BYTES (256 << 10)
-#define SPLIT_BYTES (1 << 20) /* warm bytes from which a batch's copies are shared by every core */
+#define SPLIT_BYTES (1 << 20) /* warm bytes from which a batch's short copies are shared by every core */
+#define SPLIT_RUN (16 << 10)  /* runs shorter than this on average (random order) are short */
 
 /* ------------------------------------------------------------------------------------------------ SIGBUS */
 /* A signal's disposition exactly as the kernel holds it (x86-64, aarch64): saved and put back with the raw system
@@ -240,7 +241,7 @@ typedef struct job {
     atomic_long next_warm, next_cold, spent, blocking;
     atomic_int status, faulted;
     atomic_llong detail;
-    int fd, probe, page_shift, workers, max_workers;
+    int fd, probe, page_shift, workers, max_workers, chunk;
     const char *map;
     int64_t size;
     char *dst, *heads, *junk;
@@ -249,7 +250,7 @@ typedef struct job {
     struct job *link;
 } job_t;
 
-#define CHUNK 64 /* warm runs a thread takes at a time (and copies between two looks at its major faults) */
+#define CHUNK_BYTES (256 << 10) /* warm bytes a thread takes at a time (and copies between looks at its faults) */
 
 static struct {
     pthread_mutex_t mu;
@@ -357,8 +358,8 @@ static void work(job_t *j) {
     long i;
     while ((i = atomic_fetch_add(&j->next_cold, 1)) < j->ncold)
         if (atomic_load(&j->status) == OK) read_run(j, j->cold[i], j->probe);
-    while ((i = atomic_fetch_add(&j->next_warm, CHUNK)) < j->nwarm)
-        if (atomic_load(&j->status) == OK) copy_warm(j, i, i + CHUNK < j->nwarm ? i + CHUNK : j->nwarm);
+    while ((i = atomic_fetch_add(&j->next_warm, j->chunk)) < j->nwarm)
+        if (atomic_load(&j->status) == OK) copy_warm(j, i, i + j->chunk < j->nwarm ? i + j->chunk : j->nwarm);
 }
 
 static int has_work(job_t *j) {
@@ -532,9 +533,11 @@ static int run_batch(const batch_t *b, int64_t *detail) {
     atomic_init(&j.next_warm, 0), atomic_init(&j.next_cold, 0), atomic_init(&j.spent, 0), atomic_init(&j.blocking, 0);
     atomic_init(&j.status, OK), atomic_init(&j.faulted, 0), atomic_init(&j.detail, 0);
     if (status == OK && (j.junk = junk = PyMem_RawMalloc((size_t)extra + 1)) == NULL) status = IO_ERROR;
+    j.chunk = nwarm > 0 && warm_bytes / nwarm < CHUNK_BYTES ? (int)(CHUNK_BYTES / (warm_bytes / nwarm + 1)) : 1;
     if (status == OK) {
         int helpers = (int)(ncold < b->threads ? ncold : b->threads) - 1;
-        if (warm_bytes >= SPLIT_BYTES && helpers < cpus - 1) helpers = cpus - 1; /* copies shared by the cores */
+        if (warm_bytes >= SPLIT_BYTES && warm_bytes / nwarm < SPLIT_RUN && helpers < cpus - 1)
+            helpers = cpus - 1; /* short copies, each waiting on memory more than it copies: shared by the cores */
         run_job(&j, helpers);
         status = atomic_load(&j.status), *detail = atomic_load(&j.detail);
     }

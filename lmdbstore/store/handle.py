@@ -199,7 +199,7 @@ class Handle:
     def inherit(self, table: PositionTable | None) -> None:
         """Reuse ``table`` (kept by the reader across a fork, a re-open, ``close()``) if it is of exactly this
         snapshot of this store and data file (its :attr:`~PositionTable.key`); call after :meth:`load`."""
-        if self.built or table is None or self.snapshot.meta is None:
+        if self.built or table is None or table.busy or self.snapshot.meta is None:
             return
         if table.key == table_key(self.meta.store_id, os.fstat(self.fd), self.snapshot.meta):
             self._use(table)

@@ -76,10 +76,12 @@ class PositionTable:
     layout: tuple[int, int, int, int, int]
     loaded: np.ndarray = field(init=False)  # bool, one per leaf
     error: CorruptStoreError | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: leaves are being read into it (a process forked meanwhile must not use it: their pages are half claimed)
+    busy: bool = False
 
     def __post_init__(self) -> None:
         self.loaded = np.zeros(len(self.tree.leaves), bool)
+        self._lock, self._pid = threading.Lock(), os.getpid()
 
     @property
     def samples_per_value(self) -> int:
@@ -133,6 +135,8 @@ class PositionTable:
         )
 
     def _load(self, leaf: np.ndarray, files: FileReader) -> None:
+        if self._pid != os.getpid():  # forked: a thread of the parent may have held the lock
+            self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
             need = np.unique(leaf[~self.loaded[leaf]])
             rest = np.flatnonzero(~self.loaded)
@@ -142,14 +146,17 @@ class PositionTable:
             ps = self.snap.psize
             arr = files.gather(self.tree.leaves[which] * ps, ps)  # a failed read is not damage: not kept
             pages = PageReader(files.fd, self.file_size, self.snap, files.path, None)
+            self.busy = True
             try:
                 self._fill(pages, which, arr)
+                self.loaded[which] = True
+                if self.complete:  # every page claimed once: a value's overflow run is its own, header or not
+                    self.checked[:] = True
             except CorruptStoreError as exc:
                 self.error = exc
                 raise
-            self.loaded[which] = True
-            if self.complete:  # every page claimed once: a value's overflow run is its own, header or not
-                self.checked[:] = True
+            finally:
+                self.busy = False
 
     def _fill(self, pages: PageReader, which: np.ndarray, arr: np.ndarray) -> None:
         """Locate the values of the leaves ``which`` (their pages ``arr``): each leaf must hold exactly the keys
