@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from lmdbstore.format.owners import Claims, Runs, foreign_runs, walk_tree
 from lmdbstore.format.pages import (
@@ -30,6 +31,7 @@ from lmdbstore.format.pages import (
     NODESIZE,
     P_BRANCH,
     P_LEAF,
+    PAGEHDRSZ,
     LmdbDb,
     LmdbMeta,
     PageReader,
@@ -168,12 +170,12 @@ def leaf_values(
     ps, path, what = pages.psize, pages.path, tree.name
     pages.check(arr, pgnos, P_LEAF)
     row, ptr = pages.nodes_2d(arr, pgnos)
-    flat = arr.reshape(-1)
-    base = row * ps + ptr  # node offsets in ``flat``
-    w = base // 2
-    words = flat.view("<u2")
-    dsize = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16
-    flags, ksize = words[w + 2], words[w + 3]
+    # each node's header, key and (overflow values) page number: 24 bytes from the node, one row each
+    padded = np.concatenate([arr.reshape(-1), np.zeros(NODESIZE + 2 * KEY_BYTES, np.uint8)])
+    nodes = as_strided(padded, (arr.size, NODESIZE + 2 * KEY_BYTES), (1, 1))[row * ps + ptr]
+    words = nodes[:, :NODESIZE].copy().view("<u2")
+    dsize = words[:, 0].astype(np.int64) | words[:, 1].astype(np.int64) << 16
+    flags, ksize = words[:, 2], words[:, 3]
     if (ksize != KEY_BYTES).any() or (flags & ~np.uint16(F_BIGDATA)).any():
         raise damaged(f"{what} B-tree holds a node that is not an 8-byte key with a value", path=path)
     big = (flags & F_BIGDATA).astype(bool)
@@ -181,7 +183,7 @@ def leaf_values(
     bad = np.flatnonzero(data + np.where(big, 8, dsize) > ps)
     if bad.size:
         raise damaged(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
-    keys = flat[(base + NODESIZE)[:, None] + np.arange(KEY_BYTES)].copy().view(">u8").reshape(-1).astype(np.uint64)
+    keys = nodes[:, NODESIZE : NODESIZE + KEY_BYTES].copy().view(">u8").reshape(-1).astype(np.uint64)
     same = row[1:] == row[:-1]
     if (keys[1:] <= keys[:-1])[same].any():
         i = int(np.flatnonzero((keys[1:] <= keys[:-1]) & same)[0])
@@ -196,13 +198,12 @@ def leaf_values(
         )
     pos = np.asarray(pgnos, np.int64)[row] * ps + data
     if big.any():
-        ov = flat[(base[big] + NODESIZE + KEY_BYTES)[:, None] + np.arange(8)].copy().view("<u8").reshape(-1)
-        ov = ov.astype(np.int64)
-        need = np.asarray(overflow_pages(dsize[big], ps), np.int64)
-        if (ov < 2).any() or (ov > pages.n_pages).any() or ((ov + need) > pages.n_pages).any():
+        ov = nodes[big, NODESIZE + KEY_BYTES :].copy().view("<u8").reshape(-1).astype(np.int64)
+        need = (PAGEHDRSZ - 1 + dsize[big]) // ps + 1
+        if (ov < 2).any() or ((ov + need) > pages.n_pages).any():
             raise damaged("a value points at overflow pages outside the file", path=path)
         tree.claims.add(Runs.of(f"{what} value", ov, need))
-        pos[big] = ov * ps + 16
+        pos[big] = ov * ps + PAGEHDRSZ
     return BTreeValues(keys, dsize, pos, big), leaf
 
 

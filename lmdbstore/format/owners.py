@@ -80,8 +80,10 @@ class Claims:
         """
         if not len(runs.start):
             return
-        order = np.argsort(runs.start, kind="stable")
-        s, e = runs.start[order], (runs.start + runs.count)[order]
+        s, e = runs.start, runs.start + runs.count
+        if (s[1:] < s[:-1]).any():  # an appended tree's runs come in order
+            order = np.argsort(s, kind="stable")
+            s, e = s[order], e[order]
         reach = np.maximum.accumulate(e)
         inside = np.flatnonzero(s[1:] < reach[:-1])
         if inside.size:

@@ -83,7 +83,7 @@ def read_samples(
         read_by_offset(h, table, idx, out, whole)
         return out
     if table is not None and h.files is not None:
-        table.ensure(np.unique(idx // m.samples_per_value), h.files)
+        table.ensure(idx // m.samples_per_value, h.files)
     read_by_lmdb(h, plan_runs(idx, m.samples_per_value), out, verify)
     return out
 

@@ -1,28 +1,27 @@
 /* lmdbstore.store._batchread: the compiled read path of lmdbstore (lmdbstore/store/fileread.py drives it).
  *
  * read() does one whole batch with the GIL released: from the sample indices and the position table it cuts the
- * batch into runs (consecutive samples of one value whose rows are consecutive), copies the runs whose pages are in
- * the page cache from the read-only map of the data file, and reads the others with preadv on a pool of threads of
- * its own (`threads` reads in flight), in the same call.  A value read for the first time is read from its overflow
- * page header on, in the same read, and the header is checked before the batch returns; a run of at least `extend`
- * samples that is not cached is read with the rest of its value (thrown away, but cached for the value's next
- * pieces).  Which pages are cached, the kernel says: mincore() answers kept in a page map (one byte per page),
- * trusted without a system call while no copy from the map takes a major fault, checked exactly otherwise, and
- * trusted again (one mincore over the whole file) once a batch was wholly cached and the exact checks since cost as
+ * batch into runs (consecutive samples of one value whose rows are consecutive), copies the runs whose pages are
+ * cached from the read-only map of the data file, and reads the others with preadv on a pool of threads of its own
+ * (`threads` reads in flight).  A value read for the first time is read from its overflow header on, in the same
+ * read, and the header is checked before the batch returns; a run of at least `extend` samples that is not cached
+ * is read with the rest of its value (thrown away, but cached for the value's next pieces).  Which pages are
+ * cached, the kernel says: a page map (one byte per page) trusted without a system call until a copy from the map
+ * takes a major fault, the runs read otherwise (first by preadv2(RWF_NOWAIT): only what the page cache holds), and
+ * trusted again after one mincore() over the whole file once a batch was wholly cached and the probes since cost as
  * much (a ski-rental rule).  Only speed depends on those answers: a page that left the cache costs a fault.
  *
- * SIGBUS: a page of the map past the end of a file shrunk under it faults.  A copy from the map catches it
- * (sigsetjmp) and read() says whose page it was by the fault's address (the map's: SOURCE; the destination's: DEST).
- * liblmdb's own reads of its map are guarded too (lmdb_begin/lmdb_end around them): a fault there on a page of the
- * range given (liblmdb's map) gets a page of zeros mapped over it, the call goes on, and lmdb_end() says so (the
- * caller discards what the call returned and gives that environment up).  The handler is installed only while a
- * guarded copy or call runs (the first installs it, the last puts back exactly the disposition it found); a SIGBUS
- * that is not ours goes to that disposition (the program's handler, or the default action).  It never installs
- * itself over a handler installed over it meanwhile (faulthandler.enable() during a copy chains back to it): until
- * that handler is gone, copies are made by preadv instead and liblmdb's reads are unguarded.
+ * SIGBUS: a page of a map past the end of a file shrunk under it faults.  A copy from the map catches it
+ * (sigsetjmp) and read() says whose page it was by the fault's address (SOURCE: the map's; DEST: the destination's).
+ * liblmdb's own reads of its map are guarded too (lmdb_begin/lmdb_end around them): a fault there gets a page of
+ * zeros mapped over it, the call goes on, lmdb_end() says so and maps the file's page back.  The handler is
+ * installed only while a guarded copy or call runs (the first installs it, the last puts back exactly the
+ * disposition it found); a SIGBUS that is not ours goes to that disposition (the program's handler, or the default
+ * action).  It never installs itself over a handler installed over it meanwhile (faulthandler.enable() during a copy
+ * chains back to it): until that handler is gone, batches are read by preadv and liblmdb's reads are unguarded.
  *
- * The pool's threads are made on first need in each process (never across a fork: a fork handler starts the child's afresh), block every
- * asynchronous signal, and only read with preadv (no SIGBUS: a destination that cannot be written is EFAULT).
+ * The pool's threads are made on first need in each process (a fork handler starts a child's pool afresh), block
+ * every asynchronous signal, and read with preadv and copy from the map.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -42,7 +41,7 @@
 #include <unistd.h>
 
 enum { OK = 0, NEED = 1, WRONG_LENGTH = 2, BAD_HEADER = 3, SHORT = 4, SOURCE = 5, DEST = 6, IO_ERROR = 7 };
-enum { TRUSTED, SPENT, COPIED, PREAD, STATE_N }; /* the state array's entries */
+enum { TRUSTED, SPENT, COPIED, PREAD, STATE_N }; /* the state array's entries (COPIED: runs from the page cache) */
 #define HEAD 16                                 /* an LMDB page header */
 #define CALL_PAGES 112                          /* one mincore call costs about as much as checking this many pages */
 #define PREFETCH_AHEAD 4
@@ -543,9 +542,10 @@ static int run_batch(const batch_t *b, int64_t *detail) {
     }
     if (guarded == 0) leave();
     if (status == OK && b->psize > 0) status = check_heads(b, runs, m, heads, detail);
-    b->state[COPIED] += nwarm, b->state[PREAD] += ncold, b->state[SPENT] += atomic_load(&j.spent);
+    long disk = atomic_load(&j.blocking); /* runs read from the disk; the others came from the page cache */
+    b->state[COPIED] += m - disk, b->state[PREAD] += disk, b->state[SPENT] += atomic_load(&j.spent);
     if (atomic_load(&j.faulted)) b->state[TRUSTED] = 0; /* a page the page map said was cached was not */
-    if (status == OK && map != NULL && !b->state[TRUSTED] && !atomic_load(&j.blocking) && b->state[SPENT] >= b->npages &&
+    if (status == OK && map != NULL && !b->state[TRUSTED] && !disk && b->state[SPENT] >= b->npages &&
         mincore((void *)map, (size_t)b->size, b->pages) == 0) {
         /* wholly cached, and the exact checks since cost a whole-file check: ask once for all, trust the map again */
         for (Py_ssize_t p = 0; p < b->npages; p++) b->pages[p] &= 1;

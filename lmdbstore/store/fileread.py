@@ -51,8 +51,8 @@ IO_THREADS = 32
 #: A run of at least this many samples of one value (block order) that is not cached is read with the rest of the
 #: value: its other pieces, in the next batches, are then copies, and one read of a value costs less than two.
 EXTEND_RUN_SAMPLES = 4
-#: ``FileReader.state``: whether the page map is trusted, the pages' worth of exact checks since, runs copied from
-#: the map, runs read by ``preadv`` (the last two: what the tests and benchmarks count).
+#: ``FileReader.state``: whether the page map is trusted, the pages' worth of probes since, runs the page cache
+#: held (copied from the map or read by a probe), runs read from the disk (the last two: what tests count).
 STATE = ("trusted", "spent", "copied", "read")
 
 
@@ -156,7 +156,7 @@ class FileReader:
         for i, o in enumerate((offs + (idx - values * spv) * sb).tolist()):
             if os.preadv(self.fd, [view[i * sb : (i + 1) * sb]], o) != sb:
                 return SHORT, o
-        self.state[3] += len(idx)
+        self.state[3] += len(idx)  # (not told apart from runs the page cache held)
         return OK, 0
 
     def fail(self, status: int, detail: int, key: int | None = None) -> LmdbStoreError:

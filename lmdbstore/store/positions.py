@@ -114,19 +114,6 @@ class PositionTable:
         if not self.complete:
             self._load(self._leaf(values), files)
 
-    def ensure_ranges(self, lo: np.ndarray, hi: np.ndarray, files: FileReader) -> None:
-        """:meth:`ensure` for the samples of the ranges ``lo[i]..hi[i]-1`` (clipped to the store)."""
-        spv, nv = self.samples_per_value, len(self.offsets)
-        first = np.clip(lo // spv, 0, max(nv - 1, 0))
-        last = np.clip((hi - 1) // spv, first, max(nv - 1, 0))
-        a, b = self._leaf(first), self._leaf(last)
-        self.ensure(first[:0], files)  # raises a kept error
-        if len(a) and not self.complete:
-            self._load(
-                np.unique(np.concatenate([np.arange(x, y + 1) for x, y in zip(a.tolist(), b.tolist(), strict=True)])),
-                files,
-            )
-
     def _leaf(self, values: np.ndarray) -> np.ndarray:
         """The leaf each of ``values`` is in (where liblmdb's search for its key goes)."""
         return (
@@ -138,9 +125,11 @@ class PositionTable:
         if self._pid != os.getpid():  # forked: a thread of the parent may have held the lock
             self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
-            need = np.unique(leaf[~self.loaded[leaf]])
-            rest = np.flatnonzero(~self.loaded)
-            which = np.union1d(need, rest[~np.isin(rest, need)][:EXTRA_LEAVES])
+            want = np.zeros(len(self.loaded), bool)
+            want[leaf] = True
+            want &= ~self.loaded
+            want[np.flatnonzero(~self.loaded & ~want)[:EXTRA_LEAVES]] = True
+            which = np.flatnonzero(want)
             if which.size == 0:
                 return
             ps = self.snap.psize
@@ -220,25 +209,27 @@ def open_table(
 
 
 def prefetch_ranges(table: PositionTable, lo: np.ndarray, hi: np.ndarray) -> tuple[list[int], list[int]]:
-    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1`` (their leaves read): one range
-    per sample range whose values lie together (the writer appends them in order), else one per value."""
-    spv = table.samples_per_value
-    off = table.offsets
-    vlen = table.layout[4]
+    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1``, no page read for it: from the
+    first value's leaf page to the page of the leaf after the last one's (the writer appends a leaf's values after
+    it), or one range per value already located where a range's leaves lie apart.  Only advice: a wrong range costs
+    time, never a wrong sample."""
+    spv, nv, vlen, ps = table.samples_per_value, len(table.offsets), table.layout[4], table.snap.psize
+    leaves, size = table.tree.leaves, table.file_size
+    first = np.clip(np.asarray(lo, np.int64) // spv, 0, max(nv - 1, 0))
+    last = np.clip((np.asarray(hi, np.int64) - 1) // spv, first, max(nv - 1, 0))
+    a, b = table._leaf(first), table._leaf(last) + 1
     starts: list[int] = []
     ends: list[int] = []
-    for a, b in zip(
-        (np.asarray(lo, np.int64) // spv).tolist(), ((np.asarray(hi, np.int64) - 1) // spv).tolist(), strict=True
+    for v0, v1, s0, s1 in zip(
+        first.tolist(), last.tolist(), leaves[a].tolist(), leaves[np.minimum(b, len(leaves) - 1)].tolist(), strict=True
     ):
-        seg = off[max(a, 0) : min(b, len(off) - 1) + 1]
-        seg = seg[seg >= 0]
-        if seg.size == 0:
-            continue
-        s0, s1 = int(seg.min()), int(seg.max()) + vlen
-        if s1 - s0 <= 2 * vlen * seg.size:  # laid out together: one read
-            starts.append(s0)
-            ends.append(min(s1, table.file_size))
-        else:  # scattered pages: one read per value
+        s1 = s1 * ps if s1 > s0 else size  # the last leaf's values reach to the end of the file
+        if 0 <= s1 - s0 * ps <= 2 * vlen * (v1 - v0 + 1) + 2 * ps:  # laid out together: one read
+            starts.append(s0 * ps)
+            ends.append(min(s1, size))
+        else:  # scattered pages: one read per value located
+            seg = table.offsets[v0 : v1 + 1]
+            seg = seg[seg >= 0]
             starts.extend(seg.tolist())
-            ends.extend(np.minimum(seg + vlen, table.file_size).tolist())
+            ends.extend(np.minimum(seg + vlen, size).tolist())
     return starts, ends

@@ -175,9 +175,9 @@ class StoreReader(PinnedReader, MetaView):
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
         Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a
-        thread of its own), so a later random read of them is a copy from memory; their leaves are read now.  Used
-        by the ``window`` shuffle for the next window.  A no-op on the liblmdb read path.  Only advice: reading
-        the wrong bytes here would cost time, never a wrong sample.
+        thread of its own), so a later random read of them is a copy from memory.  Used by the ``window`` shuffle
+        for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong bytes here would
+        cost time, never a wrong sample.
         """
         lo_a, hi_a = range_bounds(lo, hi)
         if not self.positions or lo_a.size == 0:
@@ -186,7 +186,6 @@ class StoreReader(PinnedReader, MetaView):
         def advise(h: Handle) -> None:
             table = self._positions(h)
             if table is not None and h.files is not None:
-                table.ensure_ranges(lo_a, hi_a, h.files)
                 h.files.advise(*prefetch_ranges(table, lo_a, hi_a))
 
         self._guarded("read", advise)
