@@ -160,7 +160,7 @@ def leaf_values(
     pages: PageReader, tree: SamplesTree, which: np.ndarray, arr: np.ndarray
 ) -> tuple[BTreeValues, np.ndarray]:
     """The values of the leaves ``which`` (indices into ``tree.leaves``), whose pages ``arr`` holds (as read), and
-    the leaf each value is in; their overflow runs are claimed.
+    the row of ``arr`` each value is in; their overflow runs are claimed.
 
     Raises:
         CorruptStoreError: a page is not a leaf or contradicts itself, a key lies outside what its leaf's separators
@@ -188,8 +188,8 @@ def leaf_values(
     if (keys[1:] <= keys[:-1])[same].any():
         i = int(np.flatnonzero((keys[1:] <= keys[:-1]) & same)[0])
         raise damaged(f"{what} B-tree keys out of order ({int(keys[i])} then {int(keys[i + 1])})", path=path)
-    leaf = np.asarray(which, np.int64)[row]
-    outside = np.flatnonzero((keys < tree.lo[leaf]) | (keys >= tree.hi[leaf]))
+    lo, hi = tree.lo[which], tree.hi[which]
+    outside = np.flatnonzero((keys < lo[row]) | (keys >= hi[row]))
     if outside.size:
         raise damaged(
             f"{what} B-tree: key {int(keys[outside[0]])} lies outside what the separator keys send to its page "
@@ -204,7 +204,7 @@ def leaf_values(
             raise damaged("a value points at overflow pages outside the file", path=path)
         tree.claims.add(Runs.of(f"{what} value", ov, need))
         pos[big] = ov * ps + PAGEHDRSZ
-    return BTreeValues(keys, dsize, pos, big), leaf
+    return BTreeValues(keys, dsize, pos, big), row
 
 
 def samples_positions(

@@ -99,9 +99,13 @@ class Claims:
                 self._twice(max(int(s[i]), int(self.start[j])), self.names[int(self.owner[j])], runs.owner)
         if runs.owner not in self.names:
             self.names.append(runs.owner)
-        code = self.names.index(runs.owner)
-        self.start, self.end = np.insert(self.start, k, s), np.insert(self.end, k, e)
-        self.owner = np.insert(self.owner, k, np.int16(code))
+        new = k + np.arange(len(k))  # where each run goes among the claims (np.insert would sort k again)
+        old = np.ones(len(self.start) + len(k), bool)
+        old[new] = False
+        for name, add in (("start", s), ("end", e), ("owner", self.names.index(runs.owner))):
+            merged = np.empty(len(old), getattr(self, name).dtype)
+            merged[new], merged[old] = add, getattr(self, name)
+            setattr(self, name, merged)
 
     def _twice(self, page: int, a: str, b: str) -> None:
         if a == b == "samples value":

@@ -1,16 +1,12 @@
-"""Reading runs of one data file by offset, and guarding liblmdb's reads of its map (private to the store package).
+"""Reading a batch by file offset, and guarding liblmdb's reads of its map (private to the store package).
 
-:class:`FileReader` reads a batch of samples, given their indices and where each value lies
-(:mod:`lmdbstore.store.positions`), in one call of the compiled reader ``lmdbstore.store._batchread``
-(``lmdbstore/store/batchread.c``, built by ``pip install``): the GIL released, the runs whose pages are in the page
-cache copied from a read-only map of the file, the others read by ``preadv`` on threads of its own with
-:data:`IO_THREADS` reads in flight, every value's overflow header checked when the value is first read, a short read
-or a file shrunk under the copy a one-line error (SIGBUS caught during the copy, never the program's handler's).
-Without the compiled reader (no C compiler at install) the same reads are made by ``os.preadv`` one at a time, on
-the calling thread: right, and several times slower.
-
-:func:`lmdb_guard` guards liblmdb's own reads of its map the same way: a page of a file shrunk under a liblmdb call
-reads as zeros instead of killing the process, and the call is refused (:class:`MapPatched`).
+:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store._batchread``
+(``batchread.c``, built by ``pip install``; see docs/design.md, "Reads by file offset"): cached runs copied from a
+read-only map of the file, the others read by ``preadv`` with :data:`IO_THREADS` in flight, new values' overflow
+headers checked, SIGBUS caught.  Without it (no C compiler at install) the same reads are ``os.preadv`` calls in
+turn: right, and several times slower.  :func:`lmdb_guard` guards liblmdb's own reads of its map with the same
+handler: a page of a file shrunk under a liblmdb call reads as zeros instead of killing the process, and the call
+is refused (:class:`MapPatched`).
 """
 
 from __future__ import annotations
@@ -41,9 +37,9 @@ def _load() -> ModuleType | None:
 
 #: The compiled reader, or ``None`` where it was not built (then the reads are ``os.preadv`` calls in turn).
 COMPILED: ModuleType | None = _load()
-#: What a read answers: done; a value whose position is not known yet (detail: the sample's row); a value of the
-#: wrong length (the value); a wrong overflow header (the value); a short read (the file offset); a page of the map
-#: or of the destination that could not be touched; an I/O error (errno).  The numbers of ``batchread.c``.
+#: What a read answers (``batchread.c``'s numbers), and its detail: done; a value not located yet (the row); a value
+#: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the
+#: map or of the destination; an I/O error (errno).
 OK, NEED, WRONG_LENGTH, BAD_HEADER, SHORT, SOURCE, DEST, IO_ERROR = range(8)
 #: Reads in flight for a cold batch: 32 keeps a virtio or NVMe disk at its limit for 2.5 KB reads and whole values
 #: alike (16 gave 0.9x, 64 and 128 no more than 32, measured in issue 41); a slower disk only queues them.
@@ -66,8 +62,7 @@ def truncated(size: int, needed: int, path: str | Path | None) -> CorruptStoreEr
 
 
 def destination_fault() -> LmdbStoreError:
-    """The one-line error for a batch whose *destination* could not be written (a bus error on its pages: an
-    ``out=`` that maps a file which was truncated, a shared-memory segment on a full tmpfs): the store is fine."""
+    """The one-line error for a batch whose *destination* could not be written (the store is fine)."""
     return LmdbStoreError(
         "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
         "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
@@ -77,8 +72,8 @@ def destination_fault() -> LmdbStoreError:
 
 class FileReader:
     """Reads of the data file ``fd`` (``size`` bytes when its positions were read) in one process, ``threads`` in
-    flight (default :data:`IO_THREADS`; see the module docstring).  The map and the page map are made on first need; a forked child goes on with its parent's (the
-    page cache they describe is the machine's).  Thread-safe: concurrent reads share the map and the pool."""
+    flight (default :data:`IO_THREADS`).  The map is made on first need; thread-safe (reads share the map, the page
+    map and the process's pool)."""
 
     def __init__(self, fd: int, size: int, path: str | Path | None = None, threads: int | None = None):
         self.fd, self.size, self.path = fd, size, path

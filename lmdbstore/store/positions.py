@@ -1,26 +1,18 @@
 """Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot, filled as batches
-need it.
+need it (see docs/design.md, "Reads by file offset").
 
-py-lmdb's value-returning calls touch every page of the value before returning, so out of core one random 2.5 KB
-sample of a 45 KB value costs 11 page-fault reads, one at a time.  Instead the reader reads a batch by file offset
-(:class:`~lmdbstore.store.fileread.FileReader`), from a table of each value's offset: 8 bytes per value, and a flag
-saying whether its overflow-page header was checked.
-
-Nothing is walked up front: :func:`open_table` reads the ``samples`` tree's branch pages (a few per million values)
-and the other trees of the snapshot (a few pages: every page they reach is claimed, :mod:`lmdbstore.format.owners`),
-and :meth:`PositionTable.ensure` reads the leaf pages a batch needs when it first needs them -- many reads in
-flight, and :data:`EXTRA_LEAVES` more each time until every leaf was read, so the whole tree is checked after a
-bounded number of batches.  A cold epoch starts reading at once.
+A batch is read by file offset (:class:`~lmdbstore.store.fileread.FileReader`) from a table of each value's offset
+(8 bytes per value) and a flag per value saying whether its overflow-page header was checked.  Nothing is walked up
+front: :func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages of the snapshot, and
+:meth:`PositionTable.ensure` the leaf pages a batch needs, when it first needs them, and :data:`EXTRA_LEAVES` more
+until every leaf was read (the whole tree checked after a bounded number of batches).
 
 The table is trusted no more than liblmdb trusts the file: the tree is checked as :mod:`lmdbstore.format.btree`
-says (what liblmdb's search relies on, and no page reachable twice: the other owners' pages are all claimed before
-the first leaf is read, the ``samples`` values' overflow runs as their leaves are read); each leaf holds exactly the
-keys ``0, k, 2k, ...`` for the metadata's count that its separators send there, so every value is in the leaf
-liblmdb's search reaches; each value's overflow-page header (overflow flag, its own page number, enough pages) is
-checked before the value is first read in a process.  Any contradiction is a :class:`~lmdbstore.errors.
-CorruptStoreError` (and every later read of the snapshot raises it again).  A table is keyed by the store's id, the
-data file's identity and the snapshot's meta page (:attr:`PositionTable.key`), and used only while that snapshot is
-protected (:mod:`lmdbstore.store.snapshot`).
+says (what liblmdb's search relies on; no page claimed twice); each leaf holds exactly the keys ``0, k, 2k, ...``
+below the metadata's count that its separators send there; a value's overflow header is checked before its first
+read in a process, until every leaf was read (then every overflow run is its value's own).  Any contradiction is a
+:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.  A table is keyed by
+the store, the data file and the snapshot (:func:`table_key`), and used only while that snapshot is protected.
 """
 
 from __future__ import annotations
@@ -87,14 +79,11 @@ class PositionTable:
     def samples_per_value(self) -> int:
         return self.layout[0]
 
-    @property
-    def lengths(self) -> np.ndarray:
-        """Each value's stored length (payload and trailer)."""
+    def lengths(self, values: np.ndarray) -> np.ndarray:
+        """The stored length (payload and trailer) of each of ``values``: the last value holds the rest."""
         spv, sb, _, count, vlen = self.layout
-        lens = np.full(len(self.offsets), vlen, np.int64)
-        if len(lens):
-            lens[-1] = (count - (len(lens) - 1) * spv) * sb + vlen - spv * sb
-        return lens
+        last = len(self.offsets) - 1
+        return np.where(values == last, (count - last * spv) * sb + vlen - spv * sb, vlen)
 
     @property
     def complete(self) -> bool:
@@ -151,14 +140,13 @@ class PositionTable:
         """Locate the values of the leaves ``which`` (their pages ``arr``): each leaf must hold exactly the keys
         ``0, k, 2k, ...`` below the count that its separators send there."""
         spv, nv, path = self.samples_per_value, len(self.offsets), pages.path
-        vals, leaf = leaf_values(pages, self.tree, which, arr)
+        vals, li = leaf_values(pages, self.tree, which, arr)
         end = np.uint64(nv * spv)
         lo = np.minimum(self.tree.lo[which], end).astype(np.int64)
         hi = np.minimum(self.tree.hi[which], end).astype(np.int64)
         first, stop = -(-lo // spv), -(-hi // spv)  # the values each leaf must hold: first .. stop - 1
-        li = np.searchsorted(which, leaf)
         held = np.bincount(li, minlength=len(which))
-        want = (first[li] + np.arange(len(leaf)) - np.repeat(np.cumsum(held) - held, held)) * spv
+        want = (first[li] + np.arange(len(li)) - np.repeat(np.cumsum(held) - held, held)) * spv
         wrong = np.flatnonzero((vals.keys.astype(np.int64) != want) | (want >= stop[li] * spv))
         if wrong.size:
             i = int(wrong[0])
@@ -173,7 +161,7 @@ class PositionTable:
                 f"the samples B-tree holds no value keyed {key}", path=path, key=key, hint=DAMAGE_HINT
             )
         v = want // spv
-        self.offsets[v] = np.where(vals.sizes == self.lengths[v], vals.pos, -1)
+        self.offsets[v] = np.where(vals.sizes == self.lengths(v), vals.pos, -1)
         self.checked[v] = ~vals.big
 
 
