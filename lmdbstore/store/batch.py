@@ -18,11 +18,20 @@ from lmdbstore.errors import ChecksumError, CorruptStoreError
 from lmdbstore.format.checksums import compute_checksum
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.pages import DAMAGE_HINT
-from lmdbstore.store.fileread import EXTEND_RUN_SAMPLES, NEED, OK
+from lmdbstore.store.fileread import EXTEND_RUN_SAMPLES, OK, read_together
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.positions import PositionTable
 
-__all__ = ["Runs", "plan_runs", "read_by_lmdb", "read_by_offset", "read_samples", "value", "whole_value_runs"]
+__all__ = [
+    "Runs",
+    "plan_runs",
+    "read_by_lmdb",
+    "read_by_offset",
+    "read_parts",
+    "read_samples",
+    "value",
+    "whole_value_runs",
+]
 
 
 @dataclass(frozen=True)
@@ -89,36 +98,47 @@ def read_samples(
 
 
 def read_by_offset(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray, checksums: bool) -> None:
-    """Fill ``out`` from the file at the table's offsets, in one call of the compiled reader (or its fallback).
-
-    The leaves of values not located yet are read first (:meth:`PositionTable.ensure`); every value's overflow-page
-    header is checked the first time the value is read in this process (in the same read); a run of
-    :data:`~lmdbstore.store.fileread.EXTEND_RUN_SAMPLES` samples or more that is not cached is read with the rest
-    of its value; with ``checksums``, values read whole are checked against their stored checksum.
+    """Fill ``out`` from the file at the table's offsets, in one call of the compiled reader (or its fallback): see
+    :func:`read_parts`.
 
     Raises:
         CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
         ChecksumError: a whole value does not match its checksum.
     """
-    files, spv = h.files, table.samples_per_value
-    assert files is not None
-    dst = out.reshape(-1).view(np.uint8)
-    if not table.complete:
-        table.ensure(idx // spv, files)
-    status, detail = files.read(dst, idx, table.offsets, table.checked, table.layout, EXTEND_RUN_SAMPLES)
-    if status == NEED:  # its leaf was read and does not hold it (ensure raises that)
-        table.ensure(idx[detail : detail + 1] // spv, files)
-        status, detail = files.read(dst, idx, table.offsets, table.checked, table.layout, EXTEND_RUN_SAMPLES)
-    if status != OK:
-        raise files.fail(status, detail, key=detail * spv)
-    if checksums and h.meta.trailer_bytes:
-        runs = plan_runs(idx, spv)
-        w = whole_value_runs(runs, h)
-        if w.size:
-            d0 = runs.dst[w] * h.meta.sample_bytes
-            voffs = table.offsets[runs.first[w] // spv]
-            view = memoryview(dst)  # type: ignore[arg-type]
-            _check_whole(h, view, voffs, d0, d0 + runs.rows[w] * h.meta.sample_bytes, runs.first[w])
+    read_parts([(h, table, idx, out, checksums)])
+
+
+def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, bool]]) -> None:
+    """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call.
+
+    The leaves of values not located yet are read first (:meth:`PositionTable.ensure`); every value's overflow-page
+    header is checked the first time the value is read in this process (in the same read); a run of
+    :data:`~lmdbstore.store.fileread.EXTEND_RUN_SAMPLES` samples or more that is not cached is read with the rest
+    of its value; with a part's ``checksums``, values read whole are checked against their stored checksum.
+
+    Raises:
+        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
+        ChecksumError: a whole value does not match its checksum.
+    """
+    todo = []
+    for h, table, idx, out, _ in parts:
+        assert h.files is not None
+        if not table.complete:
+            table.ensure(idx // table.samples_per_value, h.files)
+        args = (out.reshape(-1).view(np.uint8), idx, table.offsets, table.checked, table.layout, EXTEND_RUN_SAMPLES)
+        todo.append((h.files, args))
+    for (h, table, idx, out, checksums), (status, detail) in zip(parts, read_together(todo), strict=True):
+        assert h.files is not None
+        if status != OK:  # (NEED: every value was located above)
+            raise h.files.fail(status, detail, key=detail * table.samples_per_value)
+        if checksums and h.meta.trailer_bytes:
+            spv, sb = table.samples_per_value, h.meta.sample_bytes
+            runs = plan_runs(idx, spv)
+            w = whole_value_runs(runs, h)
+            if w.size:
+                d0 = runs.dst[w] * sb
+                view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+                _check_whole(h, view, table.offsets[runs.first[w] // spv], d0, d0 + runs.rows[w] * sb, runs.first[w])
 
 
 def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray, ends: np.ndarray, keys: Any) -> None:

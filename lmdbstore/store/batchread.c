@@ -221,6 +221,22 @@ static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
 }
 
 /* ------------------------------------------------------------------------------------------------ the batch */
+/* One store's part of a call: its file, map, page map and state, its table, its indices and destination. */
+typedef struct {
+    int fd;
+    const char *map; /* NULL: every run is read */
+    int64_t size, spv, sb, psize, count, vlen, extend, npages;
+    unsigned char *pages, *checked;
+    int64_t *state;
+    const int64_t *idx, *offsets;
+    Py_ssize_t n, nv, first, nruns; /* its runs: first .. first + nruns - 1 */
+    char *dst;
+    Py_ssize_t dlen;
+    int64_t detail;
+    atomic_int status, faulted;
+    atomic_llong spent, blocking;
+} batch_t;
+
 typedef struct {
     int64_t start;  /* file offset of the first byte a read of the run reads */
     int64_t skip;   /* bytes from start to the run's first byte (a head to check and what lies between) */
@@ -229,23 +245,18 @@ typedef struct {
     int64_t before; /* when not cached: bytes read along before start, and after the run (then thrown away) */
     int64_t after;
     int64_t value; /* the value whose head is read (at start); -1: none */
+    batch_t *b;
 } run_t;
 
-/* One batch's work, shared by the calling thread and the pool's: the warm runs (copied from the map, CHUNK at a
+/* One call's work, shared by the calling thread and the pool's: the warm runs (copied from the map, `chunk` at a
  * time) and the cold ones (read one at a time: each a read in flight). */
 typedef struct job {
     const run_t *runs;
     const int64_t *warm, *cold;
     Py_ssize_t nwarm, ncold;
-    atomic_long next_warm, next_cold, spent, blocking;
-    atomic_int status, faulted;
-    atomic_llong detail;
-    int fd, probe, page_shift, workers, max_workers, chunk;
-    const char *map;
-    int64_t size;
-    char *dst, *heads, *junk;
-    Py_ssize_t dlen;
-    unsigned char *pages;
+    atomic_long next_warm, next_cold;
+    int page_shift, workers, max_workers, chunk;
+    char *heads, *junk;
     struct job *link;
 } job_t;
 
@@ -270,51 +281,52 @@ static void after_fork(void) {
     guards_running = 0, lmdb_depth = 0;
 }
 
-static void fail(job_t *j, int status, int64_t detail) {
+static void fail(batch_t *b, int status, int64_t detail) {
     int none = OK;
-    if (atomic_compare_exchange_strong(&j->status, &none, status)) atomic_store(&j->detail, detail);
+    if (atomic_compare_exchange_strong(&b->status, &none, status)) b->detail = detail;
 }
 
-static void mark(job_t *j, int64_t from, int64_t to) { /* the bytes [from, to) are cached now */
-    int s = j->page_shift;
-    if (j->pages != NULL && to > from) memset(j->pages + (from >> s), 1, (size_t)(((to - 1) >> s) - (from >> s) + 1));
+static void mark(const batch_t *b, int s, int64_t from, int64_t to) { /* the bytes [from, to) are cached now */
+    if (b->map != NULL && to > from) memset(b->pages + (from >> s), 1, (size_t)(((to - 1) >> s) - (from >> s) + 1));
 }
 
-/* Read run i: first (where `probe`) only what the page cache holds, then from the disk with what is read along. */
-static void read_run(job_t *j, int64_t i, int probe) {
+/* Read run i: first (where the map may be read) only what the page cache holds, then from the disk with what is
+ * read along. */
+static void read_run(job_t *j, int64_t i) {
     const run_t *r = &j->runs[i];
+    batch_t *b = r->b;
     struct iovec iov[5];
-    int k = 0, head = r->value >= 0;
+    int k = 0, head = r->value >= 0, s = j->page_shift;
     ssize_t got;
-    if (probe && nowait_works) {
+    if (b->map != NULL && nowait_works) {
         if (head) iov[k++] = (struct iovec){j->heads + HEAD * i, HEAD};
         if (r->skip > head * HEAD) iov[k++] = (struct iovec){j->junk, (size_t)(r->skip - head * HEAD)};
-        iov[k++] = (struct iovec){j->dst + r->at, (size_t)r->len};
-        atomic_fetch_add(&j->spent, CALL_PAGES + ((r->skip + r->len) >> j->page_shift) + 1);
-        do got = preadv2(j->fd, iov, k, r->start, RWF_NOWAIT);
+        iov[k++] = (struct iovec){b->dst + r->at, (size_t)r->len};
+        atomic_fetch_add(&b->spent, CALL_PAGES + ((r->skip + r->len) >> s) + 1);
+        do got = preadv2(b->fd, iov, k, r->start, RWF_NOWAIT);
         while (got < 0 && errno == EINTR);
         if (got == r->skip + r->len) {
-            mark(j, r->start, r->start + got);
+            mark(b, s, r->start, r->start + got);
             return;
         }
         if (got < 0 && errno == EOPNOTSUPP) nowait_works = 0;
         k = 0;
     }
-    atomic_fetch_add(&j->blocking, 1);
+    atomic_fetch_add(&b->blocking, 1);
     int64_t from = r->start - r->before, want = r->before + r->skip + r->len + r->after;
     if (r->before > 0) iov[k++] = (struct iovec){j->junk, (size_t)r->before};
     if (head) iov[k++] = (struct iovec){j->heads + HEAD * i, HEAD};
     if (r->skip > head * HEAD) iov[k++] = (struct iovec){j->junk, (size_t)(r->skip - head * HEAD)};
-    iov[k++] = (struct iovec){j->dst + r->at, (size_t)r->len};
+    iov[k++] = (struct iovec){b->dst + r->at, (size_t)r->len};
     if (r->after > 0) iov[k++] = (struct iovec){j->junk, (size_t)r->after};
-    do got = preadv(j->fd, iov, k, from);
+    do got = preadv(b->fd, iov, k, from);
     while (got < 0 && errno == EINTR);
     if (got == want)
-        mark(j, from, from + want);
+        mark(b, s, from, from + want);
     else if (got >= 0)
-        fail(j, SHORT, from + got);
+        fail(b, SHORT, from + got);
     else
-        fail(j, errno == EFAULT ? DEST : IO_ERROR, errno);
+        fail(b, errno == EFAULT ? DEST : IO_ERROR, errno);
 }
 
 static long major_faults(void) {
@@ -322,43 +334,47 @@ static long major_faults(void) {
     return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_majflt : -1;
 }
 
-/* Copy the warm runs a..z-1 from the map (SIGBUS caught: whose page, by the fault's address).  Once a copy took a
- * major fault (a page the page map said was cached was not), the rest are read instead. */
-static void copy_warm(job_t *j, Py_ssize_t a, Py_ssize_t z) {
+/* Copy the warm runs a..z-1 from their maps (SIGBUS caught: whose page, by the fault's address).  Once a copy took a
+ * major fault (a page the page map said was cached was not), the rest of that store's runs are read instead. */
+static void copy_warm(job_t *j, const Py_ssize_t a, const Py_ssize_t z) {
     sigjmp_buf jump;
+    volatile Py_ssize_t x = a, first = a;
     if (sigsetjmp(jump, 0) != 0) {
+        batch_t *b = j->runs[j->warm[x]].b;
         const char *f = (const char *)fault_addr;
-        fail(j, f >= j->dst && f < j->dst + j->dlen && !(f >= j->map && f < j->map + j->size) ? DEST : SOURCE, 0);
+        fail(b, f >= b->dst && f < b->dst + b->dlen && !(f >= b->map && f < b->map + b->size) ? DEST : SOURCE, 0);
         return;
     }
     current_jump = &jump;
     long before = major_faults();
-    for (Py_ssize_t x = a; x < z; x++) {
+    for (; x < z; x++) {
         if (x + PREFETCH_AHEAD < z) {
             const run_t *n = &j->runs[j->warm[x + PREFETCH_AHEAD]];
-            __builtin_prefetch(j->map + n->start + n->skip);
-            __builtin_prefetch(j->map + n->start + n->skip + n->len - 1);
+            __builtin_prefetch(n->b->map + n->start + n->skip);
+            __builtin_prefetch(n->b->map + n->start + n->skip + n->len - 1);
         }
         int64_t i = j->warm[x];
         const run_t *r = &j->runs[i];
-        if (atomic_load_explicit(&j->faulted, memory_order_relaxed)) {
-            read_run(j, i, 1);
+        if (atomic_load_explicit(&r->b->faulted, memory_order_relaxed)) {
+            read_run(j, i);
             continue;
         }
-        if (r->value >= 0) memcpy(j->heads + HEAD * i, j->map + r->start, HEAD);
-        memcpy(j->dst + r->at, j->map + r->start + r->skip, (size_t)r->len);
+        if (r->value >= 0) memcpy(j->heads + HEAD * i, r->b->map + r->start, HEAD);
+        memcpy(r->b->dst + r->at, r->b->map + r->start + r->skip, (size_t)r->len);
     }
     current_jump = NULL;
-    if (before >= 0 && major_faults() > before) atomic_store(&j->faulted, 1);
+    if (before >= 0 && major_faults() > before) /* whose page it was, this thread cannot tell: all of its stores' */
+        for (Py_ssize_t y = first; y < z; y++) atomic_store(&j->runs[j->warm[y]].b->faulted, 1);
 }
 
 /* Take runs of the job until none is left: the cold ones first (each a read in flight), then warm chunks. */
 static void work(job_t *j) {
     long i;
-    while ((i = atomic_fetch_add(&j->next_cold, 1)) < j->ncold)
-        if (atomic_load(&j->status) == OK) read_run(j, j->cold[i], j->probe);
-    while ((i = atomic_fetch_add(&j->next_warm, j->chunk)) < j->nwarm)
-        if (atomic_load(&j->status) == OK) copy_warm(j, i, i + j->chunk < j->nwarm ? i + j->chunk : j->nwarm);
+    while ((i = atomic_fetch_add(&j->next_cold, 1)) < j->ncold) {
+        batch_t *b = j->runs[j->cold[i]].b;
+        if (atomic_load(&b->status) == OK) read_run(j, j->cold[i]);
+    }
+    while ((i = atomic_fetch_add(&j->next_warm, j->chunk)) < j->nwarm) copy_warm(j, i, i + j->chunk < j->nwarm ? i + j->chunk : j->nwarm);
 }
 
 static int has_work(job_t *j) {
@@ -444,49 +460,37 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t item, int writa
     return 0;
 }
 
-typedef struct {
-    int fd, threads;
-    const char *map;
-    int64_t size, spv, sb, psize, count, vlen, extend;
-    unsigned char *pages;
-    int64_t *state;
-    const int64_t *idx, *offsets;
-    unsigned char *checked;
-    Py_ssize_t n, nv, npages;
-    char *dst;
-    Py_ssize_t dlen;
-} batch_t;
-
-/* Cut the batch into runs (see the top); NEED/WRONG_LENGTH with the sample or value, else OK. */
-static int plan(const batch_t *b, run_t *runs, Py_ssize_t *nruns, int64_t *detail) {
-    Py_ssize_t m = 0;
+/* Cut the store's batch into runs from runs[b->first] on (see the top); NEED/WRONG_LENGTH/SHORT with the sample,
+ * value or offset, else OK. */
+static int plan(batch_t *b, run_t *runs) {
+    Py_ssize_t m = b->first;
     for (Py_ssize_t i = 0; i < b->n;) {
         int64_t s = b->idx[i], v = s / b->spv;
-        if (s < 0 || v >= b->nv) return *detail = i, NEED;
+        if (s < 0 || v >= b->nv) return b->detail = i, NEED;
         Py_ssize_t e = i + 1;
         while (e < b->n && b->idx[e] == b->idx[e - 1] + 1 && b->idx[e] / b->spv == v) e++;
         int64_t off = b->offsets[v];
-        if (off == -1) return *detail = v, WRONG_LENGTH;
-        if (off < 0) return *detail = i, NEED;
+        if (off == -1) return b->detail = v, WRONG_LENGTH;
+        if (off < 0) return b->detail = i, NEED;
         int64_t skip = (s - v * b->spv) * b->sb, rows = e - i;
         int64_t rest = ((b->count - v * b->spv < b->spv ? b->count - v * b->spv : b->spv) - (s - v * b->spv) - rows) * b->sb;
         run_t *r = &runs[m++];
-        *r = (run_t){off + skip, 0, rows * b->sb, i * b->sb, 0, 0, -1};
+        *r = (run_t){off + skip, 0, rows * b->sb, i * b->sb, 0, 0, -1, b};
         if (b->psize > 0 && !b->checked[v]) /* read from the header on: it is checked before anything returns */
             r->start = off - HEAD, r->skip = HEAD + skip, r->value = v;
         if (b->extend > 0 && rows >= b->extend) /* block-like: the rest of the value comes along when cold */
             r->before = r->value >= 0 ? 0 : skip, r->after = rest;
-        if (r->start - r->before < 0 || r->start + r->skip + r->len + r->after > b->size) return *detail = r->start, SHORT;
+        if (r->start - r->before < 0 || r->start + r->skip + r->len + r->after > b->size) return b->detail = r->start, SHORT;
         i = e;
     }
-    *nruns = m;
+    b->nruns = m - b->first;
     return OK;
 }
 
 /* The heads read of the values read for the first time: each names its own page, is an overflow page and has
  * enough pages for its value (else BAD_HEADER with the value); the good ones are marked checked. */
-static int check_heads(const batch_t *b, const run_t *runs, Py_ssize_t m, const char *heads, int64_t *detail) {
-    for (Py_ssize_t i = 0; i < m; i++) {
+static int check_heads(batch_t *b, const run_t *runs, const char *heads) {
+    for (Py_ssize_t i = b->first; i < b->first + b->nruns; i++) {
         const run_t *r = &runs[i];
         if (r->value < 0) continue;
         const unsigned char *h = (const unsigned char *)heads + HEAD * i;
@@ -497,108 +501,136 @@ static int check_heads(const batch_t *b, const run_t *runs, Py_ssize_t m, const 
         int64_t vlen = r->value == b->nv - 1 ? (b->count - r->value * b->spv) * b->sb + (b->vlen - b->spv * b->sb) : b->vlen;
         int64_t need = (HEAD - 1 + vlen) / b->psize + 1;
         if (pgno != (uint64_t)(r->start / b->psize) || (flags & 0x6F) != 0x04 || (int64_t)npages < need)
-            return *detail = r->value, BAD_HEADER;
+            return b->detail = r->value, BAD_HEADER;
         b->checked[r->value] = 1;
     }
     return OK;
 }
 
-static int run_batch(const batch_t *b, int64_t *detail) {
-    size_t n = (size_t)(b->n ? b->n : 1);
-    run_t *runs = PyMem_RawMalloc(sizeof(run_t) * n);
-    int64_t *order = PyMem_RawMalloc(sizeof(int64_t) * n);
-    char *heads = PyMem_RawMalloc((size_t)HEAD * n), *junk = NULL;
-    Py_ssize_t m = 0, nwarm = 0, ncold = 0;
-    int status = runs && order && heads ? plan(b, runs, &m, detail) : (*detail = ENOMEM, IO_ERROR);
-    int guarded = b->map != NULL && status == OK ? enter() : 1;
-    const char *map = guarded == 0 ? b->map : NULL; /* no handler of ours: every run is read */
-    int shift = __builtin_ctzl((unsigned long)page_bytes), trusted = map != NULL && b->state[TRUSTED];
+/* Read the batches bs[0..nb-1] as one job (see the top); each gets its own status. */
+static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
+    Py_ssize_t n = 1, m = 0, nwarm = 0, ncold = 0;
+    for (Py_ssize_t k = 0; k < nb; k++) n += bs[k].n;
+    run_t *runs = PyMem_RawMalloc(sizeof(run_t) * (size_t)n);
+    int64_t *order = PyMem_RawMalloc(sizeof(int64_t) * (size_t)n);
+    char *heads = PyMem_RawMalloc((size_t)HEAD * (size_t)n), *junk = NULL;
+    int guarded = 1, shift = __builtin_ctzl((unsigned long)page_bytes);
     int64_t extra = 0, warm_bytes = 0;
-    for (Py_ssize_t i = 0; i < m && status == OK; i++) { /* warm: the page map says cached (while trusted) */
-        const run_t *r = &runs[i];
-        int warm = trusted && marked(b->pages, shift, r->start + r->skip, r->start + r->skip + r->len) &&
-                   (r->value < 0 || marked(b->pages, shift, r->start, r->start + HEAD));
-        order[warm ? nwarm++ : b->n - 1 - ncold++] = i;
-        warm_bytes += warm ? r->len : 0;
-        if (r->before + r->skip + r->after > extra) extra = r->before + r->skip + r->after;
+    for (Py_ssize_t k = 0; k < nb; k++) {
+        batch_t *b = &bs[k];
+        b->first = m;
+        int st = runs && order && heads ? plan(b, runs) : (b->detail = ENOMEM, IO_ERROR);
+        atomic_store(&b->status, st);
+        if (st != OK) continue;
+        if (b->map != NULL && guarded == 1) guarded = enter();
+        if (guarded != 0) b->map = NULL; /* no handler of ours: every run is read */
+        for (Py_ssize_t i = m; i < m + b->nruns; i++) { /* warm: the page map says cached (while trusted) */
+            const run_t *r = &runs[i];
+            int warm = b->map != NULL && b->state[TRUSTED] &&
+                       marked(b->pages, shift, r->start + r->skip, r->start + r->skip + r->len) &&
+                       (r->value < 0 || marked(b->pages, shift, r->start, r->start + HEAD));
+            order[warm ? nwarm++ : n - 1 - ncold++] = i;
+            warm_bytes += warm ? r->len : 0;
+            if (r->before + r->skip + r->after > extra) extra = r->before + r->skip + r->after;
+        }
+        m += b->nruns;
     }
-    for (Py_ssize_t a = b->n - ncold, z = b->n - 1; a < z; a++, z--) { /* the cold ones in batch order */
+    for (Py_ssize_t a = n - ncold, z = n - 1; a < z; a++, z--) { /* the cold ones in batch order */
         int64_t t = order[a];
         order[a] = order[z], order[z] = t;
     }
-    job_t j = {.runs = runs, .warm = order, .cold = order + b->n - ncold, .nwarm = nwarm, .ncold = ncold, .fd = b->fd,
-               .probe = map != NULL, .page_shift = shift, .map = map, .size = b->size, .dst = b->dst, .heads = heads,
-               .dlen = b->dlen, .pages = map != NULL ? b->pages : NULL};
-    atomic_init(&j.next_warm, 0), atomic_init(&j.next_cold, 0), atomic_init(&j.spent, 0), atomic_init(&j.blocking, 0);
-    atomic_init(&j.status, OK), atomic_init(&j.faulted, 0), atomic_init(&j.detail, 0);
-    if (status == OK && (j.junk = junk = PyMem_RawMalloc((size_t)extra + 1)) == NULL) status = IO_ERROR;
+    job_t j = {.runs = runs, .warm = order, .cold = order + n - ncold, .nwarm = nwarm, .ncold = ncold,
+               .page_shift = shift, .heads = heads};
+    atomic_init(&j.next_warm, 0), atomic_init(&j.next_cold, 0);
     j.chunk = nwarm > 0 && warm_bytes / nwarm < CHUNK_BYTES ? (int)(CHUNK_BYTES / (warm_bytes / nwarm + 1)) : 1;
-    if (status == OK) {
-        int helpers = (int)(ncold < b->threads ? ncold : b->threads) - 1;
+    if (m > 0 && (j.junk = junk = PyMem_RawMalloc((size_t)extra + 1)) != NULL) {
+        int helpers = (int)(ncold < threads ? ncold : threads) - 1;
         if (warm_bytes >= SPLIT_BYTES && warm_bytes / nwarm < SPLIT_RUN && helpers < cpus - 1)
             helpers = cpus - 1; /* short copies, each waiting on memory more than it copies: shared by the cores */
         run_job(&j, helpers);
-        status = atomic_load(&j.status), *detail = atomic_load(&j.detail);
     }
     if (guarded == 0) leave();
-    if (status == OK && b->psize > 0) status = check_heads(b, runs, m, heads, detail);
-    long disk = atomic_load(&j.blocking); /* runs read from the disk; the others came from the page cache */
-    b->state[COPIED] += m - disk, b->state[PREAD] += disk, b->state[SPENT] += atomic_load(&j.spent);
-    if (atomic_load(&j.faulted)) b->state[TRUSTED] = 0; /* a page the page map said was cached was not */
-    if (status == OK && map != NULL && !b->state[TRUSTED] && !disk && b->state[SPENT] >= b->npages &&
-        mincore((void *)map, (size_t)b->size, b->pages) == 0) {
-        /* wholly cached, and the exact checks since cost a whole-file check: ask once for all, trust the map again */
-        for (Py_ssize_t p = 0; p < b->npages; p++) b->pages[p] &= 1;
-        b->state[TRUSTED] = 1, b->state[SPENT] = 0;
+    for (Py_ssize_t k = 0; k < nb; k++) {
+        batch_t *b = &bs[k];
+        if (m > 0 && junk == NULL) fail(b, IO_ERROR, ENOMEM);
+        if (atomic_load(&b->status) == OK && b->psize > 0) atomic_store(&b->status, check_heads(b, runs, heads));
+        long disk = atomic_load(&b->blocking); /* runs read from the disk; the others came from the page cache */
+        b->state[COPIED] += b->nruns - disk, b->state[PREAD] += disk, b->state[SPENT] += atomic_load(&b->spent);
+        if (atomic_load(&b->faulted)) b->state[TRUSTED] = 0; /* a page the page map said was cached was not */
+        if (atomic_load(&b->status) == OK && b->map != NULL && !b->state[TRUSTED] && !disk &&
+            b->state[SPENT] >= b->npages && mincore((void *)b->map, (size_t)b->size, b->pages) == 0) {
+            /* wholly cached, and the probes since cost a whole-file check: ask once for all, trust the map again */
+            for (Py_ssize_t p = 0; p < b->npages; p++) b->pages[p] &= 1;
+            b->state[TRUSTED] = 1, b->state[SPENT] = 0;
+        }
     }
     PyMem_RawFree(runs), PyMem_RawFree(order), PyMem_RawFree(heads), PyMem_RawFree(junk);
-    return status;
 }
 
-/* read(fd, map, size, pages, state, dst, idx, offsets, checked, spv, sb, psize, count, vlen, extend, threads)
- *   -> (status, detail): see the top.  map: the address of a read-only map of the file's `size` bytes (0: none);
- * pages: its page map (one byte per page, writable); state: int64[4] (trusted, spent, runs copied, runs read);
- * dst: where sample i of idx goes (sb bytes at i * sb); offsets: each value's payload offset (-1: wrong length,
- * < -1: not known yet: NEED); checked: per value, whether its header was checked (psize 0: no headers);
- * count: samples in all; vlen: a full value's stored bytes (payload and trailer). */
-static PyObject *batch_read(PyObject *self, PyObject *args) {
-    PyObject *pages_o, *state_o, *dst_o, *idx_o, *offsets_o, *checked_o;
+#define BUFFERS 6
+/* One store's part from its tuple (see read); its buffers in views[0..BUFFERS-1]; -1 with an exception. */
+static int parse_batch(PyObject *spec, batch_t *b, Py_buffer *views) {
+    PyObject *o[BUFFERS];
     unsigned long long map;
-    batch_t b = {0};
-    if (!PyArg_ParseTuple(args, "iKLOOOOOOLLLLLLi:read", &b.fd, &map, &b.size, &pages_o, &state_o, &dst_o, &idx_o,
-                          &offsets_o, &checked_o, &b.spv, &b.sb, &b.psize, &b.count, &b.vlen, &b.extend, &b.threads))
-        return NULL;
-    if (b.spv < 1 || b.sb < 1 || b.psize < 0 || b.threads < 1 || b.size < 0) {
-        PyErr_SetString(PyExc_ValueError, "spv, sb and threads must be positive");
-        return NULL;
+    if (!PyArg_ParseTuple(spec, "iKLOOOOOOLLLLLL:read", &b->fd, &map, &b->size, &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &b->spv, &b->sb, &b->psize, &b->count, &b->vlen, &b->extend))
+        return -1;
+    if (b->spv < 1 || b->sb < 1 || b->psize < 0 || b->size < 0) {
+        PyErr_SetString(PyExc_ValueError, "spv and sb must be positive");
+        return -1;
     }
-    Py_buffer pages = {0}, state = {0}, dst = {0}, idx = {0}, offsets = {0}, checked = {0};
-    PyObject *result = NULL;
-    if (get_buffer(pages_o, &pages, 1, 1, "pages") || get_buffer(state_o, &state, 8, 1, "state") ||
-        get_buffer(dst_o, &dst, 1, 1, "dst") || get_buffer(idx_o, &idx, 8, 0, "idx") ||
-        get_buffer(offsets_o, &offsets, 8, 0, "offsets") || get_buffer(checked_o, &checked, 1, 1, "checked"))
-        goto done;
-    b.map = (const char *)(uintptr_t)map, b.pages = pages.buf, b.state = state.buf, b.dst = dst.buf, b.dlen = dst.len;
-    b.idx = idx.buf, b.offsets = offsets.buf, b.checked = checked.buf;
-    b.n = idx.len / 8, b.nv = offsets.len / 8, b.npages = (b.size + page_bytes - 1) / page_bytes;
-    if (state.len < 8 * STATE_N || checked.len < b.nv || dst.len < b.n * b.sb || (map && pages.len < b.npages + 1)) {
+    const char *names[BUFFERS] = {"pages", "state", "dst", "idx", "offsets", "checked"};
+    const Py_ssize_t items[BUFFERS] = {1, 8, 1, 8, 8, 1};
+    const int writable[BUFFERS] = {1, 1, 1, 0, 0, 1};
+    for (int k = 0; k < BUFFERS; k++)
+        if (get_buffer(o[k], &views[k], items[k], writable[k], names[k]) != 0) return -1;
+    b->map = (const char *)(uintptr_t)map, b->pages = views[0].buf, b->state = views[1].buf, b->dst = views[2].buf;
+    b->dlen = views[2].len, b->idx = views[3].buf, b->offsets = views[4].buf, b->checked = views[5].buf;
+    b->n = views[3].len / 8, b->nv = views[4].len / 8, b->npages = (b->size + page_bytes - 1) / page_bytes;
+    if (views[1].len < 8 * STATE_N || views[5].len < b->nv || b->dlen < b->n * b->sb ||
+        (map && views[0].len < b->npages + 1)) {
         PyErr_SetString(PyExc_ValueError, "state, checked, dst or pages is too short");
+        return -1;
+    }
+    return 0;
+}
+
+/* read(threads, batches) -> [(status, detail)]: each batch (a store's part) is a tuple (fd, map, size, pages,
+ * state, dst, idx, offsets, checked, spv, sb, psize, count, vlen, extend), all read in one job (see the top).
+ * map: the address of a read-only map of the file's `size` bytes (0: none); pages: its page map (one byte per page);
+ * state: int64[4] (trusted, probes spent, runs the page cache held, runs read from the disk); dst: where sample i of
+ * idx goes (sb bytes at i * sb); offsets: each value's payload offset (-1: wrong length, < -1: not located: NEED);
+ * checked: per value, whether its header was checked (psize 0: no headers); count: samples in all; vlen: a full
+ * value's stored bytes (payload and trailer); extend: runs this long read their whole value when cold. */
+static PyObject *batch_read(PyObject *self, PyObject *args) {
+    int threads;
+    PyObject *specs, *result = NULL;
+    if (!PyArg_ParseTuple(args, "iO!:read", &threads, &PyList_Type, &specs)) return NULL;
+    Py_ssize_t nb = PyList_GET_SIZE(specs);
+    batch_t *bs = PyMem_Calloc((size_t)nb + 1, sizeof(batch_t));
+    Py_buffer *views = PyMem_Calloc((size_t)(nb + 1) * BUFFERS, sizeof(Py_buffer));
+    Py_ssize_t parsed = 0;
+    if (bs == NULL || views == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    int status;
-    int64_t detail = 0;
+    for (; parsed < nb; parsed++)
+        if (parse_batch(PyList_GET_ITEM(specs, parsed), &bs[parsed], views + BUFFERS * parsed) != 0) goto done;
     Py_BEGIN_ALLOW_THREADS
-    status = run_batch(&b, &detail);
+    run_batches(bs, nb, threads > 0 ? threads : 1);
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("(iL)", status, (long long)detail);
+    result = PyList_New(nb);
+    for (Py_ssize_t k = 0; result != NULL && k < nb; k++)
+        PyList_SET_ITEM(result, k, Py_BuildValue("(iL)", atomic_load(&bs[k].status), (long long)bs[k].detail));
 done:
-    PyBuffer_Release(&pages), PyBuffer_Release(&state), PyBuffer_Release(&dst);
-    PyBuffer_Release(&idx), PyBuffer_Release(&offsets), PyBuffer_Release(&checked);
+    for (Py_ssize_t k = 0; views != NULL && k < (parsed + 1) * BUFFERS; k++)
+        if (views[k].obj != NULL) PyBuffer_Release(&views[k]);
+    PyMem_Free(bs), PyMem_Free(views);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"read", batch_read, METH_VARARGS, "read(...) -> (status, detail): one batch (see lmdbstore/store/batchread.c)."},
+    {"read", batch_read, METH_VARARGS, "read(threads, batches) -> [(status, detail)]: see lmdbstore/store/batchread.c."},
     {"lmdb_begin", lmdb_begin, METH_O, "lmdb_begin(spans) -> bool: guard liblmdb's reads of its maps."},
     {"lmdb_end", lmdb_end, METH_O, "lmdb_end(fd) -> bool: end the guard; whether a page was replaced by zeros."},
     {NULL, NULL, 0, NULL},

@@ -18,13 +18,23 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
 from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, bad_overflow_headers, overflow_pages
 
-__all__ = ["COMPILED", "EXTEND_RUN_SAMPLES", "IO_THREADS", "FileReader", "MapPatched", "lmdb_guard", "map_spans"]
+__all__ = [
+    "COMPILED",
+    "EXTEND_RUN_SAMPLES",
+    "IO_THREADS",
+    "FileReader",
+    "MapPatched",
+    "lmdb_guard",
+    "map_spans",
+    "read_together",
+]
 
 
 def _load() -> ModuleType | None:
@@ -115,14 +125,31 @@ class FileReader:
         headers), samples in all, a full value's stored bytes)``; runs of ``extend`` samples or more read their whole
         value when not cached.  A value not ``checked`` has its overflow header checked (and is marked).  Returns
         ``(status, detail)`` (:data:`OK` and the others).  Errors are the caller's to raise (:meth:`fail`)."""
-        spv, sb, psize, count, vlen = layout
-        idx = np.ascontiguousarray(idx, np.int64)
-        if COMPILED is not None:
-            return COMPILED.read(  # type: ignore[no-any-return]
-                self.fd, self._address(), self.size, self.pages, self.state, dst, idx, offsets, checked,
-                spv, sb, psize, count, vlen, extend, self.threads,
-            )  # fmt: skip
-        return self._read_by_preadv(dst, idx, offsets, checked, layout)
+        return read_together([(self, (dst, idx, offsets, checked, layout, extend))])[0]
+
+    def part(
+        self,
+        dst: np.ndarray,
+        idx: np.ndarray,
+        offsets: np.ndarray,
+        checked: np.ndarray,
+        layout: tuple[int, ...],
+        extend: int,
+    ) -> tuple[Any, ...]:
+        """This file's part of a compiled read (:func:`read_together`)."""
+        return (
+            self.fd,
+            self._address(),
+            self.size,
+            self.pages,
+            self.state,
+            dst,
+            np.ascontiguousarray(idx, np.int64),
+            offsets,
+            checked,
+            *layout,
+            extend,
+        )
 
     def _read_by_preadv(
         self, dst: np.ndarray, idx: np.ndarray, offsets: np.ndarray, checked: np.ndarray, layout: tuple[int, ...]
@@ -212,6 +239,14 @@ class FileReader:
         if m is not None:
             with contextlib.suppress(BufferError):
                 m.close()
+
+
+def read_together(parts: list[tuple[FileReader, tuple[Any, ...]]]) -> list[tuple[int, int]]:
+    """:meth:`FileReader.read` of each ``(reader, arguments)`` part -- the stores of a set -- in one compiled call
+    (one job: every part's reads in flight together, the warm copies shared); its ``(status, detail)`` each."""
+    if COMPILED is None:
+        return [f._read_by_preadv(*args[:5]) for f, args in parts]
+    return COMPILED.read(max(f.threads for f, _ in parts), [f.part(*args) for f, args in parts])  # type: ignore[no-any-return]
 
 
 class MapPatched(Exception):

@@ -38,6 +38,8 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
+from lmdbstore.store.batch import read_parts, read_samples
+from lmdbstore.store.handle import Handle
 from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.reader import StoreReader
 
@@ -261,10 +263,18 @@ class StoreSet(MetaView):
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows: one compiled read per store."""
+        """Each store's part of a grouped batch straight into its rows, all in one compiled read (every store's reads
+        in flight together) under each store's snapshot rule; parts read through liblmdb one by one."""
         starts = self.offsets.tolist()
-        for i, lo, hi in _groups(store, len(self.readers)):
-            self.readers[i].read_batch(idx[lo:hi] - starts[i], out=out[lo:hi])
+        parts = [
+            (self.readers[i], idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))
+        ]
+        together = [p for p in parts if p[0].positions and not p[0].verify_checksums]
+        if together:
+            _read_together(together, [])
+        for r, local, rows in parts:
+            if not (r.positions and not r.verify_checksums):
+                r.read_batch(local, out=rows)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
@@ -340,6 +350,24 @@ class StoreSet(MetaView):
                 own = r.class_indices(r.classes.index(name)).astype(np.int64)
                 parts.append(own[: np.searchsorted(own, n)] + off)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _read_together(parts: list[tuple[StoreReader, np.ndarray, np.ndarray]], handles: list[Handle]) -> None:
+    """Read each part ``(reader, local indices, rows)`` on a snapshot of its reader that was protected before and after
+    (each reader's rule, one inside the other), the parts with a position table in one compiled call."""
+    if len(handles) < len(parts):
+        reader = parts[len(handles)][0]
+        reader._guarded("read", lambda h: _read_together(parts, [*handles, h]))
+        return
+    offset = []
+    for (r, local, rows), h in zip(parts, handles, strict=True):
+        table = r._positions(h)
+        if table is None:  # a layout the position table does not know: liblmdb
+            read_samples(h, None, local, rows, True, False, False)
+        else:
+            offset.append((h, table, local, rows, r.check_whole_values))
+    if offset:
+        read_parts(offset)
 
 
 def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:
