@@ -223,7 +223,7 @@ static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
 /* ------------------------------------------------------------------------------------------------ the batch */
 /* One store's part of a call: its file, map, page map and state, its table, its indices and destination. */
 typedef struct {
-    int fd;
+    int fd, rfd;     /* rfd: the same file without read-ahead, for runs read with their whole value */
     const char *map; /* NULL: every run is read */
     int64_t size, spv, sb, psize, count, vlen, extend, npages;
     unsigned char *pages, *checked;
@@ -246,6 +246,7 @@ typedef struct {
     int64_t after;
     int64_t value; /* the value whose head is read (at start); -1: none */
     batch_t *b;
+    int bulk; /* a piece of `extend` samples or more: read through rfd */
 } run_t;
 
 /* One call's work, shared by the calling thread and the pool's: the warm runs (copied from the map, `chunk` at a
@@ -319,7 +320,7 @@ static void read_run(job_t *j, int64_t i) {
     if (r->skip > head * HEAD) iov[k++] = (struct iovec){j->junk, (size_t)(r->skip - head * HEAD)};
     iov[k++] = (struct iovec){b->dst + r->at, (size_t)r->len};
     if (r->after > 0) iov[k++] = (struct iovec){j->junk, (size_t)r->after};
-    do got = preadv(b->fd, iov, k, from);
+    do got = preadv(r->bulk ? b->rfd : b->fd, iov, k, from);
     while (got < 0 && errno == EINTR);
     if (got == want)
         mark(b, s, from, from + want);
@@ -475,10 +476,10 @@ static int plan(batch_t *b, run_t *runs) {
         int64_t skip = (s - v * b->spv) * b->sb, rows = e - i;
         int64_t rest = ((b->count - v * b->spv < b->spv ? b->count - v * b->spv : b->spv) - (s - v * b->spv) - rows) * b->sb;
         run_t *r = &runs[m++];
-        *r = (run_t){off + skip, 0, rows * b->sb, i * b->sb, 0, 0, -1, b};
+        *r = (run_t){off + skip, 0, rows * b->sb, i * b->sb, 0, 0, -1, b, b->extend > 0 && rows >= b->extend};
         if (b->psize > 0 && !b->checked[v]) /* read from the header on: it is checked before anything returns */
             r->start = off - HEAD, r->skip = HEAD + skip, r->value = v;
-        if (b->extend > 0 && rows >= b->extend) /* block-like: the rest of the value comes along when cold */
+        if (r->bulk) /* block-like: the rest of the value comes along when cold */
             r->before = r->value >= 0 ? 0 : skip, r->after = rest;
         if (r->start - r->before < 0 || r->start + r->skip + r->len + r->after > b->size) return b->detail = r->start, SHORT;
         i = e;
@@ -572,7 +573,7 @@ static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
 static int parse_batch(PyObject *spec, batch_t *b, Py_buffer *views) {
     PyObject *o[BUFFERS];
     unsigned long long map;
-    if (!PyArg_ParseTuple(spec, "iKLOOOOOOLLLLLL:read", &b->fd, &map, &b->size, &o[0], &o[1], &o[2], &o[3], &o[4],
+    if (!PyArg_ParseTuple(spec, "iiKLOOOOOOLLLLLL:read", &b->fd, &b->rfd, &map, &b->size, &o[0], &o[1], &o[2], &o[3], &o[4],
                           &o[5], &b->spv, &b->sb, &b->psize, &b->count, &b->vlen, &b->extend))
         return -1;
     if (b->spv < 1 || b->sb < 1 || b->psize < 0 || b->size < 0) {
@@ -595,7 +596,7 @@ static int parse_batch(PyObject *spec, batch_t *b, Py_buffer *views) {
     return 0;
 }
 
-/* read(threads, batches) -> [(status, detail)]: each batch (a store's part) is a tuple (fd, map, size, pages,
+/* read(threads, batches) -> [(status, detail)]: each batch (a store's part) is a tuple (fd, rfd, map, size, pages,
  * state, dst, idx, offsets, checked, spv, sb, psize, count, vlen, extend), all read in one job (see the top).
  * map: the address of a read-only map of the file's `size` bytes (0: none); pages: its page map (one byte per page);
  * state: int64[4] (trusted, probes spent, runs the page cache held, runs read from the disk); dst: where sample i of

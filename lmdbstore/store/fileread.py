@@ -93,8 +93,14 @@ class FileReader:
         self.pages = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE + 1, np.uint8)
         self.state = np.zeros(len(STATE), np.int64)
         self._lock = threading.Lock()
-        with contextlib.suppress(OSError, AttributeError):  # no read-ahead: 32 reads of neighbouring values at once
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # looked sequential to it, and it doubled them
+        # Whole values (block order) are read through a file description without read-ahead: 32 reads of
+        # neighbouring values at once looked sequential to the kernel, which then read on (8 MiB here) in vain.
+        # Single samples keep the kernel's read-ahead: within a window being read ahead it completes the window.
+        try:
+            self.rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            os.posix_fadvise(self.rfd, 0, 0, os.POSIX_FADV_RANDOM)
+        except (OSError, AttributeError):
+            self.rfd = fd
 
     @property
     def stats(self) -> dict[str, int]:
@@ -141,6 +147,7 @@ class FileReader:
         """This file's part of a compiled read (:func:`read_together`)."""
         return (
             self.fd,
+            self.rfd,
             self._address(),
             self.size,
             self.pages,
@@ -227,17 +234,23 @@ class FileReader:
     def advise(self, starts: list[int], ends: list[int]) -> None:
         """Start reading byte ranges ``[s, e)`` into the page cache in the background (a thread of its own, which
         ends when the kernel has the requests: only advice, never waited for)."""
+        fd = self.fd
 
         def run() -> None:
             for s, e in zip(starts, ends, strict=True):
                 with contextlib.suppress(OSError):
-                    os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_WILLNEED)
+                    os.posix_fadvise(fd, s, e - s, os.POSIX_FADV_WILLNEED)
 
         threading.Thread(target=run, name="lmdbstore-advise", daemon=True).start()
 
     def close(self) -> None:
+        """Let go of the map and the second file description (the first is the caller's)."""
         with self._lock:
             m, self._map, self._addr = self._map, None, 0
+            if self.rfd != self.fd:
+                with contextlib.suppress(OSError):
+                    os.close(self.rfd)
+            self.rfd = self.fd
         if m is not None:
             with contextlib.suppress(BufferError):
                 m.close()

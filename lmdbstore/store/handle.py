@@ -254,7 +254,9 @@ class Handle:
         the transaction.  The position table stays with the reader, for the next handle to inherit.
         """
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
-        self.files = None
+        if self.files is not None:
+            self.files.close()
+            self.files = None
         with contextlib.suppress(OSError):
             os.close(self.fd)
 

@@ -274,26 +274,11 @@ def test_the_compiled_reader_refuses_buffers_too_short() -> None:
     c = fileread.COMPILED
     assert c is not None
     i64, z = np.zeros(4, np.int64), np.zeros(4, bool)
-    part = [
-        0,
-        0,
-        64,
-        np.zeros(2, np.uint8),
-        np.zeros(4, np.int64),
-        np.zeros(8, np.uint8),
-        i64,
-        i64,
-        z,
-        1,
-        4,
-        0,
-        4,
-        4,
-        0,
-    ]
+    buffers = [np.zeros(2, np.uint8), np.zeros(4, np.int64), np.zeros(8, np.uint8), i64, i64, z]
+    part = [0, 0, 0, 64, *buffers, 1, 4, 0, 4, 4, 0]  # fd, rfd, map, size, buffers, spv, sb, psize, count, vlen, extend
     with pytest.raises(ValueError, match="too short"):
         c.read(1, [tuple(part)])  # 8 bytes of dst for 4 samples of 4
-    part[5], part[6] = np.zeros(16, np.uint8), i64.astype(np.int32)
+    part[6], part[7] = np.zeros(16, np.uint8), i64.astype(np.int32)
     with pytest.raises(TypeError, match="8-byte"):
         c.read(1, [tuple(part)])
 
