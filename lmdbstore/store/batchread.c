@@ -80,6 +80,8 @@ TLS void *volatile fault_addr;
 TLS int lmdb_depth; /* a guarded liblmdb call runs on this thread, on maps of the file: span[i] = [lo, hi) */
 TLS uintptr_t span[SPANS][2];
 TLS volatile uintptr_t patched_lo, patched_hi; /* pages replaced by zeros: the first, and past the last */
+TLS long patches_before;                         /* `patches` when this thread's guard began */
+static atomic_long patches; /* pages replaced by zeros in the process: another thread's call may have read them */
 static disp_t previous;    /* the disposition present when ours was installed (never ours) */
 static int guards_running; /* guarded copies and calls in progress, under install_lock */
 static int foreign;        /* a handler was installed over ours during a guard: it may chain to ours */
@@ -130,6 +132,7 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
         if ((void *)syscall(SYS_mmap, page, page_bytes, PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0) !=
             (void *)page)
             break;
+        atomic_fetch_add(&patches, 1);
         if (patched_hi == 0 || page < patched_lo) patched_lo = page;
         if (page + page_bytes > patched_hi) patched_hi = page + page_bytes;
         return;
@@ -198,7 +201,7 @@ static PyObject *lmdb_begin(PyObject *self, PyObject *arg) {
     if (rc == 0) {
         memset(span, 0, sizeof span);
         for (Py_ssize_t i = 0; i < n; i++) span[i][0] = ((uint64_t *)b.buf)[2 * i], span[i][1] = ((uint64_t *)b.buf)[2 * i + 1];
-        patched_lo = patched_hi = 0, lmdb_depth = 1;
+        patched_lo = patched_hi = 0, lmdb_depth = 1, patches_before = atomic_load(&patches);
     }
     PyBuffer_Release(&b);
     if (rc < 0) return PyErr_SetFromErrno(PyExc_OSError);
@@ -206,8 +209,9 @@ static PyObject *lmdb_begin(PyObject *self, PyObject *arg) {
 }
 
 /* lmdb_end(fd) -> bool: end the guard lmdb_begin() started (when it answered True); whether a page was replaced by
- * zeros meanwhile (the file shrank under the call: what it returned is not the file's).  Such pages are mapped from
- * the file `fd` again (the map goes on serving the file, which may have grown back). */
+ * zeros meanwhile, by this call or another thread's (the file shrank under the call: what it returned may not be the
+ * file's).  This call's such pages are mapped from the file `fd` again (the map goes on serving the file, which may
+ * have grown back). */
 static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
     int fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
@@ -217,7 +221,7 @@ static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
         if (lo >= span[i][0] && hi <= span[i][1])
             mmap((void *)lo, hi - lo, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t)(lo - span[i][0]));
     leave();
-    return PyBool_FromLong(hi != 0);
+    return PyBool_FromLong(hi != 0 || atomic_load(&patches) != patches_before);
 }
 
 /* ------------------------------------------------------------------------------------------------ the batch */

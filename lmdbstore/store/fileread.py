@@ -71,6 +71,14 @@ def truncated(size: int, needed: int, path: str | Path | None) -> CorruptStoreEr
     )
 
 
+def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
+    """The one-line error for a read the file ``fd`` shrank under (it may have grown back since)."""
+    size = os.fstat(fd).st_size
+    if size < needed:
+        return truncated(size, needed, path)
+    return CorruptStoreError("the data file shrank while it was read", path=path, hint="restore the store from a copy")
+
+
 def destination_fault() -> LmdbStoreError:
     """The one-line error for a batch whose *destination* could not be written (the store is fine)."""
     return LmdbStoreError(

@@ -31,9 +31,10 @@ import numpy as np
 from lmdbstore.errors import CorruptStoreError, StoreReplacedError, translate_read_errors
 from lmdbstore.format.btree import record_position
 from lmdbstore.format.layout import DATA_DBS, DB_META, META_KEY
+from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.pages import PageReader
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
-from lmdbstore.store.fileread import FileReader, MapPatched, lmdb_guard, map_spans, truncated
+from lmdbstore.store.fileread import FileReader, MapPatched, lmdb_guard, map_spans, shrunk
 from lmdbstore.store.locks import resolve_lock
 from lmdbstore.store.positions import PositionTable, open_table, table_key
 from lmdbstore.store.registry import ENVS, EnvLease, FileChanged, FileId
@@ -147,7 +148,7 @@ class Handle:
                     yield
             except MapPatched:  # liblmdb read zeros: its transaction may be in error now, the next read re-opens
                 self.poisoned = True
-                raise truncated(os.fstat(self.fd).st_size, self.snapshot.needed_bytes, self.path) from None
+                raise shrunk(self.fd, self.snapshot.needed_bytes, self.path) from None
 
     def _begin(self, registered: bool) -> Snapshot:
         """Begin the read transaction and capture its snapshot (registered: again while a writer overwrote
@@ -157,8 +158,11 @@ class Handle:
             if self.txn is not None:
                 self.txn.abort()
             self.spans = map_spans(self.path / DATA_FILE, os.fstat(self.fd).st_ino)
-            with lmdb_guard(self.spans, self.fd):
-                self.txn = begin_read(self.env)  # may map the file anew (a writer grew it): found again below
+            try:
+                with lmdb_guard(self.spans, self.fd):
+                    self.txn = begin_read(self.env)  # may map the file anew (a writer grew it): found again below
+            except MapPatched:
+                raise shrunk(self.fd, MIN_DATA_FILE_BYTES, self.path) from None
             snap = capture(self.fd, self.txn.id(), registered, self.path)
             if snap.meta is not None or not snap.known_layout or not registered:
                 break
