@@ -416,3 +416,30 @@ def test_a_file_truncated_in_a_loop_under_reads_is_never_a_signal(tmp_path: Path
     stats = json.loads(out.strip().splitlines()[-1])
     assert set(stats) <= {"ok", "CorruptStoreError"}, stats
     assert stats.get("CorruptStoreError", 0) > 0, stats  # it did read while the file was short
+
+
+@compiled
+@linux
+def test_a_liblmdb_read_of_a_page_past_the_end_is_refused_and_the_reader_goes_on(tmp_path: Path) -> None:
+    """The file shrinks inside a guarded liblmdb call (in this process, deterministically): the call reads zeros
+    instead of dying of SIGBUS and is refused in one line; the file restored, the next read opens a new snapshot and
+    reads the samples."""
+    from lmdbstore.errors import CorruptStoreError
+    from lmdbstore.format.layout import DB_META, META_KEY
+
+    x, y = make_data(3000, seed=33)
+    path = build_store(tmp_path / "s", x, y)
+    data = path / "data.mdb"
+    whole = data.read_bytes()
+    with StoreReader(path) as r:
+        h = r._handle()
+        with pytest.raises(CorruptStoreError, match=r"shrank|truncated") as exc, h.lmdb():
+            os.truncate(data, 8192)  # the meta pages only
+            db = h.env.open_db(DB_META, txn=h.txn, create=False)
+            bytes(h.txn.get(META_KEY, db=db))
+        assert "\n" not in str(exc.value) and h.poisoned
+        with open(data, "r+b") as f:
+            f.write(whole)
+        assert r.read_batch(np.arange(0, 3000, 7)).tobytes() == x[::7].tobytes()
+        assert r._handle() is not h
+        np.testing.assert_array_equal(r.labels(), y)
