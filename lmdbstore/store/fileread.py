@@ -51,9 +51,9 @@ COMPILED: ModuleType | None = _load()
 #: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the
 #: map or of the destination; an I/O error (errno).
 OK, NEED, WRONG_LENGTH, BAD_HEADER, SHORT, SOURCE, DEST, IO_ERROR = range(8)
-#: Reads in flight for a cold batch: 32 keeps a virtio or NVMe disk at its limit for 2.5 KB reads and whole values
-#: alike (16 gave 0.9x, 64 and 128 no more than 32, measured in issue 41); a slower disk only queues them.
-IO_THREADS = 32
+#: Reads in flight for a cold batch: 64 read 1.15-1.3x more than 16 or 32 here (a virtio disk over NVMe), for
+#: 2.5 KB reads and whole values alike (issue 41); a slower disk only queues them.
+IO_THREADS = 64
 #: A run of at least this many samples of one value (block order) that is not cached is read with the rest of the
 #: value: its other pieces, in the next batches, are then copies, and one read of a value costs less than two.
 EXTEND_RUN_SAMPLES = 4
