@@ -1,16 +1,13 @@
-"""Which pages of a snapshot belong to whom: every page but one sub-database's, as runs (issue 34 #1).
+"""Which pages of a snapshot belong to whom (issue 34 #1): every page but one sub-database's, and :class:`Claims`.
 
 A value's overflow page number that names the first page of *another* sub-database's overflow run (a class-index
-chunk: a valid overflow header, enough pages) passes every check of the value itself -- its header names its own
-page, has the overflow flag and enough pages -- and liblmdb follows it too.  What gives it away is that the page
-is reachable twice.  So the walk of the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`) is
-checked against every page the snapshot reaches otherwise: the two meta pages, the main B-tree, every other
-sub-database's tree and overflow runs, and the free list (its tree, its overflow runs and the free pages it lists).
-A page claimed twice -- by any two owners -- is a :class:`~lmdbstore.errors.CorruptStoreError`, before any sample
-is read, on every read path (the offset reader and, where lmdbstore calls it, liblmdb: the reader walks a snapshot
-before its first sample read either way; labels and class indices read before it are refused with it).  What it costs: the other trees are small next to ``samples`` (a label chunk and a class-index chunk
-hold 65,536 entries each: one leaf page covers a store of tens of millions of samples), so the walk reads a few
-more pages once per snapshot, and nothing per batch.
+chunk: a valid overflow header, enough pages) passes every check of the value itself, and liblmdb follows it too.
+What gives it away is that the page is reachable twice.  So every page the snapshot reaches besides the ``samples``
+tree -- the two meta pages, the main B-tree, every other sub-database's tree and overflow runs, the free list (its
+tree, its overflow runs and the free pages it lists) -- is claimed when the ``samples`` tree is opened
+(:func:`lmdbstore.format.btree.open_tree`), and the ``samples`` pages as they are read: a page claimed twice, by any
+two owners, is a :class:`~lmdbstore.errors.CorruptStoreError`.  The other trees are small next to ``samples`` (a
+label chunk and a class-index chunk hold 65,536 entries each), so this reads a few pages once per snapshot.
 
 Only page numbers are read: no key is interpreted (their order is liblmdb's business and ``verify``'s), so any
 sub-database of an LMDB 0.9 file can be walked.  Everything read is bounds-checked as in :mod:`~lmdbstore.format.pages`.

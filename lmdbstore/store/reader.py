@@ -251,7 +251,7 @@ class StoreReader(PinnedReader, MetaView):
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
         """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
         name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
-        :data:`SCAN_BYTES`), each under the file's guard and checked protected before it is yielded.
+        :data:`SCAN_BYTES`), each in one guarded liblmdb call and checked protected before it is yielded.
 
         Raises:
             ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.
