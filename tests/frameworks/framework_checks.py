@@ -304,8 +304,12 @@ def check_tf_error(store: str) -> None:
         for _ in ds:
             pass
     except CorruptStoreError as exc:
+        import tensorflow as tf
+
         assert "\n" not in str(exc) and "Traceback" not in str(exc), str(exc)
-        assert exc.__cause__ is None and exc.__suppress_context__
+        # raised in the parent, or in a reader (a leaf is read when a batch needs it: the reader's traceback is the
+        # cause), never TensorFlow's wrapping
+        assert not isinstance(exc.__cause__, tf.errors.OpError) and exc.__suppress_context__
     else:
         raise AssertionError("no error from a damaged store")
     ds2 = lmdbstore.tf_dataset(store, batch_size=BATCH, workers=0, shuffle="none")  # read in TF's thread
