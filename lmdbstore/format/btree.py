@@ -1,37 +1,37 @@
-"""Walking an LMDB 0.9 B-tree read-only: where each value of the ``samples`` sub-database lies in the file.
+"""Reading an LMDB 0.9 B-tree read-only: where each value of the ``samples`` sub-database lies in the file.
 
-The reader uses this once per snapshot (see :mod:`lmdbstore.store.positions`) to turn the ``samples``
-B-tree into a table of file offsets, one per value, so that a sample can be fetched with one ``pread`` of
-exactly its bytes instead of a B-tree lookup that faults in every page of its value.
+The reader (:mod:`lmdbstore.store.positions`) opens the ``samples`` tree with :func:`open_tree` -- its branch
+pages, a few per million values, and every page the snapshot reaches otherwise -- and reads its leaf pages as
+batches need them (:func:`leaf_values`), so that a sample is fetched with one ``pread`` of exactly its bytes instead
+of a B-tree lookup that faults in every page of its value.  ``verify`` reads them all (:func:`samples_positions`).
 
 It checks at least what liblmdb relies on when it looks a key up, so that every value it locates is the one
 liblmdb would return for that key: page numbers inside the snapshot, page headers naming their own page and
-type, node offsets and sizes inside their page, no page reached twice, levels no larger than the file,
-keys strictly increasing in tree order, every branch separator between the keys of the subtrees it
-separates (so liblmdb's binary search descends to the leaf this walk found), node flags a plain sub-database
-can have, overflow runs inside the file and disjoint from each other and from the tree's pages, and no page of the
-snapshot reachable twice (the samples tree and overflow runs, the other sub-databases', the main tree's, the free
-list's: :mod:`lmdbstore.format.owners`).  Any
-contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say
-is checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
+type, node offsets and sizes inside their page, separators strictly increasing in each branch page and every key
+inside the range liblmdb's search sends to its leaf (so that search reaches the leaf this one found), keys
+strictly increasing, node flags a plain sub-database can have, overflow runs inside the file, and no page of the
+snapshot reachable twice: the tree's pages, its overflow runs, the other sub-databases', the main tree's and the
+free list's (:class:`lmdbstore.format.owners.Claims`; the overflow runs as their leaves are read).  Any
+contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say is
+checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
-from lmdbstore.format.owners import Runs, foreign_runs
+from lmdbstore.format.owners import Claims, Runs, foreign_runs, walk_tree
 from lmdbstore.format.pages import (
     F_BIGDATA,
-    F_SUBDATA,
-    MDB_DB_SIZE,
     NODESIZE,
     P_BRANCH,
     P_LEAF,
+    PAGEHDRSZ,
     LmdbDb,
     LmdbMeta,
     PageReader,
@@ -39,7 +39,16 @@ from lmdbstore.format.pages import (
     overflow_pages,
 )
 
-__all__ = ["LEAF_GROUP", "MAX_DEPTH", "BTreeValues", "main_db_entry", "record_position", "samples_positions"]
+__all__ = [
+    "MAX_DEPTH",
+    "BTreeValues",
+    "SamplesTree",
+    "leaf_values",
+    "main_db_entry",
+    "open_tree",
+    "record_position",
+    "samples_positions",
+]
 
 #: Deepest B-tree accepted (LMDB's cursor stack holds 32 levels).
 MAX_DEPTH = 32
@@ -47,11 +56,13 @@ MAX_DEPTH = 32
 LEAF_GROUP = 1024
 #: Width of the keys this walker reads (the ``samples`` keys: 8-byte big-endian sample indices).
 KEY_BYTES = 8
+#: Above every key: the upper end of the last leaf's range.
+NO_KEY = np.uint64(2**64 - 1)
 
 
 @dataclass(frozen=True)
 class BTreeValues:
-    """Every leaf node of a B-tree whose keys are 8 bytes: the key, value length and value position.
+    """Leaf nodes of a B-tree whose keys are 8 bytes: the key, value length and value position.
 
     ``pos`` is the file offset of the value's first byte: inside the leaf page for a small value, past the
     16-byte header of its first overflow page for a large one (``big``).
@@ -94,23 +105,132 @@ def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
     return _Level(list(level), np.bincount(row, minlength=len(level)), child, sep)
 
 
-def _walk(pages: PageReader, db: LmdbDb, what: str) -> tuple[list[int], list[_Level]]:
-    """The leaf page numbers of ``db`` in key order and its branch levels, read level by level (each level's
-    reads in flight together); no page twice, no level larger than the file."""
+@dataclass(frozen=True)
+class SamplesTree:
+    """A sub-database's B-tree opened down to its leaves: leaf ``i`` is page ``leaves[i]``, and liblmdb's search sends
+    exactly the keys ``lo[i] <= key < hi[i]`` there.  ``claims``: every page of the snapshot claimed so far."""
+
+    name: str
+    db: LmdbDb
+    leaves: np.ndarray  # int64 page numbers, in key order
+    lo: np.ndarray  # uint64, non-decreasing
+    hi: np.ndarray  # uint64
+    claims: Claims
+
+
+def open_tree(pages: PageReader, meta: LmdbMeta, name: bytes) -> SamplesTree:
+    """Open the sub-database ``name`` of the snapshot ``meta``: claim every page the snapshot reaches otherwise
+    (:func:`~lmdbstore.format.owners.foreign_runs`), read its branch levels and claim its tree pages.
+
+    Raises:
+        CorruptStoreError: anything read contradicts itself or the file (see the module docstring).
+    """
+    db, claims = foreign_runs(pages, meta, name)
+    what = name.decode()
+    if db.flags & 0x7FFF:
+        raise damaged(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=pages.path)
+    if db.entries == 0:
+        none = np.zeros(0, np.int64)
+        return SamplesTree(what, db, none, none.astype(np.uint64), none.astype(np.uint64), claims)
+    if db.entries > pages.n_pages * (pages.psize // (NODESIZE + KEY_BYTES + 2)):
+        raise damaged(f"{what} B-tree claims {db.entries} entries, more than the file holds", path=pages.path)
     if not 1 <= db.depth <= MAX_DEPTH:
         raise damaged(f"{what} B-tree has depth {db.depth}", path=pages.path)
-    level, levels, seen = [db.root], [], 1
+    level, lo, hi = np.array([db.root], np.int64), np.zeros(1, np.uint64), np.array([NO_KEY])
     for _ in range(db.depth - 1):
-        lv = _branch_level(pages, level, what)
-        levels.append(lv)
-        level = lv.child.tolist()
-        seen += len(level)
-        if seen > pages.n_pages:
+        lv = _branch_level(pages, level.tolist(), what)
+        claims.add(Runs.of(f"{what} B-tree", level))
+        row = np.repeat(np.arange(len(level)), lv.per_page)
+        first = np.r_[True, row[1:] != row[:-1]]
+        last = np.r_[row[1:] != row[:-1], True]
+        if ((lv.sep[1:] <= lv.sep[:-1]) & ~first[1:] & ~first[:-1]).any():  # node 0's key is none
+            raise damaged(f"{what} B-tree: the separator keys of a branch page are out of order", path=pages.path)
+        # liblmdb's search takes the last node whose separator is at most the key (node 0: any key)
+        lo_n = np.where(first, lo[row], np.maximum(lo[row], lv.sep))
+        hi_n = np.where(last, hi[row], np.minimum(hi[row], np.r_[lv.sep[1:], NO_KEY]))
+        level, lo, hi = lv.child, lo_n, np.maximum(hi_n, lo_n)
+        if len(level) > pages.n_pages:
             raise damaged(f"{what} B-tree reaches more pages than the file holds", path=pages.path)
-    every = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(level, np.int64)])
-    if np.unique(every).size != every.size:
-        raise damaged(f"{what} B-tree reaches a page twice", path=pages.path)
-    return level, levels
+    pages.check_pgnos(level.tolist())
+    claims.add(Runs.of(f"{what} B-tree", level))
+    return SamplesTree(what, db, level, lo, hi, claims)
+
+
+def leaf_values(
+    pages: PageReader, tree: SamplesTree, which: np.ndarray, arr: np.ndarray
+) -> tuple[BTreeValues, np.ndarray]:
+    """The values of the leaves ``which`` (indices into ``tree.leaves``), whose pages ``arr`` holds (as read), and
+    the row of ``arr`` each value is in; their overflow runs are claimed.
+
+    Raises:
+        CorruptStoreError: a page is not a leaf or contradicts itself, a key lies outside what its leaf's separators
+            send there or out of order, a value outside its page or the file, a page reachable twice.
+    """
+    pgnos = tree.leaves[which].tolist()
+    ps, path, what = pages.psize, pages.path, tree.name
+    pages.check(arr, pgnos, P_LEAF)
+    row, ptr = pages.nodes_2d(arr, pgnos)
+    # each node's header, key and (overflow values) page number: 24 bytes from the node, one row each
+    padded = np.concatenate([arr.reshape(-1), np.zeros(NODESIZE + 2 * KEY_BYTES, np.uint8)])
+    nodes = as_strided(padded, (arr.size, NODESIZE + 2 * KEY_BYTES), (1, 1))[row * ps + ptr]
+    words = nodes[:, :NODESIZE].copy().view("<u2")
+    dsize = words[:, 0].astype(np.int64) | words[:, 1].astype(np.int64) << 16
+    flags, ksize = words[:, 2], words[:, 3]
+    if (ksize != KEY_BYTES).any() or (flags & ~np.uint16(F_BIGDATA)).any():
+        raise damaged(f"{what} B-tree holds a node that is not an 8-byte key with a value", path=path)
+    big = (flags & F_BIGDATA).astype(bool)
+    data = ptr + NODESIZE + KEY_BYTES
+    bad = np.flatnonzero(data + np.where(big, 8, dsize) > ps)
+    if bad.size:
+        raise damaged(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
+    keys = nodes[:, NODESIZE : NODESIZE + KEY_BYTES].copy().view(">u8").reshape(-1).astype(np.uint64)
+    same = row[1:] == row[:-1]
+    if (keys[1:] <= keys[:-1])[same].any():
+        i = int(np.flatnonzero((keys[1:] <= keys[:-1]) & same)[0])
+        raise damaged(f"{what} B-tree keys out of order ({int(keys[i])} then {int(keys[i + 1])})", path=path)
+    lo, hi = tree.lo[which], tree.hi[which]
+    outside = np.flatnonzero((keys < lo[row]) | (keys >= hi[row]))
+    if outside.size:
+        raise damaged(
+            f"{what} B-tree: key {int(keys[outside[0]])} lies outside what the separator keys send to its page "
+            "(liblmdb's search would not find it there)",
+            path=path,
+        )
+    pos = np.asarray(pgnos, np.int64)[row] * ps + data
+    if big.any():
+        ov = nodes[big, NODESIZE + KEY_BYTES :].copy().view("<u8").reshape(-1).astype(np.int64)
+        need = (PAGEHDRSZ - 1 + dsize[big]) // ps + 1
+        if (ov < 2).any() or ((ov + need) > pages.n_pages).any():
+            raise damaged("a value points at overflow pages outside the file", path=path)
+        tree.claims.add(Runs.of(f"{what} value", ov, need))
+        pos[big] = ov * ps + PAGEHDRSZ
+    return BTreeValues(keys, dsize, pos, big), row
+
+
+def samples_positions(
+    fd: int, file_size: int, meta: LmdbMeta, name: bytes, *, path: str | Path | None = None
+) -> BTreeValues:
+    """Keys, sizes and file positions of every value of sub-database ``name`` in the snapshot ``meta``: the tree
+    opened (:func:`open_tree`) and every leaf read (``verify``'s value table).
+
+    Raises:
+        CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
+    """
+    pages = PageReader(fd, file_size, meta, path, None)
+    tree = open_tree(pages, meta, name)
+    parts = []
+    for g in range(0, len(tree.leaves), LEAF_GROUP):
+        which = np.arange(g, min(g + LEAF_GROUP, len(tree.leaves)))
+        parts.append(leaf_values(pages, tree, which, pages.read(tree.leaves[which].tolist(), P_LEAF))[0])
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return BTreeValues(z.astype(np.uint64), z, z, z.astype(bool))
+    vals = BTreeValues(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("keys", "sizes", "pos", "big")))
+    if len(vals.keys) != tree.db.entries:
+        raise damaged(
+            f"{len(vals.keys)} values in the {tree.name} B-tree, its header says {tree.db.entries}", path=path
+        )
+    return vals
 
 
 def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
@@ -119,22 +239,10 @@ def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
     Raises:
         CorruptStoreError: the main B-tree is damaged, or holds no sub-database ``name``.
     """
-    leaves, _ = _walk(pages, main, "main")
-    for pgno, page in zip(leaves, pages.read(leaves, P_LEAF), strict=True):
-        ptr, words = pages.nodes(page, pgno)
-        for o in ptr.tolist():
-            w = o // 2
-            dsize = int(words[w]) | int(words[w + 1]) << 16
-            flags, ksize = int(words[w + 2]), int(words[w + 3])
-            if o + NODESIZE + ksize + dsize > pages.psize:
-                raise damaged(f"page {pgno} has a node outside its page", path=pages.path)
-            key = page[o + NODESIZE : o + NODESIZE + ksize].tobytes()
-            if key == name:
-                if flags != F_SUBDATA or dsize != MDB_DB_SIZE:
-                    raise damaged(f"main-database node {name!r} has flags {flags:#x}", path=pages.path)
-                start = o + NODESIZE + ksize
-                return LmdbDb.parse(page[start : start + MDB_DB_SIZE].tobytes())
-    raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
+    subdbs = walk_tree(pages, main, "main")[1].subdbs
+    if name not in subdbs:
+        raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
+    return subdbs[name]
 
 
 def _node_key(page: np.ndarray, words: np.ndarray, o: int, pgno: int, pages: PageReader) -> tuple[bytes, int]:
@@ -183,159 +291,3 @@ def record_position(pages: PageReader, main: LmdbDb, name: bytes, key: bytes) ->
             raise damaged(f"page {pgno} has a {name.decode()} record outside its page", path=pages.path)
         return pgno * ps + data, dsize
     raise damaged(f"no {key!r} record in the {name.decode()} sub-database", path=pages.path)
-
-
-def _check_separators(
-    levels: list[_Level], leaf_first: np.ndarray, leaf_last: np.ndarray, what: str, path: object
-) -> None:
-    """Every branch separator (but each page's first, which LMDB ignores) lies above the last key of the
-    subtree before it and at or below the first key of its own: liblmdb's search then reaches the same leaf.
-
-    ``leaf_first``/``leaf_last``: each leaf's first and last key, in leaf order.
-    """
-    lo = np.arange(len(leaf_first))  # per node of the level below: its first and last leaf
-    hi = lo
-    for lv in reversed(levels):
-        first_in_page = np.zeros(len(lv.child), bool)
-        starts = np.cumsum(lv.per_page) - lv.per_page
-        first_in_page[starts[lv.per_page > 0]] = True
-        sub_min, sub_max = leaf_first[lo], leaf_last[hi]
-        j = np.flatnonzero(~first_in_page)
-        bad = (lv.sep[j] <= sub_max[j - 1]) | (lv.sep[j] > sub_min[j])
-        if bad.any():
-            raise damaged(
-                f"{what} B-tree: a separator key ({int(lv.sep[j[bad][0]])}) does not separate its subtrees",
-                path=path,  # type: ignore[arg-type]
-            )
-        ends = starts + lv.per_page
-        lo, hi = lo[starts], hi[ends - 1]
-
-
-def _check_overflow_runs(pos: np.ndarray, sizes: np.ndarray, tree: np.ndarray, ps: int, path: object) -> None:
-    """Overflow runs must not overlap each other nor any page of the tree (a damaged page number would
-    otherwise serve another value's bytes)."""
-    first = (pos - 16) // ps
-    order = np.argsort(first, kind="stable")
-    f, n = first[order], np.asarray(overflow_pages(sizes[order], ps), np.int64)
-    if (f[1:] < f[:-1] + n[:-1]).any():
-        raise damaged("two values of the samples B-tree share overflow pages", path=path)  # type: ignore[arg-type]
-    k = np.searchsorted(f, tree, side="right") - 1
-    inside = (k >= 0) & (tree < f[np.maximum(k, 0)] + n[np.maximum(k, 0)])
-    if inside.any():
-        raise damaged(
-            f"an overflow run covers B-tree page {int(tree[inside][0])}",
-            path=path,  # type: ignore[arg-type]
-        )
-
-
-def _check_reached_once(mine: Runs, foreign: Runs, path: object) -> None:
-    """No page of the snapshot may be reached twice: the ``samples`` sub-database's tree pages and overflow runs
-    (``mine``) and every other page the snapshot reaches (``foreign``: :func:`~lmdbstore.format.owners.foreign_runs`:
-    the other sub-databases', the main tree's, the free list's) together claim each page once.  A page claimed twice
-    would serve one owner's bytes as another's (a samples value pointed at a class-index chunk read it as samples;
-    a label chunk pointed at one would read it as labels)."""
-    runs = Runs.join([mine, foreign])
-    if not len(runs.start):
-        return
-    order = np.argsort(runs.start, kind="stable")
-    start, end = runs.start[order], runs.start[order] + runs.count[order]
-    reach = np.maximum.accumulate(end)  # the furthest page the runs up to each one cover
-    bad = np.flatnonzero(start[1:] < reach[:-1])
-    if bad.size:
-        i = int(bad[0]) + 1
-        j = int(np.flatnonzero(end[:i] > start[i])[0])  # an earlier run that covers run i's first page
-        a, b = runs.owner[int(order[j])], runs.owner[int(order[i])]
-        raise damaged(
-            f"page {int(start[i])} is reachable twice (from the {a} and the {b})",
-            path=path,  # type: ignore[arg-type]
-        )
-
-
-def samples_positions(
-    fd: int,
-    file_size: int,
-    meta: LmdbMeta,
-    name: bytes,
-    *,
-    path: str | Path | None = None,
-    pmap: Callable[..., list[bytes]] | None = None,
-) -> BTreeValues:
-    """Keys, sizes and file positions of every value of sub-database ``name`` in the snapshot ``meta``.
-
-    ``pmap(fn, items)`` (e.g. a thread pool's ``map``) reads the pages of one tree level in parallel.
-
-    Raises:
-        CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
-    """
-    pages = PageReader(fd, file_size, meta, path, pmap)
-    db, foreign = foreign_runs(pages, meta, name)  # every page that is not this sub-database's
-    what = name.decode()
-    if db.flags & 0x7FFF:
-        raise damaged(f"{what} sub-database has flags {db.flags:#x} (lmdbstore sets none)", path=path)
-    if db.entries == 0:
-        z = np.zeros(0, np.int64)
-        return BTreeValues(z.astype(np.uint64), z, z, z.astype(bool))
-    ps = meta.psize
-    if db.entries > pages.n_pages * (ps // (NODESIZE + KEY_BYTES + 2)):
-        raise damaged(f"{what} B-tree claims {db.entries} entries, more than the file holds", path=path)
-    keys = np.empty(db.entries, np.uint64)
-    sizes = np.empty(db.entries, np.int64)
-    pos = np.empty(db.entries, np.int64)
-    big_all = np.empty(db.entries, bool)
-    leaves, levels = _walk(pages, db, what)
-    per_leaf = np.zeros(len(leaves), np.int64)
-    done = 0
-    for g in range(0, len(leaves), LEAF_GROUP):
-        pgnos = leaves[g : g + LEAF_GROUP]
-        arr = pages.read(pgnos, P_LEAF)
-        row, ptr = pages.nodes_2d(arr, pgnos)
-        per_leaf[g : g + len(pgnos)] = np.bincount(row, minlength=len(pgnos))
-        flat = arr.reshape(-1)
-        base = row * ps + ptr  # node offsets in ``flat``
-        w = base // 2
-        words = flat.view("<u2")
-        dsize = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16
-        flags, ksize = words[w + 2], words[w + 3]
-        if (ksize != KEY_BYTES).any() or (flags & ~np.uint16(F_BIGDATA)).any():
-            raise damaged(f"{what} B-tree holds a node that is not an 8-byte key with a value", path=path)
-        big = (flags & F_BIGDATA).astype(bool)
-        data = ptr + NODESIZE + KEY_BYTES
-        bad = np.flatnonzero(data + np.where(big, 8, dsize) > ps)
-        if bad.size:
-            raise damaged(f"page {pgnos[int(row[bad[0]])]} has a value outside its page", path=path)
-        n = len(ptr)
-        if done + n > db.entries:
-            raise damaged(f"more values in the {what} B-tree than its header's {db.entries}", path=path)
-        keys[done : done + n] = flat[(base + NODESIZE)[:, None] + np.arange(KEY_BYTES)].copy().view(">u8").reshape(-1)
-        sizes[done : done + n] = dsize
-        p = np.asarray(pgnos, np.int64)[row] * ps + data
-        if big.any():
-            ov = flat[(base[big] + NODESIZE + KEY_BYTES)[:, None] + np.arange(8)].copy().view("<u8").reshape(-1)
-            ov = ov.astype(np.int64)
-            need = np.asarray(overflow_pages(dsize[big], ps), np.int64)
-            if (ov < 2).any() or (ov > pages.n_pages).any() or ((ov + need) > pages.n_pages).any():
-                raise damaged("a value points at overflow pages outside the file", path=path)
-            p[big] = ov * ps + 16
-        pos[done : done + n] = p
-        big_all[done : done + n] = big
-        done += n
-    if done != db.entries:
-        raise damaged(f"{done} values in the {what} B-tree, its header says {db.entries}", path=path)
-    if (keys[1:] <= keys[:-1]).any():
-        i = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
-        raise damaged(f"{what} B-tree keys out of order ({int(keys[i])} then {int(keys[i + 1])})", path=path)
-    ends = np.cumsum(per_leaf)
-    if levels:
-        _check_separators(levels, keys[ends - per_leaf], keys[ends - 1], what, path)
-    tree = np.concatenate([np.asarray(lv.pgnos, np.int64) for lv in levels] + [np.asarray(leaves, np.int64)])
-    first = (pos[big_all] - 16) // ps
-    counts = np.asarray(overflow_pages(sizes[big_all], ps), np.int64)
-    if big_all.any():
-        _check_overflow_runs(pos[big_all], sizes[big_all], np.sort(tree), ps, path)
-    mine = Runs(
-        np.concatenate([tree, first]),
-        np.concatenate([np.ones(len(tree), np.int64), counts]),
-        [f"{what} B-tree"] * len(tree) + [f"{what} value"] * len(first),
-    )
-    _check_reached_once(mine, foreign, path)
-    return BTreeValues(keys, sizes, pos, big_all)

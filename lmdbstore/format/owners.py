@@ -1,16 +1,13 @@
-"""Which pages of a snapshot belong to whom: every page but one sub-database's, as runs (issue 34 #1).
+"""Which pages of a snapshot belong to whom (issue 34 #1): every page but one sub-database's, and :class:`Claims`.
 
 A value's overflow page number that names the first page of *another* sub-database's overflow run (a class-index
-chunk: a valid overflow header, enough pages) passes every check of the value itself -- its header names its own
-page, has the overflow flag and enough pages -- and liblmdb follows it too.  What gives it away is that the page
-is reachable twice.  So the walk of the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`) is
-checked against every page the snapshot reaches otherwise: the two meta pages, the main B-tree, every other
-sub-database's tree and overflow runs, and the free list (its tree, its overflow runs and the free pages it lists).
-A page claimed twice -- by any two owners -- is a :class:`~lmdbstore.errors.CorruptStoreError`, before any sample
-is read, on every read path (the offset reader and, where lmdbstore calls it, liblmdb: the reader walks a snapshot
-before its first sample read either way; labels and class indices read before it are refused with it).  What it costs: the other trees are small next to ``samples`` (a label chunk and a class-index chunk
-hold 65,536 entries each: one leaf page covers a store of tens of millions of samples), so the walk reads a few
-more pages once per snapshot, and nothing per batch.
+chunk: a valid overflow header, enough pages) passes every check of the value itself, and liblmdb follows it too.
+What gives it away is that the page is reachable twice.  So every page the snapshot reaches besides the ``samples``
+tree -- the two meta pages, the main B-tree, every other sub-database's tree and overflow runs, the free list (its
+tree, its overflow runs and the free pages it lists) -- is claimed when the ``samples`` tree is opened
+(:func:`lmdbstore.format.btree.open_tree`), and the ``samples`` pages as they are read: a page claimed twice, by any
+two owners, is a :class:`~lmdbstore.errors.CorruptStoreError`.  The other trees are small next to ``samples`` (a
+label chunk and a class-index chunk hold 65,536 entries each), so this reads a few pages once per snapshot.
 
 Only page numbers are read: no key is interpreted (their order is liblmdb's business and ``verify``'s), so any
 sub-database of an LMDB 0.9 file can be walked.  Everything read is bounds-checked as in :mod:`~lmdbstore.format.pages`.
@@ -39,7 +36,7 @@ from lmdbstore.format.pages import (
     overflow_pages,
 )
 
-__all__ = ["MAX_DEPTH", "Runs", "foreign_runs", "walk_tree"]
+__all__ = ["MAX_DEPTH", "Claims", "Runs", "foreign_runs", "walk_tree"]
 
 #: Deepest B-tree accepted (LMDB's cursor stack holds 32 levels).
 MAX_DEPTH = 32
@@ -49,21 +46,68 @@ META_PAGES = 2
 
 @dataclass(frozen=True)
 class Runs:
-    """Runs of pages: ``count[i]`` pages from page ``start[i]``, with what owns each (for messages)."""
+    """Runs of pages: ``count[i]`` pages from page ``start[i]``, all of one owner (for messages)."""
 
     start: np.ndarray  # int64
     count: np.ndarray  # int64
-    owner: list[str]  # one per run
+    owner: str
 
     @staticmethod
-    def join(parts: list[Runs]) -> Runs:
-        if not parts:
-            return Runs(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
-        return Runs(
-            np.concatenate([p.start for p in parts]),
-            np.concatenate([p.count for p in parts]),
-            [o for p in parts for o in p.owner],
-        )
+    def of(owner: str, start: object = (), count: object = None) -> Runs:
+        s = np.asarray(start, np.int64).reshape(-1)
+        return Runs(s, np.ones(len(s), np.int64) if count is None else np.asarray(count, np.int64), owner)
+
+
+class Claims:
+    """The pages of a snapshot claimed so far, as disjoint runs sorted by first page, with their owners: a page
+    claimed twice (by two owners, or twice by one) is damage."""
+
+    def __init__(self, path: object = None):
+        self.start = np.zeros(0, np.int64)
+        self.end = np.zeros(0, np.int64)
+        self.owner = np.zeros(0, np.int16)
+        self.names: list[str] = []
+        self.path = path
+
+    def add(self, runs: Runs) -> None:
+        """Claim the pages of ``runs``.
+
+        Raises:
+            CorruptStoreError: a page of ``runs`` is claimed twice by them, or was claimed before.
+        """
+        if not len(runs.start):
+            return
+        s, e = runs.start, runs.start + runs.count
+        if (s[1:] < s[:-1]).any():  # an appended tree's runs come in order
+            order = np.argsort(s, kind="stable")
+            s, e = s[order], e[order]
+        reach = np.maximum.accumulate(e)
+        inside = np.flatnonzero(s[1:] < reach[:-1])
+        if inside.size:
+            self._twice(int(s[inside[0] + 1]), runs.owner, runs.owner)
+        k = np.searchsorted(self.start, s, side="right")  # the first earlier claim starting after each run's start
+        if len(self.start):
+            prev, nxt = np.maximum(k - 1, 0), np.minimum(k, len(self.start) - 1)
+            before = (k > 0) & (self.end[prev] > s)  # an earlier claim from before the run reaches into it
+            hit = np.flatnonzero(before | ((k < len(self.start)) & (self.start[nxt] < e)))
+            if hit.size:
+                i = int(hit[0])
+                j = int(prev[i] if before[i] else nxt[i])
+                self._twice(max(int(s[i]), int(self.start[j])), self.names[int(self.owner[j])], runs.owner)
+        if runs.owner not in self.names:
+            self.names.append(runs.owner)
+        new = k + np.arange(len(k))  # where each run goes among the claims (np.insert would sort k again)
+        old = np.ones(len(self.start) + len(k), bool)
+        old[new] = False
+        for name, add in (("start", s), ("end", e), ("owner", self.names.index(runs.owner))):
+            merged = np.empty(len(old), getattr(self, name).dtype)
+            merged[new], merged[old] = add, getattr(self, name)
+            setattr(self, name, merged)
+
+    def _twice(self, page: int, a: str, b: str) -> None:
+        if a == b == "samples value":
+            raise damaged(f"two values of the samples B-tree share overflow pages (page {page})", path=self.path)  # type: ignore[arg-type]
+        raise damaged(f"page {page} is reachable twice (from the {a} and the {b})", path=self.path)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -88,8 +132,7 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
             outside its page, a tree deeper than :data:`MAX_DEPTH` or reaching more pages than the file holds.
     """
     if db.depth == 0:
-        empty = Runs(np.zeros(0, np.int64), np.zeros(0, np.int64), [])
-        return empty, _Leaves(empty, {}, [])
+        return Runs.of(f"{what} B-tree"), _Leaves(Runs.of(f"{what} value"), {}, [])
     if not 1 <= db.depth <= MAX_DEPTH:
         raise damaged(f"{what} B-tree has depth {db.depth}", path=pages.path)
     level, tree, seen = [db.root], [db.root], 1
@@ -135,9 +178,7 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
                 subdbs[page[o + NODESIZE : data].tobytes()] = LmdbDb.parse(page[data : data + MDB_DB_SIZE].tobytes())
             elif values:
                 found.append(page[data : data + dsize].tobytes())
-    own = Runs(np.asarray(tree, np.int64), np.ones(len(tree), np.int64), [f"{what} B-tree"] * len(tree))
-    ov_runs = Runs(np.asarray(ov_start, np.int64), np.asarray(ov_count, np.int64), [f"{what} value"] * len(ov_start))
-    return own, _Leaves(ov_runs, subdbs, found)
+    return Runs.of(f"{what} B-tree", tree), _Leaves(Runs.of(f"{what} value", ov_start, ov_count), subdbs, found)
 
 
 def _overflow_value(pages: PageReader, pgno: int, size: int, what: str) -> bytes:
@@ -161,27 +202,31 @@ def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
             raise damaged("a free-list record's count contradicts its length", path=path)  # type: ignore[arg-type]
         lists.append(ids[1:].astype(np.int64))
     free = np.concatenate(lists) if lists else np.zeros(0, np.int64)
-    free = free[(free >= 0) & (free < n_pages)]
-    return Runs(free, np.ones(len(free), np.int64), ["free page"] * len(free))
+    return Runs.of("free page", free[(free >= 0) & (free < n_pages)])
 
 
-def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Runs]:
-    """The record of the sub-database ``mine``, and every page of the snapshot that is *not* its own: the meta
-    pages, the main B-tree, the other sub-databases (trees and overflow runs), the free list (tree, overflow runs
-    and the free pages it lists).  With ``mine``'s own, no two of them may share a page.
+def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Claims]:
+    """The record of the sub-database ``mine``, and every page of the snapshot that is *not* its own, claimed: the
+    meta pages, the main B-tree, the other sub-databases (trees and overflow runs), the free list (tree, overflow
+    runs and the free pages it lists).  No two of them may share a page, nor any with ``mine``'s pages claimed later.
 
     Raises:
-        CorruptStoreError: any tree contradicts itself or the file (see :func:`walk_tree`), or ``mine`` is missing.
+        CorruptStoreError: any tree contradicts itself or the file (see :func:`walk_tree`), a page is claimed twice,
+            or ``mine`` is missing.
     """
-    parts = [Runs(np.arange(META_PAGES, dtype=np.int64), np.ones(META_PAGES, np.int64), ["meta page"] * META_PAGES)]
+    claims = Claims(pages.path)
+    claims.add(Runs.of("meta page", range(META_PAGES)))
     main_tree, main = walk_tree(pages, meta.main, "main")
-    parts += [main_tree, main.runs]
+    claims.add(main_tree)
+    claims.add(main.runs)
     if mine not in main.subdbs:
         raise damaged(f"no sub-database {mine.decode(errors='replace')!r}", path=pages.path)
     for name, db in main.subdbs.items():
         if name != mine:
             tree, leaves = walk_tree(pages, db, name.decode(errors="replace"))
-            parts += [tree, leaves.runs]
+            claims.add(tree)
+            claims.add(leaves.runs)
     free_tree, free = walk_tree(pages, meta.free, "free-list", values=True)
-    parts += [free_tree, free.runs, _free_pages(free.values, pages.n_pages, pages.path)]
-    return main.subdbs[mine], Runs.join(parts)
+    for runs in (free_tree, free.runs, _free_pages(free.values, pages.n_pages, pages.path)):
+        claims.add(runs)
+    return main.subdbs[mine], claims

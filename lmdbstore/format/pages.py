@@ -2,9 +2,9 @@
 
 LMDB's on-disk page format is fixed for the 0.9 series (data version 1; py-lmdb 3's offline verifier,
 ``lmdb/verify.py``, parses the same layout in pure Python).  This module knows single pages; walking a
-B-tree of them is :mod:`lmdbstore.format.btree`'s.  The reader uses both once per snapshot to turn the
-``samples`` sub-database into a table of file offsets (see :mod:`lmdbstore.store.positions`), and reads the
-meta pages to tell whether its snapshot is still the file's (:mod:`lmdbstore.store.snapshot`).
+B-tree of them is :mod:`lmdbstore.format.btree`'s.  The reader uses both to find where the ``samples`` values
+lie in the file (see :mod:`lmdbstore.store.positions`), and reads the meta pages to tell whether its snapshot is
+still the file's (:mod:`lmdbstore.store.snapshot`).
 
 Everything read from the file is checked before it is used: page numbers and node offsets against the page
 and the file size, page headers against the page they claim to be.  A file whose *meta pages* this parser
@@ -153,19 +153,27 @@ def read_meta_page(fd: int, file_size: int, which: int, path: str | Path | None 
     return parse_meta(_pread_exact(fd, META_BYTES, page0.psize, file_size, "meta page 1", path), 1, page0.psize)
 
 
-#: Tasks one level's page reads are split into when read in parallel (each task reads its pages one by one).
-READ_TASKS = 64
+#: Fills an ``(n, psize)`` array with the pages ``pgnos`` (many reads in flight).
+PageFill = Callable[[np.ndarray, Sequence[int]], None]
 
 
 class PageReader:
-    """Bounded page reads of one data file as of one snapshot, many in flight when a ``pmap`` is given."""
+    """Bounded page reads of one data file as of one snapshot (by ``fill`` where given, else one ``pread`` each)."""
 
-    def __init__(
-        self, fd: int, file_size: int, meta: LmdbMeta, path: str | Path | None, pmap: Callable[..., list[bytes]] | None
-    ):
+    def __init__(self, fd: int, file_size: int, meta: LmdbMeta, path: str | Path | None, fill: PageFill | None):
         self.fd, self.file_size, self.psize, self.path = fd, file_size, meta.psize, path
         self.n_pages = min(meta.last_pg + 1, file_size // meta.psize)
-        self.pmap = pmap
+        self.fill = fill
+
+    def check_pgnos(self, pgnos: Sequence[int]) -> None:
+        """Refuse a page number outside the snapshot's pages (the meta pages are no tree's).
+
+        Raises:
+            CorruptStoreError: naming the first.
+        """
+        for p in pgnos:
+            if not 2 <= p < self.n_pages:
+                raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
 
     def read(self, pgnos: Sequence[int], want: int) -> np.ndarray:
         """Pages ``pgnos`` as an ``(n, psize)`` uint8 array, each checked for its number and type ``want``.
@@ -173,24 +181,24 @@ class PageReader:
         Raises:
             CorruptStoreError: a page number outside the snapshot, or a page whose header is not itself.
         """
-        for p in pgnos:
-            if not 2 <= p < self.n_pages:
-                raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
+        self.check_pgnos(pgnos)
         ps = self.psize
         arr = np.empty((len(pgnos), ps), np.uint8)
-
-        def one(i: int) -> bool:  # straight into its row: no per-page objects left behind
-            if os.preadv(self.fd, [memoryview(arr[i])], pgnos[i] * ps) != ps:
-                raise damaged(f"data file shorter than expected at page {pgnos[i]}", path=self.path)
-            return True
-
-        if self.pmap is not None and len(pgnos) > 8:
-            # a few pages per task (one future per page cost more than the read: ~60 us each, issue 27)
-            parts = np.array_split(np.arange(len(pgnos)), max(1, min(READ_TASKS, len(pgnos) // 2)))
-            self.pmap(lambda part: all(one(i) for i in part.tolist()), parts)
+        if self.fill is not None:
+            self.fill(arr, pgnos)
         else:
-            for i in range(len(pgnos)):
-                one(i)
+            for i, p in enumerate(pgnos):  # straight into its row: no per-page objects left behind
+                if os.preadv(self.fd, [memoryview(arr[i])], p * ps) != ps:
+                    raise damaged(f"data file shorter than expected at page {p}", path=self.path)
+        self.check(arr, pgnos, want)
+        return arr
+
+    def check(self, arr: np.ndarray, pgnos: Sequence[int], want: int) -> None:
+        """Refuse a page of ``arr`` (pages ``pgnos`` as read) whose header names another page or type than ``want``.
+
+        Raises:
+            CorruptStoreError: naming the first.
+        """
         hdr_pgno = arr[:, :8].copy().view("<u8").reshape(-1)
         flags = arr[:, 10:12].copy().view("<u2").reshape(-1) & TYPE_MASK
         bad = np.flatnonzero((hdr_pgno != np.asarray(pgnos, np.uint64)) | (flags != want))
@@ -200,7 +208,6 @@ class PageReader:
                 f"page {pgnos[i]} has header (page {int(hdr_pgno[i])}, flags {int(flags[i]):#x}), expected flags {want:#x}",
                 path=self.path,
             )
-        return arr
 
     def read_bytes(self, offset: int, n: int, what: str) -> bytes:
         """``n`` bytes at ``offset`` of the snapshot's pages (a value in an overflow run).

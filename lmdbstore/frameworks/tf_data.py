@@ -126,7 +126,6 @@ def tf_dataset(
         rank=rank,
         world_size=world_size,
     )
-    feed.source.reader.read_path  # noqa: B018  # a damaged tree is the store's own error here, not TensorFlow's later
     layout = feed.source.layout
     item: tuple[tuple[int, ...], np.dtype[Any]] = (tuple(layout.item_shape), np.dtype(layout.dtype))
     if transform is not None and len(feed):

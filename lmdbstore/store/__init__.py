@@ -8,6 +8,6 @@
   everything written;
 * ``reader``: ``StoreReader``; ``handle``: its per-process open state (one snapshot); ``snapshot``: the rule
   saying when a snapshot's pages may be trusted; ``batch``: reading one batch; ``positions``: the position
-  table of a snapshot and its checks; ``preads``: reads by file offset; ``labels``: the label table and the
-  per-class index lists.
+  table of a snapshot, filled as batches need it, and its checks; ``fileread``: reads by file offset (the compiled
+  ``batchread.c``) and the guard of liblmdb's reads; ``labels``: the label table and the per-class index lists.
 """

@@ -2,16 +2,17 @@
 
 A :class:`Handle` is one snapshot: a share of the process's environment of the store, one read transaction,
 the snapshot as its meta page described it when the transaction began (:mod:`lmdbstore.store.snapshot`),
-the metadata and sub-databases read in it, and (built on first use) its position table.  Everything read
+the metadata and sub-databases read in it, and (opened on first use) its position table and file reader.  Everything read
 through a handle is trusted only while :meth:`Handle.protected` says the snapshot is still the file's; the
 reader re-snapshots otherwise.
 
 A handle is tied to one data file: its own descriptor, and an environment the registry opened on the same
 file (``st_dev``, ``st_ino``; :mod:`lmdbstore.store.registry`), so samples read by offset and the metadata and
-labels read through liblmdb always come from one file.  Every access to the map (liblmdb's, and the copies of
-the position path) is made under the file's :class:`~lmdbstore.store.mapguard.MapGuard` (no SIGBUS from a file
-shrunk meanwhile); liblmdb calls go through :meth:`Handle.lmdb`, which also serialises them (a read
-transaction may serve many threads, one at a time).  Threads share a handle: :attr:`Handle.users` counts the
+labels read through liblmdb always come from one file.  liblmdb calls go through :meth:`Handle.lmdb`, which
+guards liblmdb's reads of its map (a file shrunk under a call is an error, not SIGBUS:
+:func:`~lmdbstore.store.fileread.lmdb_guard`) and serialises them (a read transaction may serve many threads, one
+at a time); the reads by offset guard themselves (:class:`~lmdbstore.store.fileread.FileReader`).  Threads share
+a handle: :attr:`Handle.users` counts the
 reads in progress, and a handle retired meanwhile (:meth:`Handle.retire`) is closed by the last of them.
 """
 
@@ -25,17 +26,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
+import numpy as np
 
 from lmdbstore.errors import CorruptStoreError, StoreReplacedError, translate_read_errors
 from lmdbstore.format.btree import record_position
-from lmdbstore.format.layout import DATA_DBS, DB_META, DB_SAMPLES, META_KEY, encode_key
+from lmdbstore.format.layout import DATA_DBS, DB_META, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.pages import PageReader
 from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
+from lmdbstore.store.fileread import FileReader, MapPatched, lmdb_guard, map_spans, shrunk
 from lmdbstore.store.locks import resolve_lock
-from lmdbstore.store.mapguard import MapGuard
-from lmdbstore.store.positions import PositionTable, build_table, table_key
-from lmdbstore.store.preads import PreadEngine
+from lmdbstore.store.positions import PositionTable, open_table, table_key
 from lmdbstore.store.registry import ENVS, EnvLease, FileChanged, FileId
 from lmdbstore.store.snapshot import Snapshot, capture, fingerprint
 
@@ -49,35 +50,36 @@ OPEN_TRIES = 4
 
 class Handle:
     """The per-process open state: a share of the environment, one long-lived read transaction and its
-    snapshot, the metadata and sub-databases, and (built on first use) the snapshot's position table.
+    snapshot, the metadata and sub-databases, and (opened on first use) the snapshot's position table.
 
     Args:
         path: the store.
         lock: the reader's ``lock`` option (``None``: registered exactly while a writer is active).
-        io_threads: reads in flight for cold batches.
+        io_threads: reads in flight for cold batches (``None``: :data:`~lmdbstore.store.fileread.IO_THREADS`).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: as the store is opened.
     """
 
-    def __init__(self, path: Path, lock: bool | None, io_threads: int | None):
+    def __init__(self, path: Path, lock: bool | None, io_threads: int | None = None):
         check_store_dir(path)
+        self.io_threads = io_threads
         self.pid = os.getpid()
         self.path = path
         self.lock = lock = resolve_lock(path, lock)
-        self.io_threads = io_threads
         self.table: PositionTable | None = None
-        self.engine: PreadEngine | None = None
+        self.files: FileReader | None = None
         self.built = False
         #: how this handle got its table: "" (not yet), "built", "inherited" (same snapshot, e.g. after fork)
         self.table_source = ""
+        self.spans: np.ndarray | None = None  # where liblmdb maps the file (map_spans)
         self.txn: lmdb.Transaction = None  # type: ignore[assignment]  # set by _begin
         self.fd = -1
         self.lease: EnvLease = None  # type: ignore[assignment]  # set by _open_file
         self.users = 0  # reads in progress (the reader counts them under its lock)
+        self.poisoned = False  # a liblmdb call read zeros for a page of a shrunk file: use it no more
         self.retired = False
-        self._mutex = threading.RLock()  # liblmdb calls and the table build: one thread at a time
-        self.needed_bytes = MIN_DATA_FILE_BYTES
+        self._mutex = threading.RLock()  # liblmdb calls and the table's opening: one thread at a time
         try:
             with translate_read_errors(path, "open"):
                 self.file_id = self._open_file(lock)
@@ -95,11 +97,10 @@ class Handle:
         """
         for _ in range(OPEN_TRIES):
             self._open_env(lock)
-            with self.lease.entry.using(), self.guard.hold(MIN_DATA_FILE_BYTES):
+            with self.lease.entry.using():
                 if self.lease.valid:
                     self.env = self.lease.env
                     self.snapshot = self._begin(self.lease.entry.lock)
-                    self.needed_bytes = self.snapshot.needed_bytes or self._env_needed_bytes()
                     st = os.fstat(self.fd)
                     return (st.st_dev, st.st_ino)
             self.lease.release()
@@ -119,13 +120,12 @@ class Handle:
         for _ in range(OPEN_TRIES):
             self.fd = os.open(self.path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
             st = os.fstat(self.fd)
-            self.guard = MapGuard(self.fd, self.path)
             try:
                 self.lease = ENVS.acquire(
                     self.path,
                     writable=False,
                     lock=lock,
-                    opener=lambda: self._opener(lock),
+                    opener=lambda: open_reader_env(self.path, lock),
                     data_file=(st.st_dev, st.st_ino),
                 )
                 return
@@ -134,23 +134,21 @@ class Handle:
                 self.fd = -1
         raise StoreReplacedError("the data file was replaced again and again while it was opened", path=self.path)
 
-    def _opener(self, lock: bool) -> lmdb.Environment:
-        """Open the environment (the registry calls this, holding its lock) with the file kept from shrinking:
-        liblmdb reads the meta pages of its map while it opens.  Never hold the lease while waiting for the
-        registry: a writer of this process opening the file under the registry's lock would wait for it."""
-        with self.guard.hold(0):
-            return open_reader_env(self.path, lock)
-
     @contextlib.contextmanager
     def lmdb(self) -> Iterator[None]:
-        """Hold for a liblmdb call on this snapshot: one thread at a time, the file kept from shrinking (see
+        """Hold for a liblmdb call on this snapshot: one thread at a time, liblmdb's reads of its map guarded (see
         the module docstring).
 
         Raises:
-            CorruptStoreError: the file is shorter than the snapshot's pages.
+            CorruptStoreError: the data file shrank under the call.
         """
-        with self._mutex, self.lease.entry.using(), self.guard.hold(self.needed_bytes):
-            yield
+        with self._mutex, self.lease.entry.using():
+            try:
+                with lmdb_guard(self.spans, self.fd):
+                    yield
+            except MapPatched:  # liblmdb read zeros: its transaction may be in error now, the next read re-opens
+                self.poisoned = True
+                raise shrunk(self.fd, self.snapshot.needed_bytes, self.path) from None
 
     def _begin(self, registered: bool) -> Snapshot:
         """Begin the read transaction and capture its snapshot (registered: again while a writer overwrote
@@ -159,16 +157,18 @@ class Handle:
         for _ in range(CAPTURE_TRIES):
             if self.txn is not None:
                 self.txn.abort()
-            self.txn = begin_read(self.env)
+            self.spans = map_spans(self.path / DATA_FILE, os.fstat(self.fd).st_ino)
+            try:
+                with lmdb_guard(self.spans, self.fd):
+                    self.txn = begin_read(self.env)  # may map the file anew (a writer grew it): found again below
+            except MapPatched:
+                raise shrunk(self.fd, MIN_DATA_FILE_BYTES, self.path) from None
             snap = capture(self.fd, self.txn.id(), registered, self.path)
             if snap.meta is not None or not snap.known_layout or not registered:
                 break
         assert snap is not None
+        self.spans = map_spans(self.path / DATA_FILE, os.fstat(self.fd).st_ino)
         return snap
-
-    def _env_needed_bytes(self) -> int:
-        info = self.env.info()
-        return (int(info["last_pgno"]) + 1) * int(self.env.stat()["psize"])
 
     def load(self) -> None:
         """Read the metadata and open the sub-databases in this snapshot (through liblmdb), and note where the
@@ -203,7 +203,7 @@ class Handle:
     def inherit(self, table: PositionTable | None) -> None:
         """Reuse ``table`` (kept by the reader across a fork, a re-open, ``close()``) if it is of exactly this
         snapshot of this store and data file (its :attr:`~PositionTable.key`); call after :meth:`load`."""
-        if self.built or table is None or self.snapshot.meta is None:
+        if self.built or table is None or table.busy or self.snapshot.meta is None:
             return
         if table.key == table_key(self.meta.store_id, os.fstat(self.fd), self.snapshot.meta):
             self._use(table)
@@ -219,24 +219,16 @@ class Handle:
         lease = self.lease
         return lease is not None and lease.valid and self.snapshot.protected(self.fd, self.txn, self.env)
 
-    def check_size(self) -> None:
-        """Refuse a data file shorter than this snapshot's pages (a page past the end of a mapped file kills
-        the process with SIGBUS; the map itself is read only under the guard, which checks again).
-
-        Raises:
-            CorruptStoreError: the file was truncated while open.
-        """
-        with self.guard.hold(self.needed_bytes):
-            pass
-
-    def _use(self, table: PositionTable | None) -> None:
+    def _use(self, table: PositionTable | None, files: FileReader | None = None) -> None:
         self.table = table
         if table is not None:
-            self.engine = PreadEngine(self.fd, table.file_size, self.io_threads, path=self.path, guard=self.guard)
+            self.files = (
+                files if files is not None else FileReader(self.fd, table.file_size, self.path, self.io_threads)
+            )
         self.built = True  # last: positions() reads the table without the lock once this is set
 
     def positions(self) -> PositionTable | None:
-        """The position table of this snapshot, built on first call; ``None``: use liblmdb (a data file
+        """The position table of this snapshot, opened on first call; ``None``: use liblmdb (a data file
         whose layout the parser does not know, or a snapshot whose meta page was gone before it was read).
 
         Raises:
@@ -254,21 +246,8 @@ class Handle:
         if snap is None:
             self._use(None)
             return
-        db, txn = self.dbs[DB_SAMPLES], self.txn
-
-        def lookup(first: int) -> bytes | None:
-            with self.lmdb():
-                value = txn.get(encode_key(first), db=db)
-                return None if value is None else bytes(value)
-
-        engine = PreadEngine(self.fd, os.fstat(self.fd).st_size, self.io_threads, path=self.path, guard=self.guard)
-        try:
-            table = build_table(
-                self.fd, self.meta, snap, DB_SAMPLES, lookup, engine, store_id=self.meta.store_id, path=self.path
-            )
-        finally:
-            engine.close()
-        self._use(table)
+        files = FileReader(self.fd, os.fstat(self.fd).st_size, self.path, self.io_threads)
+        self._use(open_table(self.fd, self.meta, snap, store_id=self.meta.store_id, path=self.path, files=files), files)
         self.table_source = "built"
 
     def forget_after_fork(self) -> None:
@@ -279,7 +258,9 @@ class Handle:
         the transaction.  The position table stays with the reader, for the next handle to inherit.
         """
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
-        self.engine = None
+        if self.files is not None:
+            self.files.close()
+            self.files = None
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -309,8 +290,8 @@ class Handle:
                     self.txn.abort()
         finally:
             self.txn = None  # type: ignore[assignment]
-            if self.engine is not None:
-                self.engine.close()
+            if self.files is not None:
+                self.files.close()
             if self.fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(self.fd)

@@ -18,9 +18,10 @@ the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader a
   set out again).  Each store's reader pins its store and data file
   (:class:`~lmdbstore.errors.StoreReplacedError` if one is replaced).
 
-Every store keeps its own position table, reads by file offset and reads in flight: a batch is read store by
-store, each part straight into its rows of the output when the batch is grouped by store (as the trainer's set
-samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy otherwise.
+Every store keeps its own position table and reads by file offset: a batch is grouped by store once and each
+store's part is one compiled call (many reads in flight) straight into its rows of the output when the batch
+comes grouped (as the trainer's set samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy
+otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import itertools
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,8 @@ from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.dtypes import label_dtype_for
 from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
+from lmdbstore.store.batch import read_parts, read_samples
+from lmdbstore.store.handle import Handle
 from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.reader import StoreReader
 
@@ -97,8 +99,6 @@ class StoreSet(MetaView):
         self._offsets: np.ndarray | None = None
         self._remaps: list[np.ndarray] = []
         self._labels: np.ndarray | None = None
-        self._threads: ThreadPoolExecutor | None = None
-        self._threads_pid = 0
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> StoreSet:
@@ -108,10 +108,6 @@ class StoreSet(MetaView):
 
     def close(self) -> None:
         """Close every store in this process (call in the parent before starting workers)."""
-        with self._locked():  # reads in progress on other threads keep the pool they submitted to
-            pool, self._threads = self._threads, None
-        if pool is not None and self._threads_pid == os.getpid():
-            pool.shutdown(wait=True)
         for r in self.readers:
             r.close()
 
@@ -130,7 +126,6 @@ class StoreSet(MetaView):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_labels"] = None  # rebuilt from the stores' tables on first use
-        state["_threads"], state["_threads_pid"] = None, 0  # threads stay in their process
         del state["_mutex"], state["_mutex_pid"]
         return state
 
@@ -268,33 +263,18 @@ class StoreSet(MetaView):
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows.  The parts the page cache holds whole (the
-        kernel says so: :meth:`StoreReader.read_if_cached`) are copied on this thread; the others then read
-        together on threads (each store's reads in flight at once keep the disk busy), or one alone here."""
+        """Each store's part of a grouped batch straight into its rows, all in one compiled read (every store's reads
+        in flight together) under each store's snapshot rule; parts read through liblmdb one by one."""
         starts = self.offsets.tolist()
-        parts = [(i, idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))]
-        if len(parts) == 1:
-            i, local, rows = parts[0]
-            self.readers[i].read_batch(local, out=rows)
-            return
-        cold = [(i, local, rows) for i, local, rows in parts if not self.readers[i].read_if_cached(local, rows)]
-        if len(cold) == 1:
-            i, local, rows = cold[0]
-            self.readers[i].read_batch(local, out=rows)
-            return
-        with self._locked():  # submitted under the lock: close() cannot shut the pool down in between
-            pool = self._pool()
-            futures = [pool.submit(self.readers[i].read_batch, local, rows) for i, local, rows in cold]
-        for f in futures:
-            f.result()
-
-    def _pool(self) -> ThreadPoolExecutor:
-        """This process's threads for cold reads of several stores at once (made after a fork anew); call
-        holding the set's lock."""
-        if self._threads is None or self._threads_pid != os.getpid():
-            self._threads = ThreadPoolExecutor(len(self.readers), thread_name_prefix="lmdbstore-set")
-            self._threads_pid = os.getpid()
-        return self._threads
+        parts = [
+            (self.readers[i], idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))
+        ]
+        together = [p for p in parts if p[0].positions and not p[0].verify_checksums]
+        if together:
+            _read_together(together, [])
+        for r, local, rows in parts:
+            if not (r.positions and not r.verify_checksums):
+                r.read_batch(local, out=rows)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
@@ -370,6 +350,24 @@ class StoreSet(MetaView):
                 own = r.class_indices(r.classes.index(name)).astype(np.int64)
                 parts.append(own[: np.searchsorted(own, n)] + off)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _read_together(parts: list[tuple[StoreReader, np.ndarray, np.ndarray]], handles: list[Handle]) -> None:
+    """Read each part ``(reader, local indices, rows)`` on a snapshot of its reader that was protected before and after
+    (each reader's rule, one inside the other), the parts with a position table in one compiled call."""
+    if len(handles) < len(parts):
+        reader = parts[len(handles)][0]
+        reader._guarded("read", lambda h: _read_together(parts, [*handles, h]))
+        return
+    offset = []
+    for (r, local, rows), h in zip(parts, handles, strict=True):
+        table = r._positions(h)
+        if table is None:  # a layout the position table does not know: liblmdb
+            read_samples(h, None, local, rows, True, False, False)
+        else:
+            offset.append((h, table, local, rows, r.check_whole_values))
+    if offset:
+        read_parts(offset)
 
 
 def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:

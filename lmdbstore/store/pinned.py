@@ -81,7 +81,7 @@ class PinnedReader:
         """The current snapshot, opened (or re-opened) as needed."""
         with self._locked():
             h = self._h
-            if h is None or h.pid != os.getpid() or h.lease is None or not h.lease.valid:
+            if h is None or h.pid != os.getpid() or h.lease is None or not h.lease.valid or h.poisoned:
                 # After a fork the inherited handle belongs to the parent (see Handle.forget_after_fork);
                 # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.  A lease
                 # turns invalid in this process when the shared environment was re-opened for a user that
@@ -182,8 +182,8 @@ class PinnedReader:
         )
 
     def _guarded(self, action: str, fn: Callable[[Handle], T]) -> T:
-        """``fn(handle)`` on a snapshot protected before and after it ran (see the module docstring), under the
-        file's guard (no SIGBUS); a lost snapshot is replaced and ``fn`` run again.  Errors of ``fn`` count
+        """``fn(handle)`` on a snapshot protected before and after it ran (see the module docstring); a lost snapshot
+        is replaced and ``fn`` run again.  Errors of ``fn`` count
         only on a protected snapshot."""
         for _ in range(MAX_RESNAPSHOTS):
             h = self._take()
@@ -247,12 +247,11 @@ class PinnedReader:
 
 
 def _attempt(h: Handle, fn: Callable[[Handle], T]) -> tuple[bool, T | None]:
-    """``(True, fn(h))`` if ``h`` was protected before and after ``fn`` ran (under the file's guard), else
+    """``(True, fn(h))`` if ``h`` was protected before and after ``fn`` ran, else
     ``(False, None)``; an error of ``fn`` is raised only on a protected snapshot."""
     if h.protected():
         try:
-            with h.guard.hold(h.needed_bytes):
-                result = fn(h)
+            result = fn(h)
         except Exception:
             if h.protected():
                 raise

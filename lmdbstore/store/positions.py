@@ -1,50 +1,44 @@
-"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot.
+"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot, filled as batches
+need it (see docs/design.md, "Reads by file offset").
 
-py-lmdb's value-returning calls touch every page of the value before returning, so out of core one random
-2.5 KB sample of a 45 KB value costs 11 page-fault reads, one at a time.  Instead, the reader resolves
-each value's file offset once per snapshot (:func:`build_table`, walking the ``samples`` B-tree with
-:mod:`lmdbstore.format.btree`), then reads a batch with one ``os.preadv`` per run of consecutive samples
-straight into the output array (:class:`~lmdbstore.store.preads.PreadEngine`).  The table costs 8 bytes per
-value, plus one bit-sized flag per value saying whether its overflow-page header was checked.
+A batch is read by file offset (:class:`~lmdbstore.store.fileread.FileReader`) from a table of each value's offset
+(8 bytes per value) and a flag per value saying whether its overflow-page header was checked.  Nothing is walked up
+front: :func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages of the snapshot, and
+:meth:`PositionTable.ensure` the leaf pages a batch needs, when it first needs them, and :data:`EXTRA_LEAVES` more
+until every leaf was read (the whole tree checked after a bounded number of batches).
 
-The table is trusted no more than liblmdb trusts the file: the walk checks what a liblmdb lookup relies on
-(see :mod:`lmdbstore.format.btree`); the keys must be exactly ``0, k, 2k, ...`` for the metadata's count;
-each value's overflow-page header (overflow flag, its own page number, enough pages for the value) is
-checked before the value is first read in a process (:func:`check_headers`); and a sample of values is
-compared, byte for byte, with what liblmdb returns for the same key.  Any contradiction is a
-:class:`~lmdbstore.errors.CorruptStoreError`.  A table is keyed by the store's id, the data file's identity
-and the snapshot's meta page (:attr:`PositionTable.key`), and used only while that snapshot is protected
-(:mod:`lmdbstore.store.snapshot`).
+The table is trusted no more than liblmdb trusts the file: the tree is checked as :mod:`lmdbstore.format.btree`
+says (what liblmdb's search relies on; no page claimed twice); each leaf holds exactly the keys ``0, k, 2k, ...``
+below the metadata's count that its separators send there; a value's overflow header is checked before its first
+read in a process, until every leaf was read (then every overflow run is its value's own).  Any contradiction is a
+:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.  A table is keyed by
+the store, the data file and the snapshot (:func:`table_key`), and used only while that snapshot is protected.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import functools
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError
-from lmdbstore.format.btree import samples_positions
+from lmdbstore.format.btree import SamplesTree, leaf_values, open_tree
+from lmdbstore.format.layout import DB_SAMPLES
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, LmdbMeta, bad_overflow_headers, overflow_pages
-from lmdbstore.store.preads import PreadEngine
+from lmdbstore.format.pages import DAMAGE_HINT, LmdbMeta, PageReader
+from lmdbstore.store.fileread import FileReader
 
-__all__ = ["VERIFY_SAMPLE", "PositionTable", "TableKey", "build_table", "check_headers", "check_heads", "table_key"]
+__all__ = ["EXTRA_LEAVES", "UNKNOWN", "PositionTable", "TableKey", "open_table", "table_key"]
 
-#: Values compared with liblmdb's bytes for the same key when a table is built.
-VERIFY_SAMPLE = 16
+#: Leaf pages a batch reads beyond those it needs, until every leaf was read (and the whole tree checked).
+EXTRA_LEAVES = 64
+#: ``offsets[v]`` of a value whose leaf was not read yet (-1: a value of the wrong length).
+UNKNOWN = -2
 #: What a table is of: (store id, st_dev, st_ino of the data file, txnid, free root, main root, last page).
 TableKey = tuple[str, int, int, int, int, int, int]
-#: Hint of every contradiction the table finds.
-VERIFY_HINT = DAMAGE_HINT
 
 
 def table_key(store_id: str, st: os.stat_result, snap: LmdbMeta) -> TableKey:
@@ -52,171 +46,178 @@ def table_key(store_id: str, st: os.stat_result, snap: LmdbMeta) -> TableKey:
     return (store_id, st.st_dev, st.st_ino, *snap.key)
 
 
-@dataclass(frozen=True)
+@dataclass
 class PositionTable:
-    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot.
+    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot, filled
+    leaf by leaf (see the module docstring).
 
-    ``offsets[v]`` is -1 for a value whose length contradicts the metadata (reading it raises).  ``checked``
-    (mutable, per process) says which values' overflow headers have been checked (values without overflow
-    pages start checked).  ``key`` names the store (its id), the data file (device, inode) and the snapshot
-    (its meta page's transaction id, roots and last page): a table is reused only for an equal key.
+    ``offsets[v]``: the payload's file offset, -1 for a value whose length contradicts the metadata (reading it
+    raises), :data:`UNKNOWN` until its leaf is read.  ``checked`` (per process) says which values' overflow headers
+    were checked (values without overflow pages start checked).  ``key`` names the store (its id), the data file
+    (device, inode) and the snapshot (its meta page's transaction id, roots and last page): a table is reused only
+    for an equal key.
     """
 
     key: TableKey
+    snap: LmdbMeta
+    tree: SamplesTree
     offsets: np.ndarray  # int64, one per value
-    lengths: np.ndarray  # int64: each value's expected length (payload and trailer)
     checked: np.ndarray  # bool, one per value
     file_size: int
-    psize: int
-    samples_per_value: int
+    #: what a read needs: (samples per value, sample bytes, page size, samples in all, a full value's stored bytes)
+    layout: tuple[int, int, int, int, int]
+    loaded: np.ndarray = field(init=False)  # bool, one per leaf
+    error: CorruptStoreError | None = None
+    #: leaves are being read into it (a process forked meanwhile must not use it: their pages are half claimed)
+    busy: bool = False
+
+    def __post_init__(self) -> None:
+        self.loaded = np.zeros(len(self.tree.leaves), bool)
+        self._lock, self._pid = threading.Lock(), os.getpid()
 
     @property
-    def txnid(self) -> int:
-        return self.key[3]
+    def samples_per_value(self) -> int:
+        return self.layout[0]
 
+    def lengths(self, values: np.ndarray) -> np.ndarray:
+        """The stored length (payload and trailer) of each of ``values``: the last value holds the rest."""
+        spv, sb, _, count, vlen = self.layout
+        last = len(self.offsets) - 1
+        return np.where(values == last, (count - last * spv) * sb + vlen - spv * sb, vlen)
 
-def _expected_lengths(meta: StoreMeta) -> np.ndarray:
-    n = meta.n_values
-    lens = np.full(n, meta.samples_per_value * meta.sample_bytes + meta.trailer_bytes, np.int64)
-    if n:
-        lens[-1] = meta.expected_value_len((n - 1) * meta.samples_per_value)
-    return lens
+    @property
+    def complete(self) -> bool:
+        """Whether every leaf was read (every value located, the whole tree checked)."""
+        return bool(self.loaded.all())
 
+    def ensure(self, values: np.ndarray, files: FileReader) -> None:
+        """Read the leaves holding ``values`` (value numbers, in range) that were not read yet, and up to
+        :data:`EXTRA_LEAVES` more, by ``files`` (many reads in flight); afterwards each of ``values`` is located.
 
-def _check_keys(keys: np.ndarray, meta: StoreMeta, path: str | Path | None) -> None:
-    """The ``samples`` keys must be exactly ``0, k, 2k, ...`` for the metadata's count (see FORMAT.md)."""
-    n, spv = meta.n_values, meta.samples_per_value
-    common = min(n, len(keys))
-    want = np.arange(common, dtype=np.uint64) * np.uint64(spv)
-    wrong = np.flatnonzero(keys[:common] != want)
-    if wrong.size:
-        i = int(wrong[0])
-        raise CorruptStoreError(
-            f"samples B-tree key {int(keys[i])} where {int(want[i])} belongs",
-            path=path,
-            key=int(want[i]),
-            hint=VERIFY_HINT,
+        Raises:
+            CorruptStoreError: a leaf contradicts itself, the tree, the metadata or another owner of its pages (then
+                every later call raises it again), or the file could not be read.
+        """
+        if self.error is not None:
+            raise self.error
+        if not self.complete:
+            self._load(self._leaf(values), files)
+
+    def _leaf(self, values: np.ndarray) -> np.ndarray:
+        """The leaf each of ``values`` is in (where liblmdb's search for its key goes)."""
+        return (
+            np.searchsorted(self.tree.lo, values.astype(np.uint64) * np.uint64(self.samples_per_value), side="right")
+            - 1
         )
-    if len(keys) != n:
-        raise CorruptStoreError(
-            f"the samples B-tree holds {len(keys)} values; a count of {meta.count} means {n}",
-            path=path,
-            hint=VERIFY_HINT,
-        )
+
+    def _load(self, leaf: np.ndarray, files: FileReader) -> None:
+        if self._pid != os.getpid():  # forked: a thread of the parent may have held the lock
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        with self._lock:
+            want = np.zeros(len(self.loaded), bool)
+            want[leaf] = True
+            want &= ~self.loaded
+            want[np.flatnonzero(~self.loaded & ~want)[:EXTRA_LEAVES]] = True
+            which = np.flatnonzero(want)
+            if which.size == 0:
+                return
+            ps = self.snap.psize
+            arr = files.gather(self.tree.leaves[which] * ps, ps)  # a failed read is not damage: not kept
+            pages = PageReader(files.fd, self.file_size, self.snap, files.path, None)
+            self.busy = True
+            try:
+                self._fill(pages, which, arr)
+                self.loaded[which] = True
+                if self.complete:  # every page claimed once: a value's overflow run is its own, header or not
+                    self.checked[:] = True
+            except CorruptStoreError as exc:
+                self.error = exc
+                raise
+            finally:
+                self.busy = False
+
+    def _fill(self, pages: PageReader, which: np.ndarray, arr: np.ndarray) -> None:
+        """Locate the values of the leaves ``which`` (their pages ``arr``): each leaf must hold exactly the keys
+        ``0, k, 2k, ...`` below the count that its separators send there."""
+        spv, nv, path = self.samples_per_value, len(self.offsets), pages.path
+        vals, li = leaf_values(pages, self.tree, which, arr)
+        end = np.uint64(nv * spv)
+        lo = np.minimum(self.tree.lo[which], end).astype(np.int64)
+        hi = np.minimum(self.tree.hi[which], end).astype(np.int64)
+        first, stop = -(-lo // spv), -(-hi // spv)  # the values each leaf must hold: first .. stop - 1
+        held = np.bincount(li, minlength=len(which))
+        want = (first[li] + np.arange(len(li)) - np.repeat(np.cumsum(held) - held, held)) * spv
+        wrong = np.flatnonzero((vals.keys.astype(np.int64) != want) | (want >= stop[li] * spv))
+        if wrong.size:
+            i = int(wrong[0])
+            where = f"where {int(want[i])} belongs" if want[i] < nv * spv else f"past the count's {nv} values"
+            raise CorruptStoreError(
+                f"samples B-tree key {int(vals.keys[i])} {where}", path=path, key=int(want[i]), hint=DAMAGE_HINT
+            )
+        short = np.flatnonzero(held < stop - first)
+        if short.size:
+            key = int((first[short[0]] + held[short[0]]) * spv)
+            raise CorruptStoreError(
+                f"the samples B-tree holds no value keyed {key}", path=path, key=key, hint=DAMAGE_HINT
+            )
+        v = want // spv
+        self.offsets[v] = np.where(vals.sizes == self.lengths(v), vals.pos, -1)
+        self.checked[v] = ~vals.big
 
 
-def build_table(
+def open_table(
     fd: int,
     meta: StoreMeta,
     snap: LmdbMeta,
-    db_name: bytes,
-    lookup: Callable[[int], Any],
-    engine: PreadEngine,
     *,
     store_id: str = "",
     path: str | Path | None = None,
+    files: FileReader | None = None,
 ) -> PositionTable:
-    """Build and check the position table of the snapshot ``snap``.
-
-    ``lookup(first)`` returns the value keyed ``first`` through liblmdb (compared with the table's bytes for
-    :data:`VERIFY_SAMPLE` values, after their headers are checked).  ``engine`` reads the file (its pool
-    reads each tree level's pages in parallel).
+    """Open the position table of the snapshot ``snap``: the ``samples`` tree's branch pages and every other owner's
+    pages, no leaf yet (see the module docstring).
 
     Raises:
-        CorruptStoreError: the file contradicts itself, the metadata or liblmdb (pages, keys, lengths,
-            overflow headers, sampled values).
+        CorruptStoreError: the file contradicts itself or the metadata (pages, the count of values).
     """
     st = os.fstat(fd)
-    vals = samples_positions(fd, st.st_size, snap, db_name, path=path, pmap=engine.pmap)
-    _check_keys(vals.keys, meta, path)
-    lens = _expected_lengths(meta)
-    offsets = np.where(vals.sizes == lens, vals.pos, -1).astype(np.int64)
-    table = PositionTable(
-        table_key(store_id, st, snap), offsets, lens, ~vals.big, st.st_size, snap.psize, meta.samples_per_value
-    )
-    del vals
-    _agrees(table, meta, lookup, engine, path)
-    _give_back_free_memory()
-    return table
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL | None:
-    with contextlib.suppress(OSError):
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return None
-
-
-def _give_back_free_memory() -> None:
-    """Return the parse's freed temporaries to the OS (glibc keeps freed heap memory in the process
-    otherwise, and the reader's resident memory would look like it grew with the store)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = _libc()
-        if libc is not None:
-            libc.malloc_trim(0)
-
-
-def check_headers(table: PositionTable, values: np.ndarray, engine: PreadEngine, path: str | Path | None) -> None:
-    """Check the overflow-page headers of those of ``values`` not checked yet in this process, and mark them.
-
-    Raises:
-        CorruptStoreError: a header is not an overflow page, names another page, or has too few pages for the
-            value; or a value whose length contradicts the metadata.
-    """
-    todo = np.unique(values[~table.checked[values]])
-    if todo.size == 0:
-        return
-    offs = table.offsets[todo]
-    if (offs < 0).any():
-        v = int(todo[offs < 0][0])
+    pages = PageReader(fd, st.st_size, snap, path, None if files is None else files.gather_into)
+    tree = open_tree(pages, snap, DB_SAMPLES)
+    nv = meta.n_values
+    if tree.db.entries != nv:
         raise CorruptStoreError(
-            "value has the wrong length", path=path, key=v * table.samples_per_value, hint=VERIFY_HINT
-        )
-    heads = engine.gather(offs - PAGEHDRSZ, PAGEHDRSZ)
-    check_heads(table, todo, heads, path)
-
-
-def check_heads(table: PositionTable, values: np.ndarray, heads: np.ndarray, path: str | Path | None) -> None:
-    """Check the overflow-page headers ``heads`` (``(n, 16)``, as read) of ``values`` and mark them checked.
-
-    Raises:
-        CorruptStoreError: a header is not an overflow page, names another page, or has too few pages.
-    """
-    page_starts = table.offsets[values] - PAGEHDRSZ
-    need = overflow_pages(table.lengths[values], table.psize)
-    bad = bad_overflow_headers(heads, page_starts // table.psize, np.asarray(need))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise CorruptStoreError(
-            f"the overflow page of a value has a wrong header (page {int(page_starts[i] // table.psize)})",
+            f"the samples B-tree holds {tree.db.entries} values; a count of {meta.count} means {nv}",
             path=path,
-            key=int(values[i]) * table.samples_per_value,
-            hint=VERIFY_HINT,
+            hint=DAMAGE_HINT,
         )
-    table.checked[values] = True
+    layout = (meta.samples_per_value, meta.sample_bytes, snap.psize, meta.count,
+              meta.samples_per_value * meta.sample_bytes + meta.trailer_bytes)  # fmt: skip
+    offsets = np.full(nv, UNKNOWN, np.int64)
+    return PositionTable(table_key(store_id, st, snap), snap, tree, offsets, np.zeros(nv, bool), st.st_size, layout)
 
 
-def _agrees(
-    table: PositionTable, meta: StoreMeta, lookup: Callable[[int], Any], engine: PreadEngine, path: str | Path | None
-) -> None:
-    """Compare a sample of values (first, last, evenly spread) read by offset with liblmdb's for the same key.
-
-    Raises:
-        CorruptStoreError: a sampled value's header is wrong, or its bytes differ from liblmdb's.
-    """
-    present = np.flatnonzero(table.offsets >= 0)
-    if present.size == 0:
-        return
-    pick = np.unique(present[np.linspace(0, present.size - 1, VERIFY_SAMPLE).astype(int)])
-    check_headers(table, pick, engine, path)  # before liblmdb reads them: it trusts their page numbers
-    for v in pick.tolist():
-        first = v * meta.samples_per_value
-        mine = os.pread(engine.fd, int(table.lengths[v]), int(table.offsets[v]))
-        theirs = lookup(first)
-        if theirs is None or bytes(theirs) != mine:
-            raise CorruptStoreError(
-                "the value the B-tree walk found differs from liblmdb's for the same key",
-                path=path,
-                key=first,
-                hint=VERIFY_HINT,
-            )
+def prefetch_ranges(table: PositionTable, lo: np.ndarray, hi: np.ndarray) -> tuple[list[int], list[int]]:
+    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1``, no page read for it: from the
+    first value's leaf page to the page of the leaf after the last one's (the writer appends a leaf's values after
+    it), or one range per value already located where a range's leaves lie apart.  Only advice: a wrong range costs
+    time, never a wrong sample."""
+    spv, nv, vlen, ps = table.samples_per_value, len(table.offsets), table.layout[4], table.snap.psize
+    leaves, size = table.tree.leaves, table.file_size
+    first = np.clip(np.asarray(lo, np.int64) // spv, 0, max(nv - 1, 0))
+    last = np.clip((np.asarray(hi, np.int64) - 1) // spv, first, max(nv - 1, 0))
+    a, b = table._leaf(first), table._leaf(last) + 1
+    starts: list[int] = []
+    ends: list[int] = []
+    for v0, v1, s0, s1 in zip(
+        first.tolist(), last.tolist(), leaves[a].tolist(), leaves[np.minimum(b, len(leaves) - 1)].tolist(), strict=True
+    ):
+        s1 = s1 * ps if s1 > s0 else size  # the last leaf's values reach to the end of the file
+        if 0 <= s1 - s0 * ps <= 2 * vlen * (v1 - v0 + 1) + 2 * ps:  # laid out together: one read
+            starts.append(s0 * ps)
+            ends.append(min(s1, size))
+        else:  # scattered pages: one read per value located
+            seg = table.offsets[v0 : v1 + 1]
+            seg = seg[seg >= 0]
+            starts.extend(seg.tolist())
+            ends.extend(np.minimum(seg + vlen, size).tolist())
+    return starts, ends

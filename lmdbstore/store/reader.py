@@ -30,17 +30,18 @@ from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
 from lmdbstore.format.layout import ALL_DBS, DB_SAMPLES, encode_key
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.store.batch import prefetch_ranges, read_cached, read_samples
+from lmdbstore.store.batch import read_samples
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
 from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
+from lmdbstore.store.positions import prefetch_ranges
 
 __all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
-#: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, under one lease.
+#: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, in one guarded liblmdb call.
 SCAN_VALUES = 64
 #: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
 SCAN_BYTES = 4 << 20
@@ -59,10 +60,10 @@ class StoreReader(PinnedReader, MetaView):
         verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
             and ``stats --check`` turn it on).  Checked reads go through liblmdb.
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
-            one ``pread`` per run of consecutive samples, ``io_threads`` in flight.  ``False``, or a file
-            layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight per process for cold batches (1..1024: each is a thread); ``None`` (default):
-            adapted to the disk's throughput, from 16 within 4..64 (:mod:`lmdbstore.store.inflight`).
+            a batch in one compiled call, one ``pread`` per run of consecutive samples, ``io_threads`` in flight.
+            ``False``, or a file layout the position table does not recognise, reads through liblmdb lookups instead.
+        io_threads: reads in flight for cold batches (1..1024: each is a thread of a pool the process shares);
+            ``None`` (default): :data:`~lmdbstore.store.fileread.IO_THREADS`.
         check_whole_values: on the offset path, check the stored checksum of every value a batch reads
             whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
@@ -157,30 +158,9 @@ class StoreReader(PinnedReader, MetaView):
 
     def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array.
-        Read through liblmdb too, the snapshot is walked first (once): no page of the samples is another owner's."""
-        table = self._positions(h)
-        if not self.positions or self.verify_checksums:
-            table = None
-        return read_samples(h, table, idx, out, self.verify_checksums, self.check_whole_values)
-
-    def read_if_cached(self, indices: Any, out: np.ndarray) -> bool:
-        """Fill ``out`` with the samples at ``indices`` if all are in the page cache now; else read nothing: ``False``.
-
-        Arguments as :meth:`read_batch` (``out`` required), checked the same way before anything is read.
-
-        Raises:
-            IndexError, ValueError: as :meth:`read_batch`.
-        """
-        m = self._handle().meta
-        idx, whole = sample_indices(indices), self.check_whole_values
-        check_in_range(idx, m.count)
-        if check_out(out, len(idx), m) is None:
-            raise ValueError("out must be a numpy array to fill (read_if_cached reads into it)")
-        if not self.positions or self.verify_checksums:
-            return False
-        if len(idx) == 0:
-            return True
-        return self._guarded("read", lambda h: read_cached(h, self._positions(h), idx, out, whole))
+        Read through liblmdb too, the table locates them first: no page of theirs is another owner's."""
+        lmdb = not self.positions or self.verify_checksums
+        return read_samples(h, self._positions(h), idx, out, lmdb, self.verify_checksums, self.check_whole_values)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
@@ -195,20 +175,20 @@ class StoreReader(PinnedReader, MetaView):
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
         Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a
-        pool thread), so a later random read of them is a copy from memory.  Used by the ``window``
-        shuffle for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong
-        bytes here would cost time, never a wrong sample.
+        thread of its own), so a later random read of them is a copy from memory.  Used by the ``window`` shuffle
+        for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong bytes here would
+        cost time, never a wrong sample.
         """
         lo_a, hi_a = range_bounds(lo, hi)
-        table = self._guarded("read", self._positions) if self.positions else None
-        if table is None or lo_a.size == 0:
+        if not self.positions or lo_a.size == 0:
             return
-        h = self._take()
-        try:
-            if h.engine is not None:
-                h.engine.advise(*prefetch_ranges(table, lo_a, hi_a))
-        finally:
-            self._give(h)
+
+        def advise(h: Handle) -> None:
+            table = self._positions(h)
+            if table is not None and h.files is not None:
+                h.files.advise(*prefetch_ranges(table, lo_a, hi_a))
+
+        self._guarded("read", advise)
 
     def iter_chunks(
         self, chunk: int = 65536, start: int = 0, stop: int | None = None
@@ -271,7 +251,7 @@ class StoreReader(PinnedReader, MetaView):
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
         """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
         name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
-        :data:`SCAN_BYTES`), each under the file's guard and checked protected before it is yielded.
+        :data:`SCAN_BYTES`), each in one guarded liblmdb call and checked protected before it is yielded.
 
         Raises:
             ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.

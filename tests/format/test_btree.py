@@ -1,4 +1,4 @@
-"""What the B-tree walk (lmdbstore.format.btree) and the position table (lmdbstore.store.positions) refuse:
+"""What the B-tree reading (lmdbstore.format.btree) and the position table (lmdbstore.store.positions) refuse:
 each damage below used to make the offset path return another value's bytes, or would; now each is a
 one-line CorruptStoreError naming ``lmdbstore verify``, while undamaged values still read."""
 
@@ -19,8 +19,7 @@ from lmdbstore.errors import CorruptStoreError
 from lmdbstore.format.btree import main_db_entry
 from lmdbstore.format.layout import DB_SAMPLES, encode_key
 from lmdbstore.format.pages import P_BRANCH, P_LEAF, PageReader, read_meta_page
-from lmdbstore.store.positions import build_table
-from lmdbstore.store.preads import PreadEngine
+from lmdbstore.store import positions
 from lmdbstore.store.reader import StoreReader
 
 CFG = WriterConfig(sync=False)
@@ -112,50 +111,40 @@ def test_an_overflow_page_number_into_another_run_is_refused(store: tuple[Path, 
     _refused(path, [0], "share overflow pages")
 
 
-@pytest.mark.parametrize(("field", "value"), [(10, b"\x02\x00"), (0, b"\x07"), (12, struct.pack("<I", 1))])
+@pytest.fixture
+def leaves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, np.ndarray]:
+    """One 2,500-byte sample per value (one overflow page each): 13 leaves; a batch reads only the leaves it needs
+    (no extra ones), so the tree stays partly read and overflow headers are checked as values are first read."""
+    monkeypatch.setattr(positions, "EXTRA_LEAVES", 0)
+    x, y = make_data(2000, seed=23)
+    return build_store(tmp_path / "l", x, y, config=WriterConfig(sync=False, samples_per_value=1)), x
+
+
+@pytest.mark.parametrize(("field", "value"), [(10, b"\x02\x00"), (0, b"\x07"), (12, struct.pack("<I", 0))])
 def test_a_damaged_overflow_header_is_refused_on_first_read(
-    store: tuple[Path, np.ndarray], field: int, value: bytes
+    leaves: tuple[Path, np.ndarray], field: int, value: bytes
 ) -> None:
     """flags (a leaf page, not an overflow page), its own page number, its page count (too short)."""
-    path, x = store
+    path, x = leaves
     nodes, _, ps = _tree(path)
     _poke(path, nodes[4].ov * ps + field, value)
     with StoreReader(path) as r:
         np.testing.assert_array_equal(r.read_batch([0, 1999]), x[[0, 1999]])  # the other values read
         with pytest.raises(CorruptStoreError, match="overflow page") as exc:
-            r.read_batch([72, 5])  # sample 72 lies in value 4
-        assert exc.value.key == 72
+            r.read_batch([4, 5])
+        assert exc.value.key == 4
         assert r.read_path == "positions"
 
 
-def test_overflow_headers_are_checked_once_per_value(store: tuple[Path, np.ndarray]) -> None:
-    path, x = store
+def test_overflow_headers_are_checked_once_per_value_until_every_leaf_is_read(leaves: tuple[Path, np.ndarray]) -> None:
+    path, x = leaves
     with StoreReader(path) as r:
         np.testing.assert_array_equal(r.read_batch([40, 41]), x[[40, 41]])
         table = r._table
-        assert table is not None
-        checked = set(np.flatnonzero(table.checked).tolist())
-        assert 2 in checked and len(checked) <= 2 + 16  # value 2, and the values sampled at build
+        assert table is not None and not table.complete
+        assert set(np.flatnonzero(table.checked).tolist()) == {40, 41}
         r.read_batch(np.arange(2000))
-        assert table.checked.all()
-
-
-def test_values_whose_bytes_differ_from_liblmdbs_for_the_key_are_refused(store: tuple[Path, np.ndarray]) -> None:
-    """The build-time sample is compared with liblmdb's value *for that key*: a valid value (a good checksum)
-    of another key no longer passes."""
-    path, _ = store
-    with StoreReader(path) as r:
-        h = r._handle()
-        assert h.snapshot.meta is not None
-        db, spv = h.dbs[DB_SAMPLES], r.meta.samples_per_value
-        engine = PreadEngine(h.fd, os.fstat(h.fd).st_size, 4, path=path)
-        try:
-            build_table(h.fd, h.meta, h.snapshot.meta, DB_SAMPLES, lambda k: h.txn.get(encode_key(k), db=db), engine)
-            with pytest.raises(CorruptStoreError, match="differs from liblmdb"):
-                other = lambda k: h.txn.get(encode_key((k + spv) % (111 * spv)), db=db)  # noqa: E731
-                build_table(h.fd, h.meta, h.snapshot.meta, DB_SAMPLES, other, engine)
-        finally:
-            engine.close()
+        assert table.complete and table.checked.all()  # every page claimed once: every run is its value's own
 
 
 def test_a_missing_last_value_contradicts_the_count(store: tuple[Path, np.ndarray]) -> None:
@@ -241,16 +230,16 @@ def classidx_store(tmp_path: Path) -> tuple[Path, np.ndarray]:
 def _reads_refused(path: Path, x: np.ndarray, monkeypatch: pytest.MonkeyPatch, match: str) -> None:
     """Every read path lmdbstore has raises one line naming ``lmdbstore verify`` (labels and a class index read first
     through liblmdb may pass; the first batch refuses): never the other owner's bytes."""
-    from lmdbstore.store import copies
+    from lmdbstore.store import fileread
 
     ways = {
-        "offset, compiled copier": ({}, copies.FAST),
-        "offset, numpy": ({}, None),
-        "liblmdb": ({"positions": False}, copies.FAST),
-        "liblmdb, checksums": ({"verify_checksums": True}, copies.FAST),
+        "offset, compiled reader": ({}, fileread.COMPILED),
+        "offset, preadv": ({}, None),
+        "liblmdb": ({"positions": False}, fileread.COMPILED),
+        "liblmdb, checksums": ({"verify_checksums": True}, fileread.COMPILED),
     }
-    for what, (kw, fast) in ways.items():
-        monkeypatch.setattr(copies, "FAST", fast)
+    for what, (kw, c) in ways.items():
+        monkeypatch.setattr(fileread, "COMPILED", c)
         for first in (None, "labels", "class_indices"):  # what a loader reads before its first batch, too
             with StoreReader(path, **kw) as r, pytest.raises(CorruptStoreError) as exc:  # type: ignore[arg-type]
                 if first is not None:  # read through liblmdb before the walk: it may pass or refuse

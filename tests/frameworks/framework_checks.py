@@ -1,6 +1,7 @@
 """Checks of the Keras and tf.data adapters, run in one process per Keras backend (TensorFlow or Keras loaded
 there for good; the test process must stay free of them): ``python framework_checks.py BACKEND STORES`` with
-``KERAS_BACKEND`` set, ``STORES`` a directory holding ``small`` (2,000 samples) and ``damaged`` (a garbled leaf).
+``KERAS_BACKEND`` set, ``STORES`` a directory holding ``small`` (2,000 samples), ``damaged`` (a garbled leaf)
+and ``truncated``.
 
 The backend's steps (:data:`PLANS`) run in order: first what the training scripts of test_lifecycle.py do
 when they end by themselves (nothing of theirs may be left once they dropped their datasets), then the checks,
@@ -168,10 +169,11 @@ def check_tf_abandoned(ds: Any, derived: Any) -> None:
         assert len(rest) == len(ds) - 1 and all(len(b) == BATCH for b in [first, *rest[:-1]])
 
 
-def check_tf_error(store: str, damaged: str) -> None:
-    """A damaged store (a garbled leaf) is the store's own one-line CorruptStoreError when the dataset is made,
-    with or without readers; an error inside a pass (a transform's) reaches the iterator and model.fit as
-    TensorFlow's error, its message naming the original exception, its line and where the reader raised it."""
+def check_tf_error(store: str, damaged: str, truncated: str) -> None:
+    """A store that cannot be opened (a truncated file) is its own one-line CorruptStoreError when the dataset is
+    made; damage found while reading (a garbled leaf) and an error inside a pass (a transform's) reach the loop
+    and model.fit as TensorFlow's error, its message naming the original exception and its line (and, from a
+    reader, where the reader raised it), with or without readers."""
     import keras
     import tensorflow as tf
 
@@ -179,9 +181,15 @@ def check_tf_error(store: str, damaged: str) -> None:
 
     for workers in (2, 0):
         try:
-            lmdbstore.tf_dataset(damaged, batch_size=BATCH, workers=workers, shuffle="none")
+            lmdbstore.tf_dataset(truncated, batch_size=BATCH, workers=workers)
         except CorruptStoreError as exc:
-            assert "\n" not in str(exc) and "Traceback" not in str(exc), str(exc)
+            assert "\n" not in str(exc) and "Traceback" not in str(exc) and "truncated" in str(exc), str(exc)
+        else:
+            raise AssertionError("no error from a truncated store")
+        try:
+            list(lmdbstore.tf_dataset(damaged, batch_size=BATCH, workers=workers, shuffle="none"))
+        except tf.errors.OpError as exc:
+            assert f"CorruptStoreError: {damaged}: " in str(exc), str(exc)
         else:
             raise AssertionError("no error from a damaged store")
     ds = lmdbstore.tf_dataset(store, split="train", batch_size=BATCH, workers=2, transform=broken_at_the_end)
@@ -496,7 +504,7 @@ def run_step(name: str, stores: Path, last: bool) -> None:
     """Run one step and print its RESULT; a Ctrl-C step waits for Ctrl-C (the last one ends the process)."""
     import lifecycle_script
 
-    args = [str(stores / "small"), str(stores / "damaged")] if name == "tf_error" else [str(stores / "small")]
+    args = [str(stores / s) for s in (("small", "damaged", "truncated") if name == "tf_error" else ("small",))]
     lifecycle_script.said = False  # ready() says READY once per step
     error = None
     try:

@@ -47,7 +47,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Results:
     ``"end"`` what the run left behind or how it failed to end; the run happens on the first call."""
     stores = tmp_path_factory.mktemp("frameworks")
     build_store(stores / "small", *make_data(2000, 1234))  # conftest's small_store
-    damage_store(build_store(stores / "damaged", *make_data(3000)), "garble_leaf")
+    for name, how in (("damaged", "garble_leaf"), ("truncated", "truncate")):
+        damage_store(build_store(stores / name, *make_data(3000)), how)
     runs: dict[str, dict[str, Any]] = {}
 
     def get(backend: str) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def _tree(root: Path) -> None:
 
 
 def _shards(root: Path) -> None:
-    from lmdbstore.ingestion.sources.tfrecord_io import encode_example, write_records
+    from tfrecord_writer import encode_example, write_records
 
     root.mkdir(parents=True, exist_ok=True)
     write_records(root / "extra.tfrecord", (encode_example({"x": row.reshape(-1), "y": [0]}) for row in make_x(3)))

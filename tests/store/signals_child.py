@@ -4,17 +4,16 @@ them (issue 34 #3-5).  Run as ``python signals_child.py MODE STORE N SEED [ARGS]
 
 ``matrix PATH``: for every handler set-up the program may have -- none, faulthandler, its own C SIGBUS handler,
 its own Python SIGBUS handler, its own SIGURG handler, asyncio's loop handler for SIGURG -- installed before the
-first read and after it, reads random and block batches on the read path ``PATH`` (``offset``: by file offset, with
-whichever copier this process has; ``lmdb``: through liblmdb) while a thread keeps opening ``data.mdb`` for writing
-(each open breaks the read lease a batch holds).  Reports every batch that was not its samples, every call after
-which SIGBUS's or SIGURG's disposition (handler, flags, mask) was not what it was before, and how often the
-program's SIGURG handlers ran.
+first read and after it, reads random and block batches on the read path ``PATH`` (``compiled``: by file offset with
+the compiled reader; ``preadv``: by file offset without it; ``lmdb``: through liblmdb) while a thread keeps opening
+``data.mdb`` for writing.  Reports every batch that was not its samples, every call after which SIGBUS's or SIGURG's
+disposition (handler, flags, mask) was not what it was before, and how often the program's SIGURG handlers ran.
 
-``fault FAULTHANDLER HANDLER``: reads on a thread (the compiled copier installs its SIGBUS handler while each copy
+``fault FAULTHANDLER HANDLER``: reads on a thread (the compiled reader installs its SIGBUS handler while each batch
 runs), sets up ``FAULTHANDLER`` (``off``, ``before``/``after`` the first read) and ``HANDLER`` (``none``, or
-``exit``: a C handler, libc's ``_exit``, exiting 7), then -- while a long copy of the compiled copier runs on
-another thread, its SIGBUS handler installed -- touches a page of its own map of a file it shrank: the process must
-end as it would without lmdbstore (the copier's handler chains to the program's; never a loop), printing nothing.
+``exit``: a C handler, libc's ``_exit``, exiting 7), then -- while a guard of liblmdb's reads is held on another
+thread, the reader's SIGBUS handler installed -- touches a page of its own map of a file it shrank: the process must
+end as it would without lmdbstore (the reader's handler chains to the program's; never a loop), printing nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import signal
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import make_data
 
-from lmdbstore.store import copies
+from lmdbstore.store import fileread
 from lmdbstore.store.reader import StoreReader
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -126,7 +124,7 @@ def matrix(store: Path, x: np.ndarray, path: str) -> dict[str, Any]:
                 calls["urg"] = 0
                 if when == "before":
                     setup()
-                r = StoreReader(store, positions=path == "offset")
+                r = StoreReader(store, positions=path != "lmdb")
                 for i in range(12):
                     if when == "after" and i == 1:
                         setup()
@@ -175,19 +173,8 @@ def fault(store: Path, x: np.ndarray, when: str, handler: str) -> None:
     t = threading.Thread(target=read, daemon=True)
     t.start()
     r.read_batch(np.arange(20, 40))
-    if copies.FAST is not None:  # a copy that runs ~0.1 s on a thread: the SIGBUS below comes while it runs
-        src, dst = np.ones(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8)
-        zeros = np.zeros(1000, np.int64)
-        started = threading.Event()
-
-        def long_copy() -> None:
-            started.set()
-            while True:
-                copies.FAST.copy(dst, zeros, src.ctypes.data, src.nbytes, zeros, 1 << 20)  # type: ignore[union-attr]
-
-        threading.Thread(target=long_copy, daemon=True).start()
-        started.wait()
-        time.sleep(0.02)
+    if fileread.COMPILED is not None:  # a guard held on a thread: the SIGBUS below comes while it is installed
+        guard(fileread.COMPILED, threading.Event())
     with tempfile.TemporaryFile() as f:  # the program's own map of a file that shrinks
         f.write(b"x" * 8192)
         f.flush()
@@ -196,31 +183,42 @@ def fault(store: Path, x: np.ndarray, when: str, handler: str) -> None:
         print(m[5000])  # SIGBUS: the process ends here
 
 
+def guard(c: Any, release: threading.Event) -> threading.Thread:
+    """A thread that holds a guard of liblmdb's reads (of a map of nothing) until ``release``: the reader's SIGBUS
+    handler is installed meanwhile."""
+    held = threading.Event()
+
+    def hold() -> None:
+        assert c.lmdb_begin(np.zeros(2, np.uint64))
+        held.set()
+        release.wait()
+        c.lmdb_end(-1)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    held.wait()
+    return t
+
+
 def foreign(store: Path, x: np.ndarray, then: str) -> dict[str, Any]:
-    """faulthandler enabled on this thread *while* a copy runs on another: the copier's handler is below
-    faulthandler's then (which chains back to it), so the copier must not install itself over it again: it answers
-    UNPROTECTED and reads go on without it, exactly; once faulthandler is disabled (putting the copier's back), it
-    copies again and leaves SIGBUS's disposition as it first was.  ``then``: ``read`` (report), or ``fault`` (touch a
-    page of a shrunk map of its own: the process must end, once, with faulthandler's report)."""
-    fast = copies.FAST
-    assert fast is not None
+    """faulthandler enabled on this thread *while* a guard runs on another: the reader's handler is below
+    faulthandler's then (which chains back to it), so the reader must not install itself over it again: guards
+    answer unprotected and batches are read without copies from the map, exactly; once faulthandler is disabled
+    (putting the reader's back), it guards again and leaves SIGBUS's disposition as it first was.  ``then``: ``read``
+    (report), or ``fault`` (touch a page of a shrunk map of its own: the process must end, once, with faulthandler's
+    report)."""
+    c = fileread.COMPILED
+    assert c is not None
     r = StoreReader(store)
     b = np.arange(0, len(x), 7)
     pristine = disposition(signal.SIGBUS)
-    src, dst, zeros = np.ones(1 << 20, np.uint8), np.zeros(1 << 20, np.uint8), np.zeros(300, np.int64)
-    started = threading.Event()
-
-    def long_copy() -> None:
-        started.set()
-        fast.copy(dst, zeros, src.ctypes.data, src.nbytes, zeros, 1 << 20)
-
-    t = threading.Thread(target=long_copy)
-    t.start()
-    started.wait()
-    faulthandler.enable()  # during the copy: over the copier's handler
+    release = threading.Event()
+    t = guard(c, release)
+    faulthandler.enable()  # during the guard: over the reader's handler
+    release.set()
     t.join()
-    report: dict[str, Any] = {"unprotected": fast.copy(dst, zeros[:1], src.ctypes.data, 16, zeros[:1], 16)}
-    report["read_ok"] = r.read_batch(b).tobytes() == x[b].tobytes()
+    report: dict[str, Any] = {"unprotected": not c.lmdb_begin(np.zeros(2, np.uint64))}
+    report["read_ok"] = all(r.read_batch(b).tobytes() == x[b].tobytes() for _ in range(3))
     if then == "fault":
         with tempfile.TemporaryFile() as f:
             f.write(b"x" * 8192)
@@ -228,23 +226,21 @@ def foreign(store: Path, x: np.ndarray, then: str) -> dict[str, Any]:
             m = mmap.mmap(f.fileno(), 8192)
             f.truncate(0)
             print(m[5000])
-    faulthandler.disable()  # puts back the handler it found: the copier's
-    report["copied"] = fast.copy(dst, zeros[:1], src.ctypes.data, 16, zeros[:1], 16)
+    faulthandler.disable()  # puts back the handler it found: the reader's
+    report["guarded"] = bool(c.lmdb_begin(np.zeros(2, np.uint64)))
+    c.lmdb_end(-1)
     report["read_ok_after"] = r.read_batch(b).tobytes() == x[b].tobytes()
     report["restored"] = disposition(signal.SIGBUS)[:8] == pristine[:8]
     return report
 
 
 def dest(store: Path, x: np.ndarray) -> dict[str, Any]:
-    """``read_batch(..., out=)`` into a map of a file that was truncated: the copy's *destination* faults.  The
-    error must say so (not blame the store).  Without the compiled copier this runs with a SIGURG handler of the
-    program's installed, so that no lease is taken and the kernel copies (numpy's copy under a lease would die
-    of the SIGBUS, as any write into such memory does)."""
-    if copies.FAST is None:
-        signal.signal(signal.SIGURG, lambda *_: None)
+    """``read_batch(..., out=)`` into a map of a file that was truncated: the batch's *destination* faults (a copy
+    from the map: SIGBUS; a read: EFAULT).  The error must say so (not blame the store)."""
     r = StoreReader(store)
     b = np.arange(0, 40)
-    r.read_batch(b)  # warm: the batch is copied from the map, not read by preadv
+    for _ in range(4):
+        r.read_batch(b)  # warm: the batch is copied from the map once the page map is trusted
     with tempfile.TemporaryFile() as f:
         f.truncate(x[b].nbytes)
         m = mmap.mmap(f.fileno(), x[b].nbytes)
@@ -259,6 +255,8 @@ def dest(store: Path, x: np.ndarray) -> dict[str, Any]:
 
 def main() -> None:
     mode, store, n, seed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    if os.environ.get("READ_ROUTE") == "preadv":
+        fileread.COMPILED = None
     x, _ = make_data(n, seed)
     if mode == "matrix":
         print(json.dumps(matrix(store, x, sys.argv[5])))

@@ -251,12 +251,12 @@ def test_checksum_catches_a_flipped_byte(tmp_path: Path, checksum: str, how: str
 @pytest.mark.parametrize("verify", [False, True])
 @pytest.mark.parametrize("how", ["truncate", "delete"])
 def test_short_or_missing_value_is_corruption(small_store: StoreInfo, verify: bool, how: str) -> None:
-    """A short value fails the reads that touch it; a missing key contradicts the key sequence, which every read
-    refuses (``verify_checksums`` reads through liblmdb walk the snapshot first too: issue 34 #1)."""
+    """A short value fails the reads that touch it; a missing key contradicts the count of values, which every read
+    refuses (``verify_checksums`` reads through liblmdb locate their values first too: issue 34 #1)."""
     _damage(small_store.path, 36, how)
     with StoreReader(small_store.path, verify_checksums=verify) as r:
         if how == "delete":
-            with pytest.raises(CorruptStoreError, match="key 54 where 36 belongs") as exc:
+            with pytest.raises(CorruptStoreError, match="holds 111 values; a count of 2000 means 112") as exc:
                 r.read_batch([0, 35, 54])
             assert "lmdbstore verify" in str(exc.value)
             return
@@ -299,8 +299,8 @@ def test_read_errors_of_the_data_file_become_store_errors(small_store) -> None: 
     try:
         assert r.read_path == "positions"
         h = r._handle()
-        assert h.engine is not None
-        h.engine.fd = -1  # every read by file offset now fails in the OS (EBADF), as a failing disk would
+        assert h.files is not None
+        h.files.fd = -1  # every read by file offset now fails in the OS (EBADF), as a failing disk would
         with pytest.raises(CorruptStoreError, match="I/O error") as info:
             r.read_batch(np.arange(0, 2000, 7))
         assert str(small_store.path) in str(info.value)

@@ -250,10 +250,9 @@ def test_in_place_copy_of_a_store_written_the_same_way_is_refused(orig: Original
     labels = r.labels()
     np.testing.assert_array_equal(r.read_batch([5, 6]), orig.xa[[5, 6]])
     shutil.copyfile(orig.b / "data.mdb", a / "data.mdb")
-    for call in (lambda: r.read_batch([5, 6]), lambda: r.read_if_cached([5], np.empty((1, 25, 25), np.float32))):
-        with pytest.raises(StoreReplacedError) as exc:
-            call()
-        assert "\n" not in str(exc.value)
+    with pytest.raises(StoreReplacedError) as exc:
+        r.read_batch([5, 6])
+    assert "\n" not in str(exc.value)
     np.testing.assert_array_equal(labels, orig.ya)
     r.close()
 
