@@ -25,15 +25,9 @@ import numpy as np
 from lmdbstore.errors import LmdbStoreError, SourceError, clip, preview
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_range
-from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 
-__all__ = ["StoreSource", "is_store_dir", "open_store_source", "restrict_store_sources"]
-
-
-def is_store_dir(path: Path) -> bool:
-    """Whether ``path`` looks like a store (a directory holding LMDB's data file)."""
-    return path.is_dir() and (path / DATA_FILE).is_file()
+__all__ = ["StoreSource", "open_store_source", "restrict_store_sources"]
 
 
 class StoreSource(Source):
