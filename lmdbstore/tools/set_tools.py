@@ -22,16 +22,9 @@ from lmdbstore.config import (
     DEFAULT_VERIFY_WORKERS,
 )
 from lmdbstore.store.multi import StoreSet
-from lmdbstore.tools.stats import (
-    class_rows,
-    exact_values,
-    fmt_bytes,
-    fmt_num,
-    format_stats,
-    sampled_stats,
-    store_stats,
-)
+from lmdbstore.tools.stats import class_rows, exact_values, format_stats, sampled_stats, store_stats, summary_lines
 from lmdbstore.tools.verify import VerifyReport, verify_store
+from lmdbstore.util.memory import describe_bytes
 
 __all__ = ["SetVerifyReport", "format_set_stats", "set_stats", "verify_set"]
 
@@ -81,22 +74,20 @@ def set_stats(
 def format_set_stats(s: dict[str, Any]) -> str:
     """Each store's table (:func:`format_stats`), then the set's: samples per store and per class, bytes and
     values over the whole."""
-    w, b, v = s["set"], s["set"]["bytes"], s["set"]["values"]
-    lines = [*(format_stats(d) + "\n" for d in s["stores"])]
+    w, b = s["set"], s["set"]["bytes"]
     ratio = b["ratio_total_to_raw"]
-    lines += [
+    table, values = summary_lines(w["classes"], w["values"])
+    lines = [
+        *(format_stats(d) + "\n" for d in s["stores"]),
         f"set          {len(w['paths'])} stores read as one: {', '.join(w['paths'])}",
         f"samples      {w['samples']:,} ({' + '.join(f'{n:,}' for n in w['store_samples'])})  shape "
         f"{tuple(w['shape'])}  dtype {w['dtype']}",
         "",
-        f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}",
-        *(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%" for c in w["classes"]),
+        *table,
         "",
-        f"bytes        {fmt_bytes(b['used_pages_total'])} in used pages, "
-        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw; files {fmt_bytes(b['file_size'])}",
-        f"values       mean {fmt_num(v['mean'])}  std {fmt_num(v['std'])}  min {fmt_num(v['min'])}  "
-        f"max {fmt_num(v['max'])}  non-finite {v['nonfinite']}",
-        f"             {v['method']}",
+        f"bytes        {describe_bytes(b['used_pages_total'])} in used pages, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw; files {describe_bytes(b['file_size'])}",
+        *values,
     ]
     return "\n".join(lines)
 
