@@ -1,13 +1,10 @@
-"""A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs.
+"""A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs
+(docs/design.md#window-shuffle).
 
-A fully random order out of core costs one small random disk read per sample.  The windowed order reads
-the store in *chunks* of consecutive values (a few MiB each, large sequential reads), takes the chunks in
-a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window
-uniformly; batches are cut from the result.  Every sample appears once per epoch, the order depends only
-on ``(seed, epoch)``, and it is the same on every DDP rank, so all ranks of a node draw from the same
-window at the same time and share its pages.  With the ``prefetch`` hook (e.g.
-:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache in the
-background while the current one is consumed.
+The windowed order reads the store in *chunks* of consecutive values (large sequential reads), takes the chunks
+in a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window uniformly;
+batches are cut from the result.  With the ``prefetch`` hook (e.g.
+:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache meanwhile.
 
 :func:`choose_shuffle` picks ``random`` when the store fits in the page-cache budget and ``window`` when
 it does not; :func:`default_window_bytes` sizes the window from available memory.
