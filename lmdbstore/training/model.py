@@ -8,12 +8,10 @@ Architecture (``width`` = w, default 16)::
     conv3x3(2w -> 4w) + BN + ReLU
     global average pool, dropout 0.1, linear(4w -> classes)
 
-About 24 k parameters and 2.8 MFLOPs (forward) per 25x25 sample at w=16: a training step of 4096
-samples takes well under a second on two CPU cores, and a GPU is never starved by it.  Use a larger
-``width`` on a GPU.  Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools
-need it).  2-D samples (H, W) are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples
-(L,) are refused: as (1, 1, L) images their height of 1 would not survive the first pool.  Samples of any
-real dtype are cast to the weights' dtype (float32) in ``forward``.
+Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools need it).  2-D samples (H, W)
+are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples (L,) are refused: as (1, 1, L) images
+their height of 1 would not survive the first pool.  Samples of any real dtype are cast to the weights' dtype
+(float32) in ``forward``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Where the training data lives across the ranks of a ``torchrun`` job: the same stores on every node (a copy per
-node), or each node with its own shards of a set.
+node), or each node with its own shards of a set (docs/multinode.md).
 
-The ranks compare what they were given (:func:`place`, one ``all_gather`` before anything is read for training):
-
-* **The same data everywhere** (every rank's stores have the same metadata: copies made by ``lmdbstore copy``,
-  ``rsync`` or ``mdb_copy`` do): nothing changes.  Every rank draws the same epoch order over the whole set and
-  takes its round-robin share of it.
-* **Different data per node** (shards): ranks holding the same stores form a *group*; each group trains on its
-  own stores, its ranks sharing them round-robin as above, so every sample of every node is read exactly once
-  per epoch across the job.  All ranks train on one class list (the union of every rank's classes, first seen
-  in rank order: each rank's labels are mapped to it by name), and DDP needs the same number of steps
-  everywhere, so a group with fewer batches than the largest splits its largest batches until it has as many
-  (:class:`EqualSteps`): shards of about equal size keep batches about equal.  Each group validates on its own
-  split; the metrics are summed over all ranks as always.
-
-Samples of one shape and dtype are required across the job (a one-line ``ValidationError`` on every rank
-otherwise).
+The ranks compare their stores' metadata (:func:`place`, one ``all_gather`` before anything is read for
+training).  The same data everywhere: every rank takes its round-robin share of one epoch order.  Shards: ranks
+holding the same stores form a *group* that shares them round-robin; all ranks train on one class list (the
+union, first seen in rank order, labels mapped by name) and run the same number of steps (:class:`EqualSteps`:
+a group with fewer batches splits its largest ones).  Samples of one shape and dtype are required across the
+job.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Validation at scale: what one validation reads (``TrainConfig.val_limit``), when it runs (every epoch's end, and
 every ``TrainConfig.val_every`` steps), and what it reports (samples and batches, summed over the ranks).
 
-At 40M samples the default 10 % split is 4M samples, read in full after every epoch: most of an epoch's time
-(issue 36).  ``val_limit`` bounds each validation to a number of batches per process (an int) or a share of the
-split (a float): the samples read are a fixed subset of the split, drawn once, stratified by class and seeded, so
-every validation of the run scores the same samples and the metrics stay comparable.  Under DDP every rank reads
-the same number of batches (the subset is dealt round-robin, and the ranks' counts are compared after each
-validation).  numpy and torch; no store access beyond the loader's.
+``val_limit`` bounds each validation to a number of batches per process (an int) or a share of the split (a
+float): a fixed subset of the split, drawn once, stratified by class and seeded, so every validation of the run
+scores the same samples.  Under DDP every rank reads the same number of batches.
 """
 
 from __future__ import annotations
