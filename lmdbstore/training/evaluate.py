@@ -21,7 +21,7 @@ from torch import nn
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.choose import recorded_splits, run_split
+from lmdbstore.loader.choose import recorded_splits, split_indices
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.multi import StoreSet
@@ -208,8 +208,7 @@ def evaluate(
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(sample_indices(indices))
     check_in_range(idx, meta.count)
     if labels is not None:
-        train_idx, val_idx = run_split(recorded_splits(ckpt, Path(checkpoint)), labels, path).parts(labels)
-        idx = val_idx if split == "val" else train_idx
+        idx = split_indices(labels, split, recorded=recorded_splits(ckpt, Path(checkpoint)), path=path)
     loader = make_loader(
         LmdbBatchDataset(reader),
         EpochBatchSampler(idx, batch_size, shuffle="none"),
