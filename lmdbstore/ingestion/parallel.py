@@ -213,12 +213,9 @@ def write_parallel(
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order; a set
-            (or another unordered collection: a mapping, a dict's view) is written in the order of its tasks'
-            identities, so that a rerun in another process resumes it.  Each must be identifiable
-            by content (None, bool, int, float, complex, str, bytes, range, tuples, lists, dicts, sets,
-            numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
-            ``task_id``.
+        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order (a set,
+            or another unordered collection, in the order of its tasks' identities).  Each must be identifiable by
+            content (plain values: :mod:`~lmdbstore.ingestion.task_identity`), else give ``task_id``.
         workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
             At most 4 per core and what memory holds (:func:`~lmdbstore.util.procs.worker_processes`: clipped with a warning).
             With ``executor``: the tasks it runs at once, to size the window (default: what the executor
