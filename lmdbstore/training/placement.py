@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
-from lmdbstore.loader.choose import SplitRecord, run_split
+from lmdbstore.loader.choose import SplitRecord, make_sampler_for, run_split
 from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
-from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
+from lmdbstore.training.data import TrainData, check_inputs, read_store
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
 from lmdbstore.training.order import Order, agree_order
@@ -240,7 +240,7 @@ def rank_data(
     ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it
     (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
     (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
-    make this rank's sampler (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded):
+    make this rank's sampler (:func:`~lmdbstore.loader.choose.make_sampler_for`, cut to equal steps when sharded):
     the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
 
     Raises:
@@ -262,8 +262,17 @@ def rank_data(
     check_inputs(data, train_idx, lcfg, share)
     sample_bytes, where = len(train_idx) * data.meta.sample_bytes, device or torch.device("cpu")
     order = agree_order(lcfg, data.reader, sample_bytes, info, where, say, recorded)
-    sampler: Any = make_sampler(
-        data, train_idx, lcfg, share, say, shuffle=order.shuffle, window_bytes=order.window_bytes
+    sampler: Any = make_sampler_for(
+        data.reader,
+        data.meta,
+        data.labels,
+        train_idx,
+        lcfg,
+        shuffle=order.shuffle,
+        window_bytes=order.window_bytes,
+        rank=share.rank,
+        world_size=share.world_size,
+        say=say,
     )
     if placement.sharded:  # DDP needs as many steps on every rank
         sampler = EqualSteps(sampler, equal_steps(len(sampler), info))
