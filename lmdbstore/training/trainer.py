@@ -33,7 +33,6 @@ from lmdbstore.training.evaluate import format_confusion
 from lmdbstore.training.factory import build_from, feed_shape, load_factory, model_ref
 from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
-from lmdbstore.training.model import build_model
 from lmdbstore.training.optim import compiled, make_optimizer
 from lmdbstore.training.order import order_of, recorded_order
 from lmdbstore.training.placement import rank_data, split_sizes
@@ -223,11 +222,7 @@ def _build_model(
     in DistributedDataParallel; with ``cfg.compile`` through ``torch.compile``."""
     torch.manual_seed(seed)
     ref = model_ref(cfg.model)
-    if ref.builtin:
-        built: nn.Module = build_model(data.meta.shape, len(data.classes), cfg.model_kwargs.get("width", cfg.width))
-    else:
-        built = build_from(ref, feed_shape(data.meta.shape), len(data.classes), cfg.model_kwargs)
-    model = place_model(built, device)
+    model = place_model(build_from(ref, feed_shape(data.meta.shape), len(data.classes), cfg.model_kwargs), device)
     net: nn.Module = model
     if info.active:
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
