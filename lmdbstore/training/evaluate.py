@@ -42,6 +42,7 @@ class Scores:
     loss_sum: float
     confusion: torch.Tensor  # (classes, classes) int64 on the CPU; rows: true class, columns: predicted
     predictions: list[np.ndarray] = field(default_factory=list)  # per batch, uint16 class ids (if kept)
+    batches: int = 0  # batches this rank scored
 
     @property
     def samples(self) -> int:
@@ -81,7 +82,9 @@ def score_loader(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     preds: list[np.ndarray] = []
     lmap = label_map.to(device) if label_map is not None else None
+    batches = 0
     for x, y in loader:
+        batches += 1
         x, y = to_device(x, y, device)
         if lmap is not None:
             y = lmap[y]
@@ -95,7 +98,7 @@ def score_loader(
     info = info or DistInfo()
     all_reduce(conf, info)
     all_reduce(loss_sum, info)
-    return Scores(float(loss_sum), conf.cpu(), preds)
+    return Scores(float(loss_sum), conf.cpu(), preds, batches)
 
 
 def confusion_summary(conf: torch.Tensor, classes: list[str]) -> tuple[float | None, dict[str, float | None]]:
