@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import PREVIEW_ITEMS, SourceError, clip, preview
+from lmdbstore.errors import PREVIEW_ITEMS, SourceError, clip, one_line, preview
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, stat_file
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_stack
 
 #: A dataset of an HDF5 file naming its classes when it has no ``class_names`` (the other common name).

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lmdbstore.errors import SourceError
+from lmdbstore.errors import SourceError, one_line
 from lmdbstore.ingestion.sources.base import FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import Label, check_range, stat_file
 from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_rows
 
 

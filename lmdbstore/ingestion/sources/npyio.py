@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
-from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, one_line
+from lmdbstore.errors import SourceError, one_line
+from lmdbstore.ingestion.sources.checks import READ_ERRORS
 
 __all__ = [
     "NpyHeader",

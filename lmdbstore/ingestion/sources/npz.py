@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npformat
 
-from lmdbstore.errors import SourceError, preview
+from lmdbstore.errors import SourceError, one_line, preview
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, stat_file
 from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_rows
 
 
