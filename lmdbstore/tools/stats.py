@@ -32,18 +32,11 @@ def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
     vs = ValueStats()
     for i in range(0, k, SAMPLE_READ_CHUNK):
         vs.update(reader.read_batch(idx[i : i + SAMPLE_READ_CHUNK]))
-    return {
-        "method": f"random sample of {k} of {n} samples (seed {seed})",
-        "mean": vs.mean,
-        "std": vs.std,
-        "min": vs.min,
-        "max": vs.max,
-        "nonfinite": vs.nonfinite,
-    }
+    return exact_values(vs, f"random sample of {k} of {n} samples (seed {seed})")
 
 
 def exact_values(vs: ValueStats, method: str) -> dict[str, Any]:
-    """The ``values`` entry of a stats dict from exact value statistics, saying how they were obtained."""
+    """The ``values`` entry of a stats dict from value statistics, saying how they were obtained."""
     return {"method": method, "mean": vs.mean, "std": vs.std, "min": vs.min, "max": vs.max, "nonfinite": vs.nonfinite}
 
 
