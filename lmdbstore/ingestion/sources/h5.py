@@ -156,7 +156,7 @@ class H5Source(FileSource):
         arr = np.asarray(y.asstr()[a:b], dtype=object) if self._y_is_str else np.asarray(y[a:b])  # NULs kept
         return self._labels(arr, a)
 
-    def _slices(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         with self._open() as f:
             x, y = f[self.h5_x], (f[self.h5_y] if self.label is None else None)
@@ -168,12 +168,3 @@ class H5Source(FileSource):
                 except (*READ_ERRORS, RuntimeError, KeyError) as exc:
                     raise SourceError(f"read failed ({one_line(exc)})", path=self.path, key=a) from exc
                 yield xb, yb
-
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for x, y in self._slices(batch, start, with_x=True):
-            assert x is not None
-            yield x, y
-
-    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        for _, y in self._slices(batch, start, with_x=False):
-            yield y

@@ -34,7 +34,7 @@ class NpySource(FileSource):
         self.shape, self.dtype, self._n = h.shape[1:], h.dtype, h.shape[0]
         self._header, self._stat = h, st
 
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         assert self.label is not None
         try:

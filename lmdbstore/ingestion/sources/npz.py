@@ -7,6 +7,7 @@ member's ``.npy`` header and reads rows from the (stored or deflated) zip stream
 
 from __future__ import annotations
 
+import itertools
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,26 +99,14 @@ class NpzSource(FileSource):
         except (*READ_ERRORS, RuntimeError) as exc:
             raise SourceError(f"not a readable .npz (zip) archive ({one_line(exc)})", path=self.path) from exc
 
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         with self._open_zip() as zf:
-            xs = self._x.rows(zf, self.path, batch, start)
-            if self._y is None:
-                assert self.label is not None
-                for x in xs:
-                    yield x, const_labels(self.label, len(x))
-                return
-            ys = self._y.rows(zf, self.path, batch, start)
-            for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=True):
-                yield x, self._labels(y, a)
-
-    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        check_range(batch, start, self._n)
-        if self._y is None:
-            assert self.label is not None
-            for a in range(start, self._n, batch):
-                yield const_labels(self.label, min(batch, self._n - a))
-            return
-        with self._open_zip() as zf:
-            for a, y in zip(range(start, self._n, batch), self._y.rows(zf, self.path, batch, start), strict=True):
-                yield self._labels(y, a)
+            xs = self._x.rows(zf, self.path, batch, start) if with_x else itertools.repeat(None)
+            ys = self._y.rows(zf, self.path, batch, start) if self._y is not None else itertools.repeat(None)
+            for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=False):  # rows end with the range
+                if y is not None:
+                    yield x, self._labels(y, a)
+                else:
+                    assert self.label is not None
+                    yield x, const_labels(self.label, min(batch, self._n - a))
