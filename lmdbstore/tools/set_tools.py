@@ -14,13 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmdbstore.config import (
-    DEFAULT_MAX_PROBLEMS,
-    DEFAULT_SAMPLE_SEED,
-    DEFAULT_VERIFY_CHECKSUMS,
-    DEFAULT_VERIFY_STRUCTURE,
-    DEFAULT_VERIFY_WORKERS,
-)
+from lmdbstore.config import DEFAULT_SAMPLE_SEED
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.tools.stats import class_rows, exact_values, format_stats, sampled_stats, store_stats, summary_lines
 from lmdbstore.tools.verify import VerifyReport, verify_store
@@ -112,17 +106,15 @@ class SetVerifyReport:
 def verify_set(
     stores: Sequence[StorePath],
     *,
-    checksums: bool = DEFAULT_VERIFY_CHECKSUMS,
-    max_problems: int = DEFAULT_MAX_PROBLEMS,
     progress: Callable[[int], None] | None = None,
-    structure: bool = DEFAULT_VERIFY_STRUCTURE,
-    workers: int | None = DEFAULT_VERIFY_WORKERS,
     total: Callable[[int], None] | None = None,
+    **options: Any,
 ) -> SetVerifyReport:
-    """Verify every store (:func:`verify_store`, up to ``max_problems`` each, with ``workers`` processes), then
-    check that they make one set (skipped while a store's page structure is damaged: its metadata is not read
-    through liblmdb then); ``progress`` gets the samples checked so far over the whole set, ``total`` the samples
-    of the stores begun so far (once per store).  One store is just :func:`verify_store`.
+    """Verify every store (:func:`verify_store` with ``options``: ``checksums``, ``max_problems`` (each),
+    ``structure``, ``workers``), then check that they make one set (skipped while a store's page structure is
+    damaged: its metadata is not read through liblmdb then); ``progress`` gets the samples checked so far over the
+    whole set, ``total`` the samples of the stores begun so far (once per store).  One store is just
+    :func:`verify_store`.
 
     Raises:
         ValueError: ``max_problems`` below 1, no store or a store given twice.
@@ -136,15 +128,7 @@ def verify_set(
     for path in stores:
         step = None if progress is None else _offset(progress, before)
         size = None if total is None else _offset(total, before)
-        one = verify_store(
-            path,
-            checksums=checksums,
-            max_problems=max_problems,
-            progress=step,
-            structure=structure,
-            workers=workers,
-            total=size,
-        )
+        one = verify_store(path, progress=step, total=size, **options)
         report.reports.append(one)
         before += one.count
     damaged = any(p.kind == "structure" for r in report.reports for p in r.problems)
