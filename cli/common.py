@@ -276,9 +276,7 @@ def cli_errors(
         yield
     except TrainingInterrupted as exc:
         fail(str(exc), 130, exc, as_json=as_json, flags=flags)
-    except LmdbStoreError as exc:
-        fail(str(exc), code, exc, as_json=as_json, flags=flags)
-    except (ValueError, IndexError) as exc:
+    except (LmdbStoreError, ValueError, IndexError) as exc:
         fail(str(exc), code, exc, as_json=as_json, flags=flags)
     except KeyboardInterrupt as exc:
         fail(interrupted, 130, exc, as_json=as_json, flags=flags)

@@ -26,7 +26,7 @@ Public API (everything else is internal)::
     LmdbBatchDataset, make_loader  batches of a store through reader processes, as a DataLoader   (torch)
 
 Every name is imported on first use (module ``__getattr__``): ``import lmdbstore`` imports nothing but this
-table, a reader or producer process imports only the modules it uses, and reading, writing and the tools
+table and the error classes, a reader or producer process imports only the modules it uses, and reading, writing and the tools
 import none of torch, keras or tensorflow; without a framework installed, its names raise an ``ImportError``
 naming the extra to install.  (The trainer's package is ``lmdbstore.training``;
 ``lmdbstore.train`` is the function.)
@@ -36,31 +36,13 @@ from __future__ import annotations
 
 import importlib
 
+from lmdbstore import errors
 from lmdbstore.version import __version__
 
 #: public name -> the module (under ``lmdbstore.``) that defines it
 _PUBLIC = {
     **dict.fromkeys(("FeedConfig", "LoaderConfig", "TrainConfig", "WriterConfig"), "config"),
-    **dict.fromkeys(
-        (
-            "ChecksumError",
-            "CorruptStoreError",
-            "FormatVersionError",
-            "LmdbStoreError",
-            "ModelError",
-            "NotAStoreError",
-            "SourceError",
-            "StoreExistsError",
-            "StoreFullError",
-            "StoreLockedError",
-            "StoreNotFoundError",
-            "StoreReplacedError",
-            "TaskError",
-            "TrainingInterrupted",
-            "ValidationError",
-        ),
-        "errors",
-    ),
+    **dict.fromkeys((n for n in errors.__all__ if n[0].isupper()), "errors"),  # every error class
     "FORMAT_VERSION": "format.layout",
     "StoreMeta": "format.meta",
     "write_parallel": "ingestion.parallel",

@@ -68,8 +68,8 @@ DEFAULT_COMMIT_BYTES = 64 * 1024 * 1024
 #: First LMDB map size of a new store; grown by doubling whenever a commit would not fit.
 DEFAULT_INITIAL_MAP_SIZE = 1 << 30
 #: Whether readers check the stored checksum of every value a batch reads whole (block and window orders) on
-#: the offset path (``StoreReader(check_whole_values=...)``).  Off: zlib's crc32 (~5 GB/s) costs 35-45 % of
-#: block-order read throughput, warm or cold (docs/design.md); ``verify`` and ``verify_checksums`` check them.
+#: the offset path (``StoreReader(check_whole_values=...)``).  Off: it costs a large share of block-order read
+#: throughput (docs/benchmarks.md); ``verify`` and ``verify_checksums`` check them.
 DEFAULT_CHECK_WHOLE_VALUES = False
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "TrainingInterrupted",
     "ValidationError",
     "clip",
+    "one_line",
     "preview",
     "translate_lmdb_errors",
     "translate_read_errors",
@@ -57,6 +58,12 @@ def clip(text: object, limit: int = PREVIEW_ITEM_CHARS) -> str:
         s = s[: 4 * limit]
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: max(limit - 3, 0)] + "..."
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of a caught exception on one line (at most ``limit`` characters), to quote it in a message."""
+    text = " ".join(str(exc).split())
+    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, limit)
 
 
 def preview(

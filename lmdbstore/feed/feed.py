@@ -1,21 +1,11 @@
 """A feed: passes over a sampler's batches, read ahead by reader processes into shared slots and handed out
-as numpy arrays without a copy; what every framework adapter is built on.  numpy only.
+as numpy arrays without a copy; what every framework adapter is built on (docs/design.md#the-feed).  numpy only.
 
-* :meth:`BatchFeed.begin` starts a pass (the sampler's next epoch unless ``set_epoch`` pinned one; a pass
-  running is abandoned); :meth:`BatchFeed.next` returns its next batch ``(x, y)`` while ``workers * prefetch``
-  later ones are read; :meth:`BatchFeed.read` reads batch ``k`` of the pass again, :meth:`BatchFeed.peek`
-  batch ``i`` of the next pass without starting it (Keras' first look at a dataset).
-* A batch's slot is reused once nothing references its memory (:class:`~lmdbstore.feed.slots.SharedSlots`)
-  and, with a ``fence`` (a GPU copying from page-locked slots), once the copy that read it is done; a consumer
-  holding every slot gets the next batch read in its own thread into fresh memory: slower, never wrong.
-* Readers wait between passes and stop when no batch is asked for a while (:mod:`lmdbstore.feed.idle`), also
-  inside a pass, which the next batch resumes where it was; :meth:`BatchFeed.close` and collection stop them
-  at once.
-* :meth:`BatchFeed.state_dict` is the sampler's state after the batches *handed out* (not those read ahead);
-  :meth:`BatchFeed.load_state_dict` makes the next pass resume there.  A sampler that keeps no passes resumes
-  by count (:class:`~lmdbstore.loader.passes.CountedPasses`).
-* Each batch's user code runs with generators seeded from ``seed``, its epoch and its number
-  (:mod:`lmdbstore.feed.seeding`).
+:meth:`BatchFeed.begin` starts a pass, :meth:`BatchFeed.next` returns its next batch while ``workers * prefetch``
+later ones are read; a slot is reused once nothing references its memory and, with a ``fence`` (a GPU copying
+from page-locked slots), once the copy that read it is done.  Readers wait between passes and stop when no batch
+is asked for a while (:mod:`lmdbstore.feed.idle`).  :meth:`BatchFeed.state_dict` is the sampler's state after
+the batches *handed out* (not those read ahead).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Reader processes of a feed: each reads whole batches straight into a shared-memory slot
-(:mod:`lmdbstore.feed.slots`) and answers with the slot number.  numpy only.  Processes, not threads: a warm
-batch is thousands of small GIL-bound copies.
+"""Reader processes of a feed (:class:`~lmdbstore.util.workers.Workers`): each reads whole batches straight into a
+shared-memory slot (:mod:`lmdbstore.feed.slots`) and answers with the slot number.  numpy only.
 
 A reader reads a *source* (:class:`StoreSource`: a store in a layout, its labels, a transform; the PyTorch
-adapter's dataset is one too), inherited by ``fork`` or pickled for ``forkserver``/``spawn`` (checked before
-any process starts: :func:`check_sendable`).  Protocol: a reader maps the slots and is ready; for its ``k``-th
-batch the feed writes the sample numbers into the slot's label area and sends ``(slot, rows, seed)`` to reader
-``k % workers`` (a few bytes whatever the batch size; ``seed``: the batch's generators,
-:mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)`` or ``("fresh", slot, item)``
-(something else than the slot's batch, sent back).  The readers are :class:`~lmdbstore.util.workers.Workers`:
-a reader's error is raised in the consumer as itself with the reader's traceback as its cause, readers ignore
-Ctrl-C and die with the consumer's process, and one that dies is a one-line
-:class:`~lmdbstore.util.workers.WorkerDied`.
+adapter's dataset is one too), inherited by ``fork`` or pickled for ``forkserver``/``spawn`` (checked before any
+process starts: :func:`check_sendable`).  Protocol: for its ``k``-th batch the feed writes the sample numbers
+into the slot's label area and sends ``(slot, rows, seed)`` to reader ``k % workers`` (``seed``: the batch's
+generators, :mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)`` or
+``("fresh", slot, item)`` (something else than the slot's batch, sent back).
 """
 
 from __future__ import annotations

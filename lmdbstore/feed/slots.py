@@ -1,15 +1,11 @@
 """Batch slots in shared memory, handed to the consumer without a copy and reused only when nothing references
-them any more; how many fit.  numpy only.
+them any more; how many fit (docs/design.md#the-feed).  numpy only.
 
 One segment holds ``n`` slots of one batch each: the samples (``x``), then the labels (``y``, int64), on 4 KiB
-boundaries (TensorFlow wraps aligned numpy memory without a copy).  The segment has no name anywhere -- an
-anonymous ``memfd`` on Linux, elsewhere a file in :data:`SHM_DIR` removed as soon as it is open -- so nothing is
-left behind whatever kills the processes; readers get its descriptor; its space is reserved up front
-(``posix_fallocate``: no room is an error here, not a ``SIGBUS`` later).  A slot has one base array and every
-array or tensor handed out views it (numpy collapses views onto it; ``torch.from_numpy`` and TensorFlow hold
-their array), so the base's reference count says whether anything still uses the slot, whatever framework.
-How many (:func:`pool_slots`): the pool is checked against the memory available before anything is touched --
-fewer slots with a warning, or a one-line ``ValueError`` when not even one batch per reader fits.
+boundaries (TensorFlow wraps aligned numpy memory without a copy).  The segment has no name anywhere (an
+anonymous ``memfd``; elsewhere a file removed as soon as it is open) and its space is reserved up front.  A slot
+has one base array and every array or tensor handed out views it, so the base's reference count says whether
+anything still uses the slot, whatever framework.
 """
 
 from __future__ import annotations

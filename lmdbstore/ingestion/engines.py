@@ -28,7 +28,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from lmdbstore.util.allocator import keep_large_blocks
 from lmdbstore.util.memory import ResultBudget
@@ -90,34 +90,17 @@ class CallPickled:
         return self.fn(pickle.loads(blob))
 
 
-class Engine(Protocol):
-    """What :class:`EnginePool` needs of an engine (see :class:`FuturesEngine`, :class:`DaskEngine`)."""
-
-    def submit(self, fn: Callable[[bytes], Any], blob: bytes) -> Any:
-        """Start ``fn(blob)``; return a handle for :meth:`result`."""
-
-    def result(self, handle: Any) -> Any:
-        """Wait for the handle's result; raise what the task (or the engine) raised."""
-
-    def cancel(self, handles: list[Any]) -> None:
-        """Drop tasks whose results will not be consumed (best effort)."""
-
-    def workers(self) -> int | None:
-        """How many tasks the engine runs at once, when it can tell."""
-
-    def start(self) -> None:
-        """Get the engine going before the store is opened (see :meth:`FuturesEngine.start`)."""
-
-    @property
-    def private_results(self) -> bool:
-        """Whether every result is a copy made for this process (unpickled from another process), which the
-        writer may keep as it is instead of copying it: nothing else holds it or will change it."""
-
-
 class FuturesEngine:
     """Any ``concurrent.futures.Executor`` (``ProcessPoolExecutor``, a Dask ``client.get_executor()``,
     :class:`~lmdbstore.ingestion.ray_executor.RayExecutor`, ...): anything whose ``submit(fn, arg)`` returns a
-    future with ``result()`` and ``cancel()``."""
+    future with ``result()`` and ``cancel()``.
+
+    An engine (this, or :class:`DaskEngine`) starts ``fn(blob)`` (:meth:`submit`: a handle), waits for a handle's
+    result, raising what the task or the engine raised (:meth:`result`), drops tasks whose results will not be
+    consumed (:meth:`cancel`, best effort), says how many tasks it runs at once when it can (:meth:`workers`),
+    gets going before the store is opened (:meth:`start`) and says whether every result is a copy made for this
+    process, which the writer may keep without copying it (:attr:`private_results`).
+    """
 
     def __init__(self, executor: Any) -> None:
         self.executor = executor
@@ -164,7 +147,7 @@ class DaskEngine:
     Results come straight from the worker that holds them (``direct=True``) when the client says so
     (``Client(..., direct_to_workers=True)``) or when it manages its cluster itself (``Client(LocalCluster())``:
     its workers are reachable); otherwise through the scheduler, Dask's default for clients that may not reach
-    the workers.  Measured on 2 cores: direct is about 1.2x the scheduler's relay for 10 MB results.
+    the workers.
     """
 
     def __init__(self, client: Any) -> None:
@@ -203,6 +186,10 @@ class DaskEngine:
         """
         if self.client.status not in ("running", "connecting"):
             raise ValueError(f"executor: the Dask client is {self.client.status}")
+
+
+#: What :class:`EnginePool` runs tasks on.
+Engine = FuturesEngine | DaskEngine
 
 
 def engine_of(executor: Any) -> Engine:

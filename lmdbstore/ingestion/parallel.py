@@ -13,15 +13,15 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from lmdbstore.config import WriterConfig
-from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError
+from lmdbstore.errors import LmdbStoreError, TaskError, ValidationError, clip
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.ingestion.engines import Engine, EnginePool, TaskLost, engine_of
 from lmdbstore.ingestion.parallel_runs import plan_run
@@ -37,9 +37,8 @@ from lmdbstore.util.workers import WorkerDied
 
 __all__ = ["DEFAULT_IN_FLIGHT", "ParallelReport", "TaskResults", "write_parallel"]
 
-#: Results each worker may have produced and not yet had committed (back-pressure bound).  Four, not two: while
-#: the writer commits (64 MiB, then fsync: 0.1-0.2 s on a virtio disk) it takes no result, and two per worker --
-#: one running, one done -- left the workers of a 2-worker run idle for 15-25 % of it on ~100 ms tasks.
+#: Results each worker may have produced and not yet had committed (back-pressure bound): while the writer commits
+#: (and fsyncs) it takes no result, and the workers go on with the next ones meanwhile.
 DEFAULT_IN_FLIGHT = 4
 #: Characters of a task's repr quoted in error messages.
 REPR_CHARS = 80
@@ -98,12 +97,6 @@ def _checked_pairs(out: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
         yield item
 
 
-def task_repr(task: Any) -> str:
-    """A short one-line repr of ``task`` for messages."""
-    r = " ".join(repr(task).split())
-    return r if len(r) <= REPR_CHARS else r[: REPR_CHARS - 3] + "..."
-
-
 def _check_picklable(produce: Callable[[Any], Any]) -> None:
     try:
         pickle.dumps(produce)
@@ -111,20 +104,9 @@ def _check_picklable(produce: Callable[[Any], Any]) -> None:
         raise ValueError(f"produce must be a module-level function that worker processes can import ({exc})") from None
 
 
-class ResultSource(Protocol):
-    """What runs the producers: the local :class:`OrderedPool` or an :class:`EnginePool`."""
-
-    @property
-    def private_results(self) -> bool:
-        """Whether the results are copies made for the calling process, which the writer keeps without copying."""
-
-    def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
-        """``(index, result)`` of every task from ``start`` on, in task order."""
-
-
 def commit_in_order(
     w: StoreWriter,
-    pool: ResultSource,
+    pool: OrderedPool | EnginePool,
     tasks: Sequence[Any],
     start: int,
     ledger: Ledger,
@@ -132,8 +114,8 @@ def commit_in_order(
     report: Callable[[int], None],
 ) -> int:
     """Run ``pool``'s producer (a :class:`TaskResults`) over ``tasks[start:]`` and append each result, in order,
-    with its ledger entry ``ledger(index)``, then calls ``report(samples of the task)``; returns the samples
-    appended.
+    with its ledger entry ``ledger(index)`` (kept without a copy where the pool's results are private to this
+    process), then calls ``report(samples of the task)``; returns the samples appended.
 
     Results of tasks before a failing one are committed before the error is raised.
 
@@ -174,7 +156,7 @@ def as_error(exc: TaskFailure | WorkerDied | TaskLost, tasks: Sequence[Any], pat
         return TaskError(exc.message, path=path, hint="look for an out-of-memory kill; rerun to resume")
     if isinstance(exc, TaskLost):
         return TaskError(
-            f"task #{exc.index} ({task_repr(tasks[exc.index])}) was lost with its worker: {exc.type_name}: "
+            f"task #{exc.index} ({clip(repr(tasks[exc.index]), REPR_CHARS)}) was lost with its worker: {exc.type_name}: "
             f"{exc.message}",
             path=path,
             key=exc.index,
@@ -186,7 +168,7 @@ def as_error(exc: TaskFailure | WorkerDied | TaskLost, tasks: Sequence[Any], pat
             path=path,
             hint="define produce at module level in an importable module (guard scripts with if __name__ == '__main__')",
         )
-    where = f"task #{exc.index} ({task_repr(tasks[exc.index])})"
+    where = f"task #{exc.index} ({clip(repr(tasks[exc.index]), REPR_CHARS)})"
     if exc.type_name == "ValidationError":
         return ValidationError(f"{where}: {exc.message}", path=path, key=exc.index)
     error = TaskError(f"{where} raised {exc.type_name}: {exc.message}", path=path, key=exc.index)
@@ -222,24 +204,18 @@ def write_parallel(
     and any executor.  Each task's samples are one unit: appended together, committed in one transaction
     with the ledger.
 
-    Resume: a run is its name and its tasks, identified by content (a canonical encoding of each task:
-    :mod:`~lmdbstore.ingestion.task_identity`), not by repr; the ledger entry
-    ``parallel:<name>:c1-<digest of the tasks>`` counts committed tasks.  Calling again with the same
-    ``produce``/``name`` and tasks after a crash or Ctrl-C skips those, with or without an executor (a
-    finished run: nothing to do); a task list that begins with the tasks of a finished run of the name
-    writes only the tasks after them.  Any other run of the same name in the store -- unfinished, or of
-    other tasks -- is refused, never mixed (:mod:`~lmdbstore.ingestion.parallel_runs`): give another
+    Resume: a run is its name and its tasks, identified by content (:mod:`~lmdbstore.ingestion.task_identity`).
+    Calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips the tasks committed,
+    with or without an executor; a list that begins with a finished run's tasks writes only the new ones; any
+    other run of the name is refused, never mixed (:mod:`~lmdbstore.ingestion.parallel_runs`): give another
     ``name`` to write a separate run.
 
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order; a set
-            (or another unordered collection: a mapping, a dict's view) is written in the order of its tasks'
-            identities, so that a rerun in another process resumes it.  Each must be identifiable
-            by content (None, bool, int, float, complex, str, bytes, range, tuples, lists, dicts, sets,
-            numpy arrays and scalars, paths, enums, dataclasses and named tuples of these), else give
-            ``task_id``.
+        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order (a set,
+            or another unordered collection, in the order of its tasks' identities).  Each must be identifiable by
+            content (plain values: :mod:`~lmdbstore.ingestion.task_identity`), else give ``task_id``.
         workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
             At most 4 per core and what memory holds (:func:`~lmdbstore.util.procs.worker_processes`: clipped with a warning).
             With ``executor``: the tasks it runs at once, to size the window (default: what the executor
@@ -294,7 +270,7 @@ def write_parallel(
             bar.set_postfix_str(f"{added[0] / max(time.perf_counter() - t_run, 1e-9):,.0f} samples/s", refresh=False)
 
         local = worker_processes(workers or 0)
-        pool: ResultSource = (
+        pool = (
             OrderedPool(producer, local, max(1, local) * in_flight)
             if engine is None
             else EnginePool(producer, engine, in_flight, workers)

@@ -3,7 +3,8 @@ already committed, and the runs of the same name it must never be mixed with.
 
 A run is a name (``produce``'s module and qualified name, or ``name=``) and a task list identified by content
 (:mod:`~lmdbstore.ingestion.task_identity`); its ledger entry ``parallel:<name>:c1-<digest of the tasks>``
-counts the tasks committed, of ``total``.  Against the entries of the same name already in the store:
+counts the tasks committed, of ``total``.  Against the entries of the same name already in the store (the one
+statement of these rules; docs/design.md says why):
 
 * the same tasks: resume after the tasks committed (all of them: nothing to do);
 * a finished run of the first ``k`` of these tasks: this list extends it; write from task ``k`` on (a grown

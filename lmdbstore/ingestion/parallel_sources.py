@@ -10,8 +10,6 @@ with or without workers resumes with or without them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -33,19 +31,6 @@ Chunk = tuple[int, int, int]  # (source index, first row, end row)
 CHUNKS_IN_FLIGHT = 2
 
 
-class _Rows:
-    """Rows ``lo..hi`` of a source, as :func:`scan_source` reads a source (duck-typed)."""
-
-    def __init__(self, src: Source, hi: int) -> None:
-        self.src, self.hi = src, hi
-
-    def iter_batches(self, batch: int, start: int = 0) -> Any:
-        yield next(iter(self.src.iter_batches(self.hi - start, start)))
-
-    def locate(self, index: int) -> tuple[Path, int]:
-        return self.src.locate(index)
-
-
 @dataclass(frozen=True)
 class _Scan:
     """Worker side of the validation pass: the plan's validation of one chunk; returns its rows."""
@@ -55,7 +40,7 @@ class _Scan:
     def __call__(self, chunk: Chunk) -> int:
         i, lo, hi = chunk
         try:
-            self.plan.validate(_Rows(self.plan.sources[i], hi), start=lo, batch=hi - lo)
+            self.plan.validate(self.plan.sources[i], start=lo, batch=hi - lo, stop=hi)
         except LmdbStoreError as exc:
             raise carry_error(exc) from None
         return hi - lo

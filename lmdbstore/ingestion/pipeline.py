@@ -5,10 +5,6 @@ through validation (shape, dtype, finite values, known labels) before a single s
 The writing pass records each source's position in the store's resume ledger, keyed by the source's
 fingerprint (path, size, modification time, options), in the same transaction as the samples: after
 an interruption, running the same command again skips what was committed and continues.
-
-The layout and resume points are settled in :mod:`lmdbstore.ingestion.plan` (whose :func:`store_layout`
-is re-exported here), the report types live in :mod:`lmdbstore.ingestion.reports`, and ``workers=``
-hands both passes to :mod:`lmdbstore.ingestion.parallel_sources`.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.writer import StoreWriter
 from lmdbstore.util.progress import ProgressFactory, bar_from
 
-__all__ = ["IngestReport", "SourceReport", "ingest", "ingest_synthetic", "store_layout"]
+__all__ = ["ingest", "ingest_synthetic"]
 
 #: Rows read per batch from a source while validating and writing.
 DEFAULT_READ_BATCH = 16384
@@ -185,16 +181,16 @@ def _append_synthetic(
     batch: int,
     done: int,
     report: Callable[[int], Any],
-    dtype: np.dtype[Any] | None = None,
+    dtype: np.dtype[Any],
 ) -> None:
     """Append the synthetic samples after the first ``done`` (regenerated deterministically and skipped), in
-    ``dtype`` (default: float32, as generated)."""
+    ``dtype``."""
     pos = 0
     for x, y in synth_batches(n, seed=seed, batch=batch):
         pos += len(x)
         if pos <= done:
             continue  # regenerate deterministically, skip what was committed
         keep = min(len(x), pos - done)
-        xs = x[-keep:] if dtype is None or dtype == x.dtype else x[-keep:].astype(dtype)
+        xs = x[-keep:] if dtype == x.dtype else x[-keep:].astype(dtype)
         w.append(xs, y[-keep:], progress=(key, pos), progress_total=n)
         report(keep)

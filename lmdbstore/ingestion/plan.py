@@ -93,9 +93,17 @@ class IngestPlan:
     batch: int
     t0: float
 
-    def validate(self, src: Any, *, start: int, batch: int, progress: Callable[[int], None] | None = None) -> None:
-        """:func:`~lmdbstore.ingestion.sources.scan.scan_source` of ``src`` (a source, or anything with its
-        ``iter_batches`` and ``locate``) from row ``start`` against the store's layout and the ingest's options.
+    def validate(
+        self,
+        src: Source,
+        *,
+        start: int,
+        batch: int,
+        progress: Callable[[int], None] | None = None,
+        stop: int | None = None,
+    ) -> None:
+        """:func:`~lmdbstore.ingestion.sources.scan.scan_source` of ``src``'s rows ``start..stop`` (default: to the
+        end) against the store's layout and the ingest's options.
 
         Raises:
             ValidationError / SourceError: as ``scan_source``.
@@ -110,6 +118,7 @@ class IngestPlan:
             cast=self.cast,
             batch=batch,
             progress=progress,
+            stop=stop,
         )
 
     def writing(self) -> AbstractContextManager[tuple[StoreWriter, WriteRun]]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from numpy.lib import format as npformat
 
 from lmdbstore.config import DEFAULT_SYNTH_SEED
 from lmdbstore.util.atomic import atomic_paths
@@ -80,16 +81,6 @@ def synth_batches(
         yield x.astype(np.float32, copy=False), y.astype(np.int64)
 
 
-def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:  # type: ignore[type-arg]
-    import io
-
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buf, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-    )
-    return buf.getvalue()
-
-
 def write_synth_npz(
     path: str | os.PathLike[str], n: int, *, seed: int = DEFAULT_SYNTH_SEED, noise: float = DEFAULT_NOISE
 ) -> None:
@@ -100,27 +91,18 @@ def write_synth_npz(
     if n < 1:
         raise ValueError(f"n must be positive, got {n}")
     check_output_file(path)
-    with write_errors(path, "write"):
-        _write_npz(path, n, seed, noise)
-
-
-def _write_npz(path: str | os.PathLike[str], n: int, seed: int, noise: float) -> None:
-    with atomic_paths([Path(path)]) as (tmp,):
-        _write_members(tmp, n, seed, noise)
-
-
-def _write_members(tmp: Path, n: int, seed: int, noise: float) -> None:
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with (
+        write_errors(path, "write"),
+        atomic_paths([Path(path)]) as (tmp,),
+        zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf,
+    ):
         labels = []  # 8 bytes per sample: small next to the samples, which are streamed
         with zf.open("x.npy", "w", force_zip64=True) as fx:
-            fx.write(_npy_header((n, *SYNTH_SHAPE), np.dtype("<f4")))
+            header = {"descr": "<f4", "fortran_order": False, "shape": (n, *SYNTH_SHAPE)}
+            npformat.write_array_header_1_0(fx, header)
             for x, y in synth_batches(n, seed=seed, noise=noise):
                 fx.write(x.tobytes())
                 labels.append(y.astype("<i8"))
-        with zf.open("y.npy", "w", force_zip64=True) as fy:
-            fy.write(_npy_header((n,), np.dtype("<i8")))
-            fy.write(np.concatenate(labels).tobytes())
-        names = np.array(SYNTH_CLASSES)
-        with zf.open("class_names.npy", "w") as fc:
-            fc.write(_npy_header(names.shape, names.dtype))
-            fc.write(names.tobytes())
+        for name, arr in (("y.npy", np.concatenate(labels)), ("class_names.npy", np.array(SYNTH_CLASSES))):
+            with zf.open(name, "w", force_zip64=True) as fp:
+                npformat.write_array(fp, arr, allow_pickle=False)

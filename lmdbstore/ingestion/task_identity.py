@@ -1,11 +1,6 @@
 """The identity of a :func:`~lmdbstore.ingestion.parallel.write_parallel` task: a digest of its *content*, the
-same in every process, on every machine and under every hash seed.
-
-Why not ``repr``: numpy abbreviates long arrays (``array([0, 1, 2, ..., 9997, 9998, 9999])``) and rounds
-floats to 8 digits, so two different task lists had one digest and a rerun with other tasks was taken for a
-resume; a ``set`` prints in hash order, which changes from run to run, so rerunning a finished script wrote
-everything again.  Pickles are no better (a set pickles in iteration order too, and pickles change between
-Python and numpy versions).
+same in every process, on every machine and under every hash seed (not ``repr``, nor a pickle: docs/design.md
+says why).
 
 The canonical encoding (version ``c1``; sha-256 of it is the task's digest), one tag byte per value:
 
@@ -37,6 +32,8 @@ from pathlib import PurePath
 from typing import Any
 
 import numpy as np
+
+from lmdbstore.errors import clip
 
 __all__ = ["ENCODING", "MAX_DEPTH", "TaskIdentities", "Unidentifiable", "digest_of", "task_digest", "task_list"]
 
@@ -209,8 +206,7 @@ def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None)
     """The tasks in the order a run writes them: an ordered collection (list, tuple, range, generator...) as given;
     an *unordered* one -- a ``set``/``frozenset`` or any other set-like, a mapping (its keys) or a dict's view --
     in the order of its tasks' digests (:func:`task_digest`), the same in every process and under every hash
-    seed (a set iterates in hash order, which changes with each process: the identical script rerun was taken
-    for another run, and renaming it wrote the committed tasks twice).
+    seed (not the hash order a set iterates in).
 
     Raises:
         ValueError: a task without identity, or two tasks of an unordered collection with one identity (their
@@ -224,15 +220,10 @@ def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None)
     for a, b in itertools.pairwise(order):
         if digests[a] == digests[b]:
             raise ValueError(
-                f"tasks: {type(tasks).__name__} holds two tasks with one identity ({_short(items[a])} and "
-                f"{_short(items[b])}): an unordered collection of them has no order a rerun repeats; pass a list"
+                f"tasks: {type(tasks).__name__} holds two tasks with one identity ({clip(repr(items[a]))} and "
+                f"{clip(repr(items[b]))}): an unordered collection of them has no order a rerun repeats; pass a list"
             )
     return [items[i] for i in order]
-
-
-def _short(task: Any) -> str:
-    r = " ".join(repr(task).split())
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 class TaskIdentities:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.config import LoaderConfig
+from lmdbstore.config import DEFAULT_VAL_FRACTION, LoaderConfig
 from lmdbstore.configcheck import check_int
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.format.meta import StoreMeta
@@ -73,18 +73,31 @@ def pick_shuffle(lcfg: LoaderConfig, store: Path | Reader, say: Callable[[str], 
     return choice.shuffle
 
 
-def split_indices(labels: np.ndarray, split: str | None, val_fraction: float, seed: int) -> np.ndarray:
+def split_indices(
+    labels: np.ndarray,
+    split: str | None,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    seed: int = LoaderConfig.seed,
+    *,
+    recorded: Sequence[SplitRecord] | None = None,
+    path: Path | None = None,
+) -> np.ndarray:
     """The sample indices of ``split``: ``None`` all of them, ``"train"``/``"val"`` the parts of
-    :func:`~lmdbstore.loader.samplers.stratified_split` (seeded, every class split alike).
+    :func:`~lmdbstore.loader.samplers.stratified_split` (seeded, every class split alike), or with ``recorded``
+    (a training run's :class:`SplitRecord`\\ s) that run's parts exactly (:func:`run_split`).
 
     Raises:
-        ValueError: an unknown ``split`` or a ``val_fraction`` outside [0, 1).
+        ValueError: an unknown ``split`` or a bad ``val_fraction``.
+        LmdbStoreError: no record of ``recorded`` is of these labels (the store ``path`` changed since the run).
     """
     if split is None:
         return np.arange(len(labels), dtype=np.int64)
     if split not in SPLITS:
-        raise ValueError(f"split must be None, 'train' or 'val', got {split!r}")
-    train, val = stratified_split(labels, val_fraction, seed)
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if recorded is not None:
+        train, val = run_split(recorded, labels, path).parts(labels)
+    else:
+        train, val = stratified_split(labels, val_fraction, seed)
     return train if split == "train" else val
 
 

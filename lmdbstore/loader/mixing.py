@@ -1,27 +1,12 @@
 """Mixing stores by weight (``weights=[0.7, 0.3]``): every epoch takes a fixed share of its samples from each
-store of a set, whatever the stores' sizes.  numpy only; no torch.
+store of a set, whatever the stores' sizes (the exact semantics: docs/api.md, "Mixing stores by weight").
+numpy only; no torch.
 
-The semantics, exactly (:class:`MixedBatchSampler`):
-
-* **Epoch length** ``N``: the number of samples the sampler was given (all the parts together), or
-  ``epoch_samples``.  An epoch has ``ceil(N / batch_size)`` batches (per rank: as
-  :class:`~lmdbstore.loader.samplers.EpochBatchSampler`).
-* **Shares**: the weights are normalized to sum 1 (divided by the largest first: finite weights whose sum would
-  overflow, ``[1e308, 1e308]``, are ``[0.5, 0.5]``); part ``i`` gives exactly ``k_i`` samples to every epoch,
-  ``k_i = w_i * N`` rounded by largest remainder (so the ``k_i`` sum to ``N``; a weight of 0 gives none).
-* **Which samples**: each part's samples are drawn from a stream of successive random permutations of them
-  (permutation ``c`` of part ``i`` seeded by ``(seed, i, c)``); epoch ``e`` takes the stream's items
-  ``e * k_i ... (e + 1) * k_i - 1``.  So no sample of a part repeats before every sample of it was drawn:
-  a part smaller than its share (``k_i > n_i``, upsampled) gives each of its samples ``k_i // n_i`` or
-  ``k_i // n_i + 1`` times per epoch, give or take one at the epoch's ends; a larger one (downsampled) gives
-  ``k_i`` distinct samples per epoch and goes through all of them in ``n_i / k_i`` epochs.
-* **Order**: the epoch's ``N`` samples in one random permutation (``(seed, epoch)``), cut into batches;
-  each batch sorted by index, so that its samples come grouped by store (a batch is a set for SGD).  Only
-  this random order exists with weights: the block and window orders keep a packed value's samples
-  together, the balanced one draws by class, and neither can keep per-store shares exact, so they are
-  refused (``ValueError``) rather than approximated.
-* Deterministic in ``(seed, epoch)``, the same on every DDP rank, which each take their share; resumable
-  (``state_dict``), like every sampler here.
+Part ``i`` gives exactly ``k_i`` samples to every epoch (the weights' shares of the epoch's ``N``, by largest
+remainder), drawn from a stream of successive random permutations of its samples (permutation ``c`` seeded by
+``(seed, i, c)``): no sample of a part repeats before every sample of it was drawn.  The epoch's samples come in
+one random permutation, cut into batches, each sorted by index (grouped by store).  Only this random order exists
+with weights: the block, window and balanced orders cannot keep per-store shares exact, and are refused.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ windowed shuffle (:mod:`lmdbstore.loader.window`).
 
 * :func:`epoch_rng`: the one seeded stream per ``(seed, epoch, purpose)`` every order draws from, so an
   order depends on nothing else (not the worker count, not the rank).
-* :func:`runs`, :func:`concat_runs`, :func:`shuffle_runs`: runs of consecutive indices (the samples of one
-  packed value, of one chunk) kept whole and moved as units, without a Python loop per run.
+* :func:`concat_runs`: runs of consecutive indices (the samples of one packed value, of one chunk) gathered
+  without a Python loop per run.
 * :func:`deal_batches`: an epoch order cut into batches and dealt round-robin to the DDP ranks.
 
 numpy only; no torch.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STREAM_BALANCED", "STREAM_WINDOW", "concat_runs", "deal_batches", "epoch_rng", "runs", "shuffle_runs"]
+__all__ = ["STREAM_BALANCED", "STREAM_WINDOW", "concat_runs", "deal_batches", "epoch_rng"]
 
 #: :func:`epoch_rng` streams besides the plain epoch order (0): class-balanced draws (plus the rank: each
 #: rank draws its own batches) and the windowed order.
@@ -28,30 +28,10 @@ def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, stream])
 
 
-def runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(starts, lengths)`` of every run of equal consecutive ``keys`` (a non-empty 1-D array)."""
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    return starts, np.diff(np.r_[starts, keys.size])
-
-
 def concat_runs(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``concatenate([src[a:a+n] for a, n in zip(starts, lengths)])`` without a Python loop."""
     offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     return src[np.repeat(starts, lengths) + offsets]
-
-
-def shuffle_runs(
-    src: np.ndarray, keys: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The runs of equal ``keys`` of ``src`` in a random order, each run kept whole.
-
-    Returns ``(order, starts, lengths)``: the reordered samples, and each run's start in ``src`` and length,
-    in the new order.  Draws one ``rng.permutation`` of the runs.
-    """
-    starts, lengths = runs(keys)
-    perm = rng.permutation(len(starts))
-    starts, lengths = starts[perm], lengths[perm]
-    return concat_runs(src, starts, lengths), starts, lengths
 
 
 def deal_batches(order: np.ndarray, batch_size: int, world_size: int = 1) -> list[np.ndarray]:

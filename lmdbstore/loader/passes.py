@@ -1,32 +1,17 @@
-"""Which epoch each pass over a batch sampler uses, and where a pass stands: a new order on every pass
-without ``set_epoch``, ``set_epoch`` still pinning one, and ``state_dict`` / ``load_state_dict`` resuming
-inside a pass.
+"""Which epoch each pass over a batch sampler uses, and where a pass stands (docs/design.md#epochs-and-passes says
+why), for every sampler built on :class:`EpochPasses`:
 
-Training loops differ in what they tell a sampler: PyTorch loops call ``set_epoch(e)`` before each epoch,
-Keras (on any backend) and a plain ``for`` never do, Lightning does, torchdata's ``StatefulDataLoader``
-saves and restores sampler state mid-epoch.  The rules, for every sampler built on :class:`EpochPasses`:
-
-* A *pass* is one iteration over the sampler.  It begins when its first batch is asked for (not when
-  ``iter()`` is called: a DataLoader calls ``iter()`` on its sampler twice when it starts, and only the
-  second iterator is used).
+* A *pass* is one iteration over the sampler; it begins when its first batch is asked for (not at ``iter()``).
 * A pass uses the epoch ``set_epoch`` or ``load_state_dict`` pinned since the last pass began; without a
-  pin, the epoch after the last pass's (the first pass is epoch 0).  So a loop that never calls
-  ``set_epoch`` gets epochs 0, 1, 2, ..., a loop that does gets exactly the epochs it asks for.
-* ``state_dict()`` is ``{"epoch", "position"}`` of the latest pass (batches yielded so far) plus what
-  must match to resume (seed, batch size, sample count, world size, kind).  Under a DataLoader with workers
-  the sampler runs ahead of the loop (its batches are drawn when they are handed to the workers): to resume
-  what was *trained*, save the loader's ``state_dict`` (:mod:`lmdbstore.loader.delivered`), the same format
-  taken at the batches delivered to the loop.  ``load_state_dict`` pins that
-  epoch and the batches to skip: the next pass yields the rest of that epoch's batches, without reading
-  the skipped ones; the state of a finished pass pins the next epoch.
-* The iterator of a pass is itself stateful (``state_dict`` / ``load_state_dict``): torchdata restores
-  through it, so a restored pass resumes even when its loader never asks for a batch from it (a loader
-  restored at the end of an epoch goes on with the next one).
+  pin, the epoch after the last pass's (the first pass is epoch 0).
+* ``state_dict()`` is ``{"epoch", "position"}`` of the latest pass (batches yielded so far) plus what must match
+  to resume (seed, batch size, sample count, world size, kind); ``load_state_dict`` pins that epoch and the
+  batches to skip (unread); the state of a finished pass pins the next epoch.  A feed's state is the same format
+  taken at the batches it handed out (:meth:`~lmdbstore.feed.feed.BatchFeed.state_dict`).
+* The iterator of a pass is itself stateful (torchdata restores through it).
 
-Rank and world size: a sampler built without them takes them from ``torch.distributed``'s default process
-group when one is initialized at the time of the pass (as ``torch.utils.data.DistributedSampler`` does),
-else 0 and 1 -- so a sampler made before Lightning's DDP processes join their group still shards.
-Nothing here imports torch.
+Rank and world size default to ``torch.distributed``'s default process group at the time of the pass (as
+``DistributedSampler`` does), else 0 and 1.  Nothing here imports torch.
 """
 
 from __future__ import annotations

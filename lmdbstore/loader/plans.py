@@ -1,12 +1,9 @@
 """Epoch orders made on demand: the first batch of a block or window epoch without building the whole order.
 
-Building a block or windowed order of a 12M-sample store as one array costs 1.5-2 s of CPU (passes over
-tens of millions of indices, most of them in :func:`~lmdbstore.loader.orders.concat_runs`), and the first
-batch of the epoch waited for it.  The orders are made of *pieces* instead -- runs of consecutive indices (a
-piece of a packed value, a chunk of values) -- and a piece list is a few hundred thousand entries, not
-millions of indices: :class:`BlockPlan` keeps the block order as its pieces in epoch order and expands only
-the slice a batch asks for (:meth:`BlockPlan.take`).  The orders are exactly the eager ones, draw for draw
-(the tests compare them), so epochs, resumes and DDP ranks see the same batches as before.
+The orders are made of *pieces* -- runs of consecutive indices (a piece of a packed value, a chunk of values),
+a few hundred thousand entries, not millions of indices: :class:`BlockPlan` keeps the block order as its pieces
+in epoch order and expands only the slice a batch asks for (:meth:`BlockPlan.take`); :class:`WindowSequence`
+shuffles one window at a time.  The orders are the whole orders' draw for draw (docs/design.md#batch-orders).
 
 :func:`batch_bounds` gives the batch boundaries :func:`~lmdbstore.loader.orders.deal_batches` cuts, from the
 order's length alone.  numpy only.
@@ -97,9 +94,8 @@ class BlockPlan:
             return
         # piece k of a run of L samples: its samples j with j * block_buffer // L == k.  A value has at most
         # samples_per_value samples: from that many pieces on, every piece is one sample, so the pieces are cut
-        # for at most that many (the same pieces, in the same order; a block_buffer of 10**9 allocated a table of
-        # 10**9 columns per value), column by column into the (run, piece) tables, so that no temporary is larger
-        # than one column (issue 36: memory); the windows below keep the block_buffer asked for.
+        # for at most that many (the same pieces, in the same order), column by column into the (run, piece)
+        # tables (no temporary larger than one column); the windows below keep the block_buffer asked for.
         cols = min(block_buffer, samples_per_value)
         n_runs = len(gl)
         psrc = np.empty((n_runs, cols), np.int64)

@@ -269,9 +269,8 @@ def stratified_split(
     least one in each part.
 
     Memory: the two results (8 bytes a sample) and, one class at a time, that class's positions; no sort of the
-    whole label table (at 40M samples the split once peaked at 2.7x what it returns; now about 1.1x,
-    docs/design.md#memory-at-scale).  The draws are the ones this function always made (a class's held-out
-    samples are ``rng.choice(its positions, ...)`` class by class, in class order), so a run keeps its split.
+    whole label table.  A class's held-out samples are ``rng.choice(its positions, ...)``, class by class in class
+    order: a run's split is drawn again exactly.
     """
     check_val_fraction(val_fraction)
     labels = np.asarray(labels).reshape(-1)

@@ -1,16 +1,6 @@
-"""The batch transform hook: a user function ``transform(x, y) -> (x, y)`` run on every batch in the
-process that read it (a DataLoader worker, a reader process of the Keras/tf.data adapters, or the
-consumer's own process without workers), e.g. noise or flips for augmentation.
-
-Contract (the same for every adapter): ``x`` is the batch as the consumer will receive it, a numpy array
-(``(N, 1, H, W)`` for the PyTorch loader, channels-last ``(N, H, W, 1)`` for Keras and tf.data), in the
-store's dtype, often a view of a reusable shared-memory buffer; ``y`` is an ``int64`` numpy array of the
-``N`` labels.  The function may change ``x`` in place and return it (cheapest), or return new arrays: a
-result of ``x``'s shape and dtype is copied back into the buffer, anything else is delivered as it is (in a
-fresh array).  It must return ``(x, y)`` with as many labels as samples, integer labels, and must not keep
-``x`` (the buffer is reused for a later batch).  With worker processes started by ``spawn`` or
-``forkserver`` it must be picklable (a module-level function or a ``functools.partial`` of one).
-numpy only.
+"""The batch transform hook: a user function ``transform(x, y) -> (x, y)`` run on every batch in the process that
+read it, on numpy arrays (its contract, the same for every adapter: docs/api.md#transforms): ``x`` in place or
+new arrays, ``(x, y)`` with as many integer labels as samples, ``x`` never kept.  numpy only.
 """
 
 from __future__ import annotations

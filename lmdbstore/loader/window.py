@@ -1,13 +1,10 @@
-"""A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs.
+"""A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs
+(docs/design.md#window-shuffle).
 
-A fully random order out of core costs one small random disk read per sample.  The windowed order reads
-the store in *chunks* of consecutive values (a few MiB each, large sequential reads), takes the chunks in
-a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window
-uniformly; batches are cut from the result.  Every sample appears once per epoch, the order depends only
-on ``(seed, epoch)``, and it is the same on every DDP rank, so all ranks of a node draw from the same
-window at the same time and share its pages.  With the ``prefetch`` hook (e.g.
-:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache in the
-background while the current one is consumed.
+The windowed order reads the store in *chunks* of consecutive values (large sequential reads), takes the chunks
+in a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window uniformly;
+batches are cut from the result.  With the ``prefetch`` hook (e.g.
+:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache meanwhile.
 
 :func:`choose_shuffle` picks ``random`` when the store fits in the page-cache budget and ``window`` when
 it does not; :func:`default_window_bytes` sizes the window from available memory.
@@ -166,16 +163,13 @@ class WindowBatchSampler(EpochBatchSampler):
         return {**super().fingerprint(), "window_samples": self.window_samples, "chunk_samples": self.chunk_samples}
 
     def plan(self, epoch: int | None = None) -> WindowSequence:
-        """The windowed order of ``epoch`` (default: the current one; identical on every rank)."""
-        return self.sequence(self.epoch if epoch is None else epoch)
-
-    def sequence(self, epoch: int) -> WindowSequence:
-        """``epoch``'s windowed order, made window by window (:class:`~lmdbstore.loader.plans.WindowSequence`):
-        the one the read-ahead made for the next epoch if it is still unused, else a new one."""
-        return self._sequence(epoch)[0]
+        """The windowed order of ``epoch`` (default: the current one; identical on every rank), made window by
+        window (:class:`~lmdbstore.loader.plans.WindowSequence`): the one the read-ahead made for the next epoch if
+        it is still unused, else a new one."""
+        return self._sequence(self.epoch if epoch is None else epoch)[0]
 
     def _sequence(self, epoch: int) -> tuple[WindowSequence, bool]:
-        """:meth:`sequence`, and whether the read-ahead made it (its first window is being read already)."""
+        """:meth:`plan`, and whether the read-ahead made it (its first window is being read already)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == epoch and not ahead[1].begun:
             return ahead[1], True
@@ -213,7 +207,7 @@ class WindowBatchSampler(EpochBatchSampler):
 
     def _read_ahead(self, epoch: int) -> None:
         """Start reading ``epoch``'s first window, and keep its order for that epoch's pass."""
-        seq = self.sequence(epoch)
+        seq = self.plan(epoch)
         self._ahead = (epoch, seq)
         if seq.chunk_lo and self.prefetch is not None:
             self.prefetch(seq.chunk_lo[0], seq.chunk_hi[0])

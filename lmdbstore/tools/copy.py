@@ -1,9 +1,6 @@
-"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting.
-
-The copy reads one snapshot under a registered read transaction, so it is safe while readers and a writer
-run (a store whose reader table this process cannot write -- another user's dataset, a read-only mount -- is
-copied lock-free while writers are held off, or refused beside one); it is made in a temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left
-is removed by the next copy to the same destination), given a store id of its own, and renamed into place.
+"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting, made in a
+temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left is removed by the next copy
+to the same destination) and renamed into place.
 """
 
 from __future__ import annotations

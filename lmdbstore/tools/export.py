@@ -20,17 +20,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, LoaderConfig, TrainConfig
+from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_EXPORT_CHUNK, DEFAULT_VAL_FRACTION, LoaderConfig
 from lmdbstore.errors import LmdbStoreError, StoreExistsError, clip, preview
-from lmdbstore.loader.choose import SPLITS, SplitRecord, run_split
-from lmdbstore.loader.samplers import stratified_split
+from lmdbstore.loader.choose import SplitRecord, split_indices
 from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.tools.export_formats import ExportData, Progress, export_paths, format_of, write_export
@@ -38,11 +36,7 @@ from lmdbstore.util.atomic import atomic_paths
 from lmdbstore.util.memory import clip_count
 from lmdbstore.util.paths import check_output_file
 
-__all__ = ["SPLITS", "ExportReport", "export_store", "load_indices", "select_indices"]
-
-#: Defaults of the split's parameters: the ones ``lmdbstore train`` splits with.
-DEFAULT_VAL_FRACTION = TrainConfig().val_fraction
-DEFAULT_SPLIT_SEED = LoaderConfig().seed
+__all__ = ["ExportReport", "export_store", "load_indices", "select_indices"]
 
 
 # ---------------------------------------------------------------------------------------------- selection
@@ -85,7 +79,7 @@ def select_indices(
     classes: Sequence[str | int] | None = None,
     split: str | None = None,
     val_fraction: float = DEFAULT_VAL_FRACTION,
-    seed: int = DEFAULT_SPLIT_SEED,
+    seed: int = LoaderConfig.seed,
     indices: Any = None,
     recorded: Sequence[SplitRecord] | None = None,
 ) -> tuple[np.ndarray, list[int]]:
@@ -113,8 +107,6 @@ def select_indices(
     names = reader.classes
     keep = _class_ids(classes, names) if classes is not None else list(range(len(names)))
     n = len(reader)
-    if split is not None and split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     if indices is not None:
         idx = sample_indices(indices)
         check_in_range(idx, n)
@@ -123,12 +115,7 @@ def select_indices(
     if classes is not None and len(keep) < len(names):
         idx = idx[np.isin(reader.labels_of(idx), np.asarray(keep))] if idx.size else idx
     if split is not None:
-        labels = reader.labels()
-        if recorded is not None:
-            train_idx, val_idx = run_split(recorded, labels, reader.path).parts(labels)
-        else:
-            train_idx, val_idx = stratified_split(labels, val_fraction, seed)
-        part = train_idx if split == "train" else val_idx
+        part = split_indices(reader.labels(), split, val_fraction, seed, recorded=recorded, path=reader.path)
         idx = idx[np.isin(idx, part, assume_unique=False)]
     return idx, keep
 
@@ -155,18 +142,6 @@ def _chunks(reader: Reader, idx: np.ndarray, chunk: int) -> Iterator[np.ndarray]
         yield reader.read_batch(idx[lo : lo + chunk])
 
 
-@contextmanager
-def _atomic(paths: list[Path], overwrite: bool) -> Iterator[list[Path]]:
-    """Temporary names for ``paths``, renamed into place only if the block succeeds."""
-    for p in paths:
-        if p.exists() and not overwrite:
-            raise StoreExistsError("output exists", path=p, hint="remove it or pass overwrite=True")
-        if not p.parent.is_dir():
-            raise LmdbStoreError("output directory does not exist", path=p.parent)
-    with atomic_paths(paths) as tmps:
-        yield tmps
-
-
 def export_store(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -175,7 +150,7 @@ def export_store(
     classes: Sequence[str | int] | None = None,
     split: str | None = None,
     val_fraction: float = DEFAULT_VAL_FRACTION,
-    seed: int = DEFAULT_SPLIT_SEED,
+    seed: int = LoaderConfig.seed,
     indices: Any = None,
     recorded: Sequence[SplitRecord] | None = None,
     compress: bool = DEFAULT_COMPRESS,
@@ -211,6 +186,8 @@ def export_store(
     stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
     for p in paths:  # a file of its own: no device, FIFO or directory, nothing inside a store read
         check_output_file(p, "output", sources=stores)
+        if p.exists() and not overwrite:
+            raise StoreExistsError("output exists", path=p, hint="remove it or pass overwrite=True")
     t0 = time.perf_counter()
     with as_reader(store) as r:
         idx, keep = select_indices(
@@ -226,7 +203,7 @@ def export_store(
         data = ExportData(
             _chunks(r, idx, chunk), (len(idx), *r.shape), r.dtype, remap[r.labels_of(idx)], names, progress, compress
         )
-        with _atomic(paths, overwrite) as tmps:
+        with atomic_paths(paths) as tmps:  # renamed into place only if the export succeeds
             try:
                 write_export(kind, tmps, data)
             except OSError as exc:  # an unwritable place (/proc), a full disk: one line naming the output

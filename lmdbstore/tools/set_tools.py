@@ -14,24 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmdbstore.config import (
-    DEFAULT_MAX_PROBLEMS,
-    DEFAULT_SAMPLE_SEED,
-    DEFAULT_VERIFY_CHECKSUMS,
-    DEFAULT_VERIFY_STRUCTURE,
-    DEFAULT_VERIFY_WORKERS,
-)
+from lmdbstore.config import DEFAULT_SAMPLE_SEED
 from lmdbstore.store.multi import StoreSet
-from lmdbstore.tools.stats import (
-    class_rows,
-    exact_values,
-    fmt_bytes,
-    fmt_num,
-    format_stats,
-    sampled_stats,
-    store_stats,
-)
+from lmdbstore.tools.stats import class_rows, exact_values, format_stats, sampled_stats, store_stats, summary_lines
 from lmdbstore.tools.verify import VerifyReport, verify_store
+from lmdbstore.util.memory import describe_bytes
 
 __all__ = ["SetVerifyReport", "format_set_stats", "set_stats", "verify_set"]
 
@@ -81,22 +68,20 @@ def set_stats(
 def format_set_stats(s: dict[str, Any]) -> str:
     """Each store's table (:func:`format_stats`), then the set's: samples per store and per class, bytes and
     values over the whole."""
-    w, b, v = s["set"], s["set"]["bytes"], s["set"]["values"]
-    lines = [*(format_stats(d) + "\n" for d in s["stores"])]
+    w, b = s["set"], s["set"]["bytes"]
     ratio = b["ratio_total_to_raw"]
-    lines += [
+    table, values = summary_lines(w["classes"], w["values"])
+    lines = [
+        *(format_stats(d) + "\n" for d in s["stores"]),
         f"set          {len(w['paths'])} stores read as one: {', '.join(w['paths'])}",
         f"samples      {w['samples']:,} ({' + '.join(f'{n:,}' for n in w['store_samples'])})  shape "
         f"{tuple(w['shape'])}  dtype {w['dtype']}",
         "",
-        f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}",
-        *(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%" for c in w["classes"]),
+        *table,
         "",
-        f"bytes        {fmt_bytes(b['used_pages_total'])} in used pages, "
-        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw; files {fmt_bytes(b['file_size'])}",
-        f"values       mean {fmt_num(v['mean'])}  std {fmt_num(v['std'])}  min {fmt_num(v['min'])}  "
-        f"max {fmt_num(v['max'])}  non-finite {v['nonfinite']}",
-        f"             {v['method']}",
+        f"bytes        {describe_bytes(b['used_pages_total'])} in used pages, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw; files {describe_bytes(b['file_size'])}",
+        *values,
     ]
     return "\n".join(lines)
 
@@ -121,17 +106,15 @@ class SetVerifyReport:
 def verify_set(
     stores: Sequence[StorePath],
     *,
-    checksums: bool = DEFAULT_VERIFY_CHECKSUMS,
-    max_problems: int = DEFAULT_MAX_PROBLEMS,
     progress: Callable[[int], None] | None = None,
-    structure: bool = DEFAULT_VERIFY_STRUCTURE,
-    workers: int | None = DEFAULT_VERIFY_WORKERS,
     total: Callable[[int], None] | None = None,
+    **options: Any,
 ) -> SetVerifyReport:
-    """Verify every store (:func:`verify_store`, up to ``max_problems`` each, with ``workers`` processes), then
-    check that they make one set (skipped while a store's page structure is damaged: its metadata is not read
-    through liblmdb then); ``progress`` gets the samples checked so far over the whole set, ``total`` the samples
-    of the stores begun so far (once per store).  One store is just :func:`verify_store`.
+    """Verify every store (:func:`verify_store` with ``options``: ``checksums``, ``max_problems`` (each),
+    ``structure``, ``workers``), then check that they make one set (skipped while a store's page structure is
+    damaged: its metadata is not read through liblmdb then); ``progress`` gets the samples checked so far over the
+    whole set, ``total`` the samples of the stores begun so far (once per store).  One store is just
+    :func:`verify_store`.
 
     Raises:
         ValueError: ``max_problems`` below 1, no store or a store given twice.
@@ -145,15 +128,7 @@ def verify_set(
     for path in stores:
         step = None if progress is None else _offset(progress, before)
         size = None if total is None else _offset(total, before)
-        one = verify_store(
-            path,
-            checksums=checksums,
-            max_problems=max_problems,
-            progress=step,
-            structure=structure,
-            workers=workers,
-            total=size,
-        )
+        one = verify_store(path, progress=step, total=size, **options)
         report.reports.append(one)
         before += one.count
     damaged = any(p.kind == "structure" for r in report.reports for p in r.problems)

@@ -17,8 +17,9 @@ from lmdbstore.config import DEFAULT_SAMPLE_SEED, SAMPLE_READ_CHUNK
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader
+from lmdbstore.util.memory import describe_bytes
 
-__all__ = ["class_rows", "exact_values", "fmt_bytes", "fmt_num", "format_stats", "sampled_stats", "store_stats"]
+__all__ = ["class_rows", "exact_values", "format_stats", "sampled_stats", "store_stats", "summary_lines"]
 
 
 def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
@@ -31,18 +32,11 @@ def sampled_stats(reader: Reader, sample: int, seed: int) -> dict[str, Any]:
     vs = ValueStats()
     for i in range(0, k, SAMPLE_READ_CHUNK):
         vs.update(reader.read_batch(idx[i : i + SAMPLE_READ_CHUNK]))
-    return {
-        "method": f"random sample of {k} of {n} samples (seed {seed})",
-        "mean": vs.mean,
-        "std": vs.std,
-        "min": vs.min,
-        "max": vs.max,
-        "nonfinite": vs.nonfinite,
-    }
+    return exact_values(vs, f"random sample of {k} of {n} samples (seed {seed})")
 
 
 def exact_values(vs: ValueStats, method: str) -> dict[str, Any]:
-    """The ``values`` entry of a stats dict from exact value statistics, saying how they were obtained."""
+    """The ``values`` entry of a stats dict from value statistics, saying how they were obtained."""
     return {"method": method, "mean": vs.mean, "std": vs.std, "min": vs.min, "max": vs.max, "nonfinite": vs.nonfinite}
 
 
@@ -128,41 +122,41 @@ def store_stats(
         }
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1024
-    return f"{n}"  # pragma: no cover
-
-
-def fmt_num(v: float | None) -> str:
+def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
+
+
+def summary_lines(classes: list[dict[str, Any]], values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The class table and the value lines of a stats table (of a store or a set)."""
+    v = values
+    table = [f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}"] + [
+        f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%" for c in classes
+    ]
+    return table, [
+        f"values       mean {_num(v['mean'])}  std {_num(v['std'])}  min {_num(v['min'])}  max {_num(v['max'])}  "
+        f"non-finite {v['nonfinite']}",
+        f"             {v['method']}",
+    ]
 
 
 def format_stats(s: dict[str, Any]) -> str:
     """Human-readable table of :func:`store_stats`'s dict."""
-    b, lm, v = s["bytes"], s["lmdb"], s["values"]
-    ratio = b["ratio_samples_to_raw"]
+    b, lm = s["bytes"], s["lmdb"]
+    ratio, size = b["ratio_samples_to_raw"], describe_bytes
+    table, values = summary_lines(s["classes"], s["values"])
     lines = [
         f"store        {s['path']}  (format v{s['format_version']}, {s['created_by']})",
         f"samples      {s['samples']:,}  shape {tuple(s['shape'])}  dtype {s['dtype']}  ({s['sample_bytes']:,} B each)",
         f"packing      {s['samples_per_value']} samples per value, checksum {s['checksum']}",
         "",
-        f"{'class':<16}{'id':>4}{'count':>14}{'share':>9}",
-    ]
-    for c in s["classes"]:
-        lines.append(f"{c['name'][:16]:<16}{c['id']:>4}{c['count']:>14,}{100 * c['share']:>8.2f}%")
-    lines += [
+        *table,
         "",
-        f"raw payload  {fmt_bytes(b['raw'])}",
-        f"on disk      {fmt_bytes(b['samples_db'])} in sample pages ({b['per_sample_on_disk']:,.1f} B/sample, "
-        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw); {fmt_bytes(b['used_pages_total'])} all used pages; "
-        f"file {fmt_bytes(b['file_size'])} ({fmt_bytes(b['file_allocated'])} allocated)",
+        f"raw payload  {size(b['raw'])}",
+        f"on disk      {size(b['samples_db'])} in sample pages ({b['per_sample_on_disk']:,.1f} B/sample, "
+        f"{'-' if ratio is None else f'{ratio:.3f}x'} raw); {size(b['used_pages_total'])} all used pages; "
+        f"file {size(b['file_size'])} ({size(b['file_allocated'])} allocated)",
         f"lmdb         page {lm['page_size']} B, depth {lm['depth']['samples']} (samples), "
-        f"{lm['pages']['samples']:,} sample pages, map {fmt_bytes(lm['map_size'])}",
-        f"values       mean {fmt_num(v['mean'])}  std {fmt_num(v['std'])}  min {fmt_num(v['min'])}  "
-        f"max {fmt_num(v['max'])}  non-finite {v['nonfinite']}",
-        f"             {v['method']}",
+        f"{lm['pages']['samples']:,} sample pages, map {size(lm['map_size'])}",
+        *values,
     ]
     return "\n".join(lines)

@@ -1,36 +1,25 @@
-"""Check that a store's contents agree with its metadata (``lmdbstore verify``): one route, on the file opened.
+"""Check that a store's contents agree with its metadata (``lmdbstore verify``): one route, on the file opened
+(what it checks, and the guarantees: docs/reliability.md#checksums-and-lmdbstore-verify).
 
-:func:`verify_store` streams through every sub-database once and reports what it finds as a list
-of :class:`Problem`\\ s (kind, sample index, one-line message), stopping after ``max_problems``:
+:func:`verify_store` reports what it finds as a list of :class:`Problem`\\ s (kind, sample index, one-line
+message), stopping after ``max_problems``:
 
-* ``structure``: the LMDB file itself (B-tree pages, overflow extents, free list) as checked by
-  py-lmdb's offline verifier ``lmdb.verify``, which reads the file with plain ``read()`` calls and
-  never hands it to liblmdb, so a damaged file cannot crash the process.  It runs only when no writer
-  holds the store; if it finds damage, the content checks are skipped (liblmdb may crash on a damaged
-  B-tree).  Skipped, with a note, where py-lmdb has no ``lmdb.verify``.  A ``samples`` B-tree
-  lmdbstore's own page parser cannot read (a key of another width) is a ``structure`` problem too.
-* ``samples``: the keys are exactly ``0, spv, 2*spv, ... < count`` (no gaps, no extras), every value
-  has exactly the length the metadata implies (the last one may be short), and every value's
-  checksum trailer matches its bytes (when the store has checksums and ``checksums=True``): the value
-  pass of :mod:`lmdbstore.tools.verify_values`, on every core.
+* ``structure``: py-lmdb's offline page walk (``lmdb.verify``, which never hands the file to liblmdb), when no
+  writer holds the store; damage found there skips the content checks (liblmdb may crash on a damaged B-tree).
+  A ``samples`` B-tree lmdbstore's own page parser cannot read is a ``structure`` problem too.
+* ``samples``: the value pass of :mod:`lmdbstore.tools.verify_values`, on every core.
 * ``labels``, ``classidx``, ``meta``/``progress``/main database, statistics: through liblmdb, against the
   metadata (:mod:`lmdbstore.tools.verify_checks`, which also defines the report).
 
-Errors that make a store *unverifiable* (missing path, not a store, malformed metadata, unknown
-format version, truncated data file) are not reported as problems: they propagate as the usual
-:class:`~lmdbstore.errors.LmdbStoreError` subclasses, so callers (and the CLI's exit codes) can tell
+A store that cannot be opened at all propagates its :class:`~lmdbstore.errors.LmdbStoreError`, so callers can tell
 "damaged contents" from "cannot be read at all".
 
 **On the file opened.**  Where no writer is active verify holds writers off (a shared lock on ``writer.lock``)
-and opens the data file once (:class:`AtRest`).  The page walk (through ``/proc/self/fd``) and the value pass's
-workers (:class:`~lmdbstore.util.workers.PassedFd`) read that descriptor, never the path again; liblmdb opens the
-store once the walk found it intact, and must show the same file and commit; a file written meanwhile or a path
-naming another file is one line, "the data file was replaced while it was verified -- run verify again"
-(:class:`~lmdbstore.errors.StoreReplacedError`), never a report on another file.  The walk reads the first page of
-every value's overflow run one at a time (alone on a cold store slower than reading the file in sequence), so
-where the value pass has worker processes or the store is large it runs meanwhile in a worker of its own, just
-behind the workers that bring those pages into the page cache.  Beside a writer, or given an open reader, the
-same value pass reads the reader's registered snapshot (no walk then).
+and opens the data file once (:class:`AtRest`): the page walk and the value pass's workers read that descriptor,
+liblmdb must then show the same file and commit, and a file replaced meanwhile is a
+:class:`~lmdbstore.errors.StoreReplacedError`, never a report on another file.  The walk runs in a worker of its
+own beside the value pass where the store is large.  Beside a writer, or given an open reader, the value pass
+reads the reader's registered snapshot (no walk then).
 """
 
 from __future__ import annotations

@@ -108,15 +108,6 @@ class VerifyReport:
         d["problems"] = [p.to_dict() for p in self.problems]
         return d
 
-    def summary(self) -> str:
-        """One line: OK or the number of problems, and what was checked."""
-        head = "OK" if self.ok else f"{len(self.problems)} problem(s){'' if self.complete else ' (stopped early)'}"
-        return (
-            f"{self.path}: {head}: {self.samples_checked} samples in {self.values_checked} values, "
-            f"{self.checksums_checked} checksums, {self.labels_checked} labels, "
-            f"{self.class_index_entries_checked} class-index entries"
-        )
-
 
 class Enough(Exception):
     """Raised by :class:`Collector` once ``max_problems`` problems are collected."""

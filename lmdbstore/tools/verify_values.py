@@ -1,21 +1,16 @@
 """The ``samples`` check of ``lmdbstore verify`` at the disk's speed: every value read once, in large sequential
 runs, its checksum computed by the fastest library at hand, on every core.
 
-liblmdb's cursor faults a value's pages in one at a time, so checking a cold store through it ran at ~130 MB/s
-of one core (issue 36).  This pass instead:
-
-1. locates every value from the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`, a
+1. every value is located from the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`, a
    bounds-checked walk that never hands the file to liblmdb); a tree it cannot read is a ``structure`` problem;
-2. finds from the keys and sizes alone the ``missing-value``, ``extra-value`` and ``value-length`` problems
+2. the keys and sizes alone give the ``missing-value``, ``extra-value`` and ``value-length`` problems
    (:func:`grid_problems`);
-3. reads the values' bytes in file order, in chunks of a few MiB (:func:`plan_chunks`, sized by the data and the
-   memory available), and compares each value's checksum with its trailer (:class:`ChunkChecker`), one chunk per
-   worker process at a time (:func:`check_values`, on :class:`~lmdbstore.util.pool.OrderedPool`).  The workers
-   read the descriptor verify opened (:class:`~lmdbstore.util.workers.PassedFd`), never the path again.
+3. the values' bytes are read in file order, in chunks of a few MiB (:func:`plan_chunks`), and each value's
+   checksum compared with its trailer (:class:`ChunkChecker`), one chunk per worker process at a time
+   (:func:`check_values`, on :class:`~lmdbstore.util.pool.OrderedPool`), reading the descriptor verify opened.
 
 What it finds (:class:`SamplesFindings`) is reported in key order, the first ``max_problems``, whatever the number
-of workers: the pass stops once the first ``max_problems`` problems are known.  Memory: the value table (25 bytes
-a value) in the calling process, one chunk buffer per worker.
+of workers.  Memory: the value table (25 bytes a value) in the calling process, one chunk buffer per worker.
 """
 
 from __future__ import annotations

@@ -70,10 +70,7 @@ def require_pyplot() -> Any:
 
 
 def _save(plt: Any, fig: Any, out: str | os.PathLike[str], dpi: int) -> Picture:
-    p = Path(out)
-    if not p.parent.is_dir():
-        plt.close(fig)
-        raise LmdbStoreError("output directory does not exist", path=p.parent)
+    p = Path(out)  # checked (check_output_file) before any work
     w, h = fig.get_size_inches()
     try:
         fig.savefig(p, dpi=dpi, format="png")

@@ -24,7 +24,7 @@ from lmdbstore.configcheck import check_model_args
 from lmdbstore.errors import LmdbStoreError, ModelError, ValidationError, preview
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
 from lmdbstore.training.factory import ModelRef, build_from, feed_shape, model_ref
-from lmdbstore.training.model import build_model, input_channels, state_shapes
+from lmdbstore.training.model import input_channels, state_shapes
 from lmdbstore.util.atomic import atomic_paths
 
 __all__ = [
@@ -256,9 +256,6 @@ def model_from_checkpoint(
     check_model_spec(
         ckpt, model_name(ref), args if model_args is None else dict(check_model_args(model_args)), ckpt_path
     )
-    if ref.builtin:
-        net: nn.Module = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), int(args["width"]))
-    else:
-        net = build_from(ref, feed_shape(tuple(ckpt["sample_shape"])), len(ckpt["classes"]), args)
+    net = build_from(ref, feed_shape(tuple(ckpt["sample_shape"])), len(ckpt["classes"]), args)
     load_weights(net, ckpt, ckpt_path)
     return net

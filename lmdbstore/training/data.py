@@ -20,7 +20,7 @@ from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError, preview
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.choose import Sampler, make_sampler_for
+from lmdbstore.loader.choose import Sampler
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader, as_reader
@@ -29,7 +29,7 @@ from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.factory import feed_shape
 from lmdbstore.training.metrics import Log
 
-__all__ = ["Sampler", "TrainData", "check_class_overlap", "check_inputs", "make_loaders", "make_sampler", "read_store"]
+__all__ = ["TrainData", "check_class_overlap", "check_inputs", "make_loaders", "read_store"]
 
 
 @dataclass(frozen=True)
@@ -137,26 +137,6 @@ def check_inputs(data: TrainData, train_idx: np.ndarray, lcfg: LoaderConfig, inf
                 f"balanced sampling needs samples of every class; class {empty[0]!r} has none in the training split",
                 path=path,
             )
-
-
-def make_sampler(
-    data: TrainData,
-    train_idx: np.ndarray,
-    lcfg: LoaderConfig,
-    info: DistInfo,
-    say: Log = lambda _msg: None,
-    *,
-    shuffle: str | None = None,
-    window_bytes: int | None = None,
-) -> Sampler:
-    """This rank's sampler of the training split (:func:`~lmdbstore.loader.choose.make_sampler_for`:
-    class-balanced, or in the run's order -- ``shuffle`` and ``window_bytes`` as
-    :func:`~lmdbstore.training.order.agree_order` fixed them, else ``auto`` said through ``say``; over a set of
-    stores, batches grouped by store)."""
-    return make_sampler_for(
-        data.reader, data.meta, data.labels, train_idx, lcfg, shuffle=shuffle, window_bytes=window_bytes,
-        rank=info.rank, world_size=info.world_size, say=say,
-    )  # fmt: skip
 
 
 def make_loaders(

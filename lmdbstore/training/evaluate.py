@@ -21,7 +21,7 @@ from torch import nn
 from lmdbstore.config import LoaderConfig, TrainConfig
 from lmdbstore.errors import LmdbStoreError, preview
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
-from lmdbstore.loader.choose import recorded_splits, run_split
+from lmdbstore.loader.choose import recorded_splits, split_indices
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.multi import StoreSet
@@ -42,6 +42,7 @@ class Scores:
     loss_sum: float
     confusion: torch.Tensor  # (classes, classes) int64 on the CPU; rows: true class, columns: predicted
     predictions: list[np.ndarray] = field(default_factory=list)  # per batch, uint16 class ids (if kept)
+    batches: int = 0  # batches this rank scored
 
     @property
     def samples(self) -> int:
@@ -81,7 +82,9 @@ def score_loader(
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     preds: list[np.ndarray] = []
     lmap = label_map.to(device) if label_map is not None else None
+    batches = 0
     for x, y in loader:
+        batches += 1
         x, y = to_device(x, y, device)
         if lmap is not None:
             y = lmap[y]
@@ -95,7 +98,7 @@ def score_loader(
     info = info or DistInfo()
     all_reduce(conf, info)
     all_reduce(loss_sum, info)
-    return Scores(float(loss_sum), conf.cpu(), preds)
+    return Scores(float(loss_sum), conf.cpu(), preds, batches)
 
 
 def confusion_summary(conf: torch.Tensor, classes: list[str]) -> tuple[float | None, dict[str, float | None]]:
@@ -208,8 +211,7 @@ def evaluate(
     idx = np.arange(meta.count, dtype=np.int64) if indices is None else np.sort(sample_indices(indices))
     check_in_range(idx, meta.count)
     if labels is not None:
-        train_idx, val_idx = run_split(recorded_splits(ckpt, Path(checkpoint)), labels, path).parts(labels)
-        idx = val_idx if split == "val" else train_idx
+        idx = split_indices(labels, split, recorded=recorded_splits(ckpt, Path(checkpoint)), path=path)
     loader = make_loader(
         LmdbBatchDataset(reader),
         EpochBatchSampler(idx, batch_size, shuffle="none"),

@@ -33,14 +33,9 @@ import torch
 from torch import nn
 
 from lmdbstore.config import BUILTIN_MODEL
-from lmdbstore.errors import LmdbStoreError, ModelError, clip
+from lmdbstore.errors import LmdbStoreError, ModelError, one_line
 
 __all__ = ["ModelRef", "build_from", "call_model", "feed_shape", "load_factory", "model_ref"]
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return clip(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ def _import_module(ref: ModelRef) -> Any:
         try:
             return importlib.import_module(ref.module)
         except Exception as exc:
-            raise ModelError(f"cannot import model module {ref.module!r} ({_one_line(exc)})", path=ref.text) from exc
+            raise ModelError(f"cannot import model module {ref.module!r} ({one_line(exc)})", path=ref.text) from exc
         finally:
             if added and str(Path.cwd()) in sys.path:
                 sys.path.remove(str(Path.cwd()))
@@ -120,7 +115,7 @@ def _import_module(ref: ModelRef) -> Any:
         spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
-        raise ModelError(f"loading the model file raised {_one_line(exc)}", path=ref.file) from exc
+        raise ModelError(f"loading the model file raised {one_line(exc)}", path=ref.file) from exc
     return module
 
 
@@ -160,7 +155,7 @@ def build_from(ref: ModelRef, in_shape: tuple[int, ...], classes: int, kwargs: d
     except Exception as exc:
         args = json.dumps(kwargs, sort_keys=True)
         raise ModelError(
-            f"model factory raised {_one_line(exc)} (called with in_shape {tuple(in_shape)}, classes {classes}, "
+            f"model factory raised {one_line(exc)} (called with in_shape {tuple(in_shape)}, classes {classes}, "
             f"model_args {args})",
             path=ref.text,
         ) from exc
@@ -183,10 +178,10 @@ def call_model(net: nn.Module, x: torch.Tensor, classes: int, ref: str) -> torch
     except Exception as exc:
         if type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
             raise ModelError(
-                f"torch.compile failed: {_one_line(exc)}", path=ref, hint="train without compile=True"
+                f"torch.compile failed: {one_line(exc)}", path=ref, hint="train without compile=True"
             ) from exc
         raise ModelError(
-            f"the model raised in forward on a batch of shape {tuple(x.shape)}: {_one_line(exc)}", path=ref
+            f"the model raised in forward on a batch of shape {tuple(x.shape)}: {one_line(exc)}", path=ref
         ) from exc
     want = (x.shape[0], classes)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:

@@ -80,7 +80,7 @@ def run_epochs(run: TrainRun, state: RunState, train_loader: Any, val_loader: An
 
 def _validate(run: TrainRun, loader: Any, m: EpochMetrics) -> torch.Tensor:
     """Score the validation split (or its ``val_limit`` subset) into ``m``; return its confusion matrix."""
-    v = validate(run.net, loader, run.device, run.data.classes, amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model)
+    v = validate(run, loader)
     m.val_loss, m.val_accuracy, m.per_class_accuracy = v.loss, v.accuracy, v.per_class
     m.val_samples, m.val_batches = v.samples, v.batches
     return v.confusion
@@ -89,9 +89,7 @@ def _validate(run: TrainRun, loader: Any, m: EpochMetrics) -> torch.Tensor:
 def _validate_inside(run: TrainRun, epoch: int, done: int) -> dict[str, Any]:
     """A validation after step ``done`` of the run, inside epoch ``epoch`` (0-based): said, logged to
     TensorBoard, and returned as its record; the model is put back in training mode."""
-    v = validate(
-        run.net, run.val_loader, run.device, run.data.classes, amp=run.cfg.amp, info=run.info, model_ref=run.cfg.model
-    )
+    v = validate(run, run.val_loader)
     run.net.train()
     record = v.record(done)
     run.say(validation_line(epoch + 1, record))

@@ -8,12 +8,10 @@ Architecture (``width`` = w, default 16)::
     conv3x3(2w -> 4w) + BN + ReLU
     global average pool, dropout 0.1, linear(4w -> classes)
 
-About 24 k parameters and 2.8 MFLOPs (forward) per 25x25 sample at w=16: a training step of 4096
-samples takes well under a second on two CPU cores, and a GPU is never starved by it.  Use a larger
-``width`` on a GPU.  Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools
-need it).  2-D samples (H, W) are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples
-(L,) are refused: as (1, 1, L) images their height of 1 would not survive the first pool.  Samples of any
-real dtype are cast to the weights' dtype (float32) in ``forward``.
+Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools need it).  2-D samples (H, W)
+are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples (L,) are refused: as (1, 1, L) images
+their height of 1 would not survive the first pool.  Samples of any real dtype are cast to the weights' dtype
+(float32) in ``forward``.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from torch import nn
 
 from lmdbstore.config import MAX_WIDTH
 
-__all__ = ["MIN_SPATIAL", "SmallCNN", "build_cnn", "build_model", "input_channels", "state_shapes"]
+__all__ = ["MIN_SPATIAL", "SmallCNN", "build_cnn", "input_channels", "state_shapes"]
 
 #: Smallest height and width the two 2x max-pools can take.
 MIN_SPATIAL = 4
@@ -83,21 +81,10 @@ def input_channels(sample_shape: tuple[int, ...]) -> int:
     return channels
 
 
-def build_model(sample_shape: tuple[int, ...], n_classes: int, width: int = 16) -> SmallCNN:
-    """The model for samples of ``sample_shape`` as fed by ``LmdbBatchDataset``.
-
-    2-D samples (H, W) give 1 input channel (the dataset adds the channel axis); 3-D samples (C, H, W)
-    give C channels.
-
-    Raises:
-        ValueError: sample shapes the CNN cannot take (see :func:`input_channels`).
-    """
-    return SmallCNN(input_channels(sample_shape), n_classes, width)
-
-
 def build_cnn(in_shape: tuple[int, ...], classes: int, width: int = 16) -> SmallCNN:
     """The built-in model factory (:data:`~lmdbstore.config.BUILTIN_MODEL`): the CNN for batches of
-    ``(N, *in_shape)``, ``in_shape`` being ``(C, H, W)`` as the loader feeds samples, with ``width``.
+    ``(N, *in_shape)``, ``in_shape`` being ``(C, H, W)`` as the loader feeds samples (or a store's sample shape:
+    2-D samples (H, W) give 1 input channel, 3-D samples (C, H, W) give C), with ``width``.
 
     Raises:
         ValueError: shapes the CNN cannot take, or a ``width`` out of range.
@@ -108,12 +95,12 @@ def build_cnn(in_shape: tuple[int, ...], classes: int, width: int = 16) -> Small
 
 
 def state_shapes(sample_shape: tuple[int, ...], n_classes: int, width: int) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every entry of :func:`build_model`'s ``state_dict``, without allocating any of it
+    """Name -> shape of every entry of :func:`build_cnn`'s ``state_dict``, without allocating any of it
     (the model is built on PyTorch's ``meta`` device): what a checkpoint's weights must look like.
 
     Raises:
-        ValueError: as :func:`build_model`.
+        ValueError: as :func:`build_cnn`.
     """
     with torch.device("meta"):
-        model = build_model(sample_shape, n_classes, width)
+        model = build_cnn(sample_shape, n_classes, width)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}

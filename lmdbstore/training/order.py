@@ -1,14 +1,9 @@
-"""The epoch order a training run draws, fixed once for the whole run.
+"""The epoch order a training run draws, fixed once for the whole run (docs/design.md#resuming-inside-an-epoch).
 
-Two choices depend on the memory available at the moment they are made: ``shuffle="auto"`` (``random`` while
-the store fits the page cache, else ``window``) and the window's size (an eighth of available memory unless
-``window_mb`` names it).  Made again in a resumed run, or separately on every rank of a ``torchrun`` job, they
-could differ: the resumed run would draw other epochs than the killed one (its checkpoint refused inside an
-epoch, other orders after it), and ranks with windows of different sizes would take shares of *different*
-global orders (samples read twice, others never, nothing said).  So the trainer makes them once
-(:func:`agree_order`: rank 0 decides, every rank takes its answer), writes them into every checkpoint
-(:meth:`Order.to_json`, key ``order``), and a resumed run takes them from there (:func:`recorded_order`);
-what the user names explicitly (``shuffle``, ``window_mb``) still wins.
+``shuffle="auto"``'s choice and the window's size depend on the memory available when they are made: made again
+in a resumed run, or on every rank of a job, they could differ.  So rank 0 makes them (:func:`agree_order`),
+every rank takes its answer, every checkpoint records them (:meth:`Order.to_json`, key ``order``) and a resumed run
+takes them from there (:func:`recorded_order`); what the user names (``shuffle``, ``window_mb``) still wins.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Where the training data lives across the ranks of a ``torchrun`` job: the same stores on every node (a copy per
-node), or each node with its own shards of a set.
+node), or each node with its own shards of a set (docs/multinode.md).
 
-The ranks compare what they were given (:func:`place`, one ``all_gather`` before anything is read for training):
-
-* **The same data everywhere** (every rank's stores have the same metadata: copies made by ``lmdbstore copy``,
-  ``rsync`` or ``mdb_copy`` do): nothing changes.  Every rank draws the same epoch order over the whole set and
-  takes its round-robin share of it.
-* **Different data per node** (shards): ranks holding the same stores form a *group*; each group trains on its
-  own stores, its ranks sharing them round-robin as above, so every sample of every node is read exactly once
-  per epoch across the job.  All ranks train on one class list (the union of every rank's classes, first seen
-  in rank order: each rank's labels are mapped to it by name), and DDP needs the same number of steps
-  everywhere, so a group with fewer batches than the largest splits its largest batches until it has as many
-  (:class:`EqualSteps`): shards of about equal size keep batches about equal.  Each group validates on its own
-  split; the metrics are summed over all ranks as always.
-
-Samples of one shape and dtype are required across the job (a one-line ``ValidationError`` on every rank
-otherwise).
+The ranks compare their stores' metadata (:func:`place`, one ``all_gather`` before anything is read for
+training).  The same data everywhere: every rank takes its round-robin share of one epoch order.  Shards: ranks
+holding the same stores form a *group* that shares them round-robin; all ranks train on one class list (the
+union, first seen in rank order, labels mapped by name) and run the same number of steps (:class:`EqualSteps`:
+a group with fewer batches splits its largest ones).  Samples of one shape and dtype are required across the
+job.
 """
 
 from __future__ import annotations
@@ -32,11 +23,11 @@ import torch.distributed as dist
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import ValidationError
-from lmdbstore.loader.choose import SplitRecord, run_split
+from lmdbstore.loader.choose import SplitRecord, make_sampler_for, run_split
 from lmdbstore.loader.passes import EpochPasses
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.readers import Reader
-from lmdbstore.training.data import TrainData, check_inputs, make_sampler, read_store
+from lmdbstore.training.data import TrainData, check_inputs, read_store
 from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.metrics import Log
 from lmdbstore.training.order import Order, agree_order
@@ -249,7 +240,7 @@ def rank_data(
     ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it
     (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
     (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
-    make this rank's sampler (:func:`~lmdbstore.training.data.make_sampler`, cut to equal steps when sharded):
+    make this rank's sampler (:func:`~lmdbstore.loader.choose.make_sampler_for`, cut to equal steps when sharded):
     the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
 
     Raises:
@@ -271,8 +262,17 @@ def rank_data(
     check_inputs(data, train_idx, lcfg, share)
     sample_bytes, where = len(train_idx) * data.meta.sample_bytes, device or torch.device("cpu")
     order = agree_order(lcfg, data.reader, sample_bytes, info, where, say, recorded)
-    sampler: Any = make_sampler(
-        data, train_idx, lcfg, share, say, shuffle=order.shuffle, window_bytes=order.window_bytes
+    sampler: Any = make_sampler_for(
+        data.reader,
+        data.meta,
+        data.labels,
+        train_idx,
+        lcfg,
+        shuffle=order.shuffle,
+        window_bytes=order.window_bytes,
+        rank=share.rank,
+        world_size=share.world_size,
+        say=say,
     )
     if placement.sharded:  # DDP needs as many steps on every rank
         sampler = EqualSteps(sampler, equal_steps(len(sampler), info))

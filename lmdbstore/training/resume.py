@@ -1,11 +1,6 @@
-"""Where a training run stands, and how ``--resume`` restores it from ``checkpoint.pt``
-(what a checkpoint holds: :mod:`~lmdbstore.training.saving`).
-
-A resumed run needs the checkpoint of the same model (classes, channels, sample shape and width), its
-weights and optimizer state, the epoch reached and the steps of the next one already trained (with their
-partial metrics and the sampler's position), the random generator's state, the metrics history, the best
-validation accuracy and the last validation confusion matrix.  Every reason a checkpoint cannot be
-resumed is one :class:`~lmdbstore.errors.LmdbStoreError` line naming the checkpoint.
+"""Where a training run stands (:class:`RunState`), and how ``--resume`` restores it from ``checkpoint.pt``
+(written by :mod:`~lmdbstore.training.saving`).  Every reason a checkpoint cannot be resumed is one
+:class:`~lmdbstore.errors.LmdbStoreError` line naming the checkpoint.
 """
 
 from __future__ import annotations

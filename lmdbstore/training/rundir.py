@@ -1,11 +1,7 @@
 """A training run's output directory before the run starts: an earlier run's files are never mixed with, or
-silently replaced by, a new run's.
-
-A directory holding an earlier run (its ``checkpoint.pt``, ``best.pt``, ``metrics.jsonl`` or ``summary.json``)
-is continued (``resume``), started afresh on purpose (``overwrite``: the earlier run's files are removed first,
-so its ``best.pt`` cannot outlive it), or refused.  Refusing, rather than keeping the best checkpoint across
-runs, is the choice: a ``best.pt`` kept from another run (another model, other data, another seed) beside this
-run's ``checkpoint.pt`` and metrics would be a file whose origin nothing records.
+silently replaced by, a new run's.  A directory holding an earlier run (its ``checkpoint.pt``, ``best.pt``,
+``metrics.jsonl`` or ``summary.json``) is continued (``resume``), started afresh on purpose (``overwrite``: its
+files are removed first), or refused (docs/design.md#model says why).
 """
 
 from __future__ import annotations
@@ -27,11 +23,8 @@ def prepare_run_dir(out: Path, *, resume: bool, overwrite: bool) -> list[Path]:
     earlier run whole).
 
     Raises:
-        ValueError: ``resume`` and ``overwrite`` together.
         LmdbStoreError: ``out`` holds an earlier run and neither ``resume`` nor ``overwrite`` is given.
     """
-    if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
     if resume:
         return []
     found = [name for name in RUN_FILES if (out / name).exists()]

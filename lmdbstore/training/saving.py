@@ -1,16 +1,8 @@
 """Writing ``checkpoint.pt`` (and ``best.pt``): at the end of every epoch, and with
-``TrainConfig.checkpoint_every`` also every that many steps inside an epoch.
+``TrainConfig.checkpoint_every`` also every that many steps inside an epoch (docs/design.md#resuming-inside-an-epoch).
 
-A checkpoint holds what resuming needs to continue exactly where it was written, so that a run killed
-and resumed ends with the same weights as one never interrupted (same seed, same machine): the model,
-optimizer and scheduler state, the last finished epoch (``epoch``, -1 before any) and the steps of the
-next one already trained (``step``) with that epoch's partial metrics (``epoch_totals``, summed over the
-ranks: every sample counted once), the training loader's state under the key ``sampler`` (its sampler's
-epoch and the batches the loader delivered to the loop -- :mod:`~lmdbstore.loader.delivered` --, checked
-against the sampler of the resumed run; the format earlier versions wrote there, so their checkpoints
-resume too), torch's random number generator (dropout), the metrics history, the best validation accuracy,
-the last confusion matrix and what the split was drawn from (``split``).  Only tensors and primitives: it loads
-with ``torch.load(weights_only=True)``.  Written atomically: a kill during the write leaves the previous one.
+A checkpoint holds what resuming needs to continue exactly where it was written (:func:`checkpoint_dict`), only
+tensors and primitives (it loads with ``torch.load(weights_only=True)``), written atomically.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""TensorBoard scalars of a training run: loss, learning rate, validation loss and accuracy, samples/s and
-data wait, written as an event file into the run directory when the ``tensorboard`` package is installed
-(``tensorboard --logdir runs`` then shows every run by its directory).
-
-Written with TensorBoard's own protocol buffers and record writer, not through
-``torch.utils.tensorboard``: that one loads all of TensorFlow when it is installed (seconds of start-up,
-hundreds of MB, and thread pools that make forked DataLoader workers unsafe).  A resumed run starts a new
-event file that first tells TensorBoard to drop what an earlier file logged from the resumed step on
-(what the killed run logged after its last checkpoint), so every step is shown once.
+"""TensorBoard scalars of a training run, written as an event file into the run directory when the
+``tensorboard`` package is installed, with TensorBoard's own protocol buffers and record writer (not
+``torch.utils.tensorboard``, which loads TensorFlow: docs/design.md says why).  A resumed run starts a new event
+file that first tells TensorBoard to drop what an earlier file logged from the resumed step on.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Training the CNN on a store, on one process or under ``torchrun`` (DDP): :func:`train`, what
-``lmdbstore train`` runs.
+"""Training the CNN (or the user's model) on a store, on one process or under ``torchrun`` (DDP): :func:`train`,
+what ``lmdbstore train`` runs.
 
-It reads batches through :func:`~lmdbstore.frameworks.torch_data.make_loader` (the feed's reader processes),
-measures how long the loop waits for data, validates on a stratified split, writes metrics as JSON lines
-and checkpoints that load with ``torch.load(weights_only=True)``, and resumes from them.  The pieces live
-beside it: what is read and in which order (:mod:`~lmdbstore.training.data`), the epoch loop
-(:mod:`~lmdbstore.training.loop`), validation (:mod:`~lmdbstore.training.evaluate`), resuming
-(:mod:`~lmdbstore.training.resume`), metrics and output files (:mod:`~lmdbstore.training.metrics`).
-
-Distributed: when started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) every rank joins a
-process group (NCCL on CUDA, gloo on CPU), wraps the model in DistributedDataParallel, reads its own
-disjoint share of each epoch's order (same seed on every rank), all-reduces the metrics, and only
-rank 0 prints and writes files.
-
-Samples of every dtype a store may hold train: a batch crosses to the device in the store's dtype and is
-converted to the model's float32 there.  2-D samples (H, W) are one-channel images, 3-D samples (C, H, W)
-have C channels (kept in the checkpoint); other shapes, and images under 4x4, are refused before training.
+It reads batches through the feed (:func:`~lmdbstore.frameworks.torch_data.make_loader`), measures how long the
+loop waits for data, validates on a stratified split, writes metrics as JSON lines and checkpoints that load
+with ``torch.load(weights_only=True)``, and resumes from them.  Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank
+joins a process group (NCCL on CUDA, gloo on CPU), reads its own disjoint share of each epoch's order, and only
+rank 0 prints and writes files (docs/design.md#ddp-beyond-one-machine).  A batch crosses to the device in the
+store's dtype and is converted there (:mod:`~lmdbstore.training.batches`).
 """
 
 from __future__ import annotations
@@ -42,7 +33,6 @@ from lmdbstore.training.evaluate import format_confusion
 from lmdbstore.training.factory import build_from, feed_shape, load_factory, model_ref
 from lmdbstore.training.loop import run_epochs
 from lmdbstore.training.metrics import EpochMetrics, Log, clear_metrics, rewrite_metrics, write_summary
-from lmdbstore.training.model import build_model
 from lmdbstore.training.optim import compiled, make_optimizer
 from lmdbstore.training.order import order_of, recorded_order
 from lmdbstore.training.placement import rank_data, split_sizes
@@ -232,11 +222,7 @@ def _build_model(
     in DistributedDataParallel; with ``cfg.compile`` through ``torch.compile``."""
     torch.manual_seed(seed)
     ref = model_ref(cfg.model)
-    if ref.builtin:
-        built: nn.Module = build_model(data.meta.shape, len(data.classes), cfg.model_kwargs.get("width", cfg.width))
-    else:
-        built = build_from(ref, feed_shape(data.meta.shape), len(data.classes), cfg.model_kwargs)
-    model = place_model(built, device)
+    model = place_model(build_from(ref, feed_shape(data.meta.shape), len(data.classes), cfg.model_kwargs), device)
     net: nn.Module = model
     if info.active:
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

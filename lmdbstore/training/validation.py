@@ -1,12 +1,9 @@
 """Validation at scale: what one validation reads (``TrainConfig.val_limit``), when it runs (every epoch's end, and
 every ``TrainConfig.val_every`` steps), and what it reports (samples and batches, summed over the ranks).
 
-At 40M samples the default 10 % split is 4M samples, read in full after every epoch: most of an epoch's time
-(issue 36).  ``val_limit`` bounds each validation to a number of batches per process (an int) or a share of the
-split (a float): the samples read are a fixed subset of the split, drawn once, stratified by class and seeded, so
-every validation of the run scores the same samples and the metrics stay comparable.  Under DDP every rank reads
-the same number of batches (the subset is dealt round-robin, and the ranks' counts are compared after each
-validation).  numpy and torch; no store access beyond the loader's.
+``val_limit`` bounds each validation to a number of batches per process (an int) or a share of the split (a
+float): a fixed subset of the split, drawn once, stratified by class and seeded, so every validation of the run
+scores the same samples.  Under DDP every rank reads the same number of batches.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from lmdbstore.loader.samplers import stratified_split
-from lmdbstore.training.distributed import DistInfo
 from lmdbstore.training.evaluate import confusion_summary, score_loader
+from lmdbstore.training.run import TrainRun
 
 __all__ = ["Validation", "limit_validation", "plan_words", "validate"]
 
@@ -62,37 +59,15 @@ class Validation:
                 "accuracy": self.accuracy}  # fmt: skip
 
 
-class _Counted:
-    """Iterate ``loader`` counting its batches."""
-
-    def __init__(self, loader: Any):
-        self.loader, self.batches = loader, 0
-
-    def __iter__(self) -> Any:
-        for batch in self.loader:
-            self.batches += 1
-            yield batch
-
-
-def validate(
-    net: torch.nn.Module,
-    loader: Any,
-    device: torch.device,
-    classes: list[str],
-    *,
-    amp: bool,
-    info: DistInfo,
-    model_ref: str = "model",
-) -> Validation:
-    """Score ``net`` on ``loader`` (every rank its share) and count what it read (``model_ref``: the model's
-    name in a one-line error of its forward).
+def validate(run: TrainRun, loader: Any) -> Validation:
+    """Score the run's model on ``loader`` (every rank its share) and count what it read.
 
     Raises:
         RuntimeError: the ranks read different numbers of batches (an invariant of the dealt subset).
     """
-    counted = _Counted(loader)
-    scores = score_loader(net, counted, device, len(classes), amp=amp, info=info, model_ref=model_ref)
-    span = torch.tensor([counted.batches, -counted.batches], dtype=torch.int64, device=device)
+    cfg, classes, info = run.cfg, run.data.classes, run.info
+    scores = score_loader(run.net, loader, run.device, len(classes), amp=cfg.amp, info=info, model_ref=cfg.model)
+    span = torch.tensor([scores.batches, -scores.batches], dtype=torch.int64, device=run.device)
     if info.active:
         dist.all_reduce(span, op=dist.ReduceOp.MAX)
     most, fewest = int(span[0]), -int(span[1])

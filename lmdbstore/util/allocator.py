@@ -1,11 +1,10 @@
-"""glibc's allocator in producer processes that inherited ``MALLOC_TRIM_THRESHOLD_`` (issue 28).
+"""glibc's allocator in producer processes that inherited ``MALLOC_TRIM_THRESHOLD_``.
 
 Dask's Nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (its ``pre-spawn-environ``), and so does
 any process spawned later from one that made a ``LocalCluster``.  Setting that variable also turns off glibc's
 dynamic mmap threshold, which stays at 128 KiB: every large numpy temporary of a producer (a 10 MB batch and
 the arrays computed from it) is then mapped afresh and its pages faulted in on every use, and freed memory is
-given back at once.  Measured on 2 cores, that made the same producer take 1.25-1.45x its CPU in a plain
-process, and kept ``write_parallel`` on a default ``LocalCluster(2)`` at 1.1-1.3x one local worker.
+given back at once (a producer's CPU time grows by a quarter or more).
 
 :func:`keep_large_blocks` sets, once per process and only where the variable is set, the thresholds glibc's
 dynamic rule grows to for such a producer by itself: blocks up to 32 MiB come from the heap and up to 64 MiB of

@@ -3,24 +3,12 @@
 Overcommit never says no: a buffer of ``workers x prefetch x batch_size`` rows that does not fit is allocated
 "fine" and the process is OOM-killed when its pages are touched (or a ``/dev/shm`` segment raises SIGBUS when
 the tmpfs is full).  So every allocation sized by an argument is compared, *before anything is touched*, with
-what the data needs (the caller clips to that first) and what the machine can give now:
-
-* :func:`available_memory` -- ``MemAvailable`` of ``/proc/meminfo`` (what can be allocated without swapping),
-  lowered to the room left under the cgroup's memory limit when the process runs in a container that has one
-  (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); the physical memory where neither can be read;
-* :func:`shm_available` -- what a tmpfs can still take (``statvfs`` of ``/dev/shm`` by default), never more
-  than :func:`available_memory` (tmpfs pages are memory); a ``memfd`` lives on the kernel's internal tmpfs,
-  which has no size of its own: its bound is :func:`available_memory`;
-* :func:`check_allocation` -- a one-line ``ValueError`` naming the parameter when ``nbytes`` exceed a share of
-  what is available; :func:`clip_count` / :func:`clip_bytes` -- the largest count of items of a given size (the
-  largest size) that fits, with a :class:`MemoryBoundWarning` naming the parameter when it had to clip;
-* :func:`reserve` -- gives a shared-memory file (a ``memfd``, a ``/dev/shm`` segment) all its pages up front, so
-  that a full tmpfs is a one-line error now instead of a SIGBUS in the middle of a copy into it later.
-
-Both take ``available=`` (bytes; default: :func:`available_memory` read now) and ``share=`` (the fraction of it
-one allocation may take; default :data:`DEFAULT_SHARE`), so the rule is the same everywhere and a test can
-state its machine.  Reading ``/proc/meminfo`` and the cgroup files costs ~0.1 ms: once per allocation decision,
-never per batch.
+what the data needs (the caller clips to that first) and what the machine can give now
+(:func:`available_memory`, :func:`shm_available`): refused in one line naming the parameter
+(:func:`check_allocation`), or clipped with a :class:`MemoryBoundWarning` naming it (:func:`clip_count`,
+:func:`clip_bytes`); a shared-memory file gets its pages up front (:func:`reserve`).  Each takes ``available=``
+(bytes; default: read now, about 0.1 ms: once per decision, never per batch) and ``share=`` (default
+:data:`DEFAULT_SHARE`), so the rule is the same everywhere and a test can state its machine.
 """
 
 from __future__ import annotations

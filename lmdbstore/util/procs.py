@@ -2,23 +2,16 @@
 what to tell the user when the safe one cannot work.
 
 Forking is unsafe only once a runtime's own threads run: a child forked while another thread holds a lock
-inherits the lock held for ever (seen with DataLoader workers stuck in TensorFlow's thread-pool teardown).
-Importing TensorFlow or JAX starts none (measured with TensorFlow 2.21 and JAX 0.10: the process keeps
-the threads it had); TensorFlow's first op starts its pools (``tf_Compute``...), JAX's first computation
-its backend's.  So ``fork`` stays (fastest; workers inherit the parent's position table; transforms
-defined anywhere, even lambdas in a notebook, work; no ``__main__`` guard needed) until one of those
-runtimes has started, and only then do workers start by ``forkserver``: forked from a small server started
-without those threads.  A torch script that merely has TensorFlow imported (Keras on the torch backend)
-keeps ``fork``.
+inherits the lock held for ever.  Importing TensorFlow or JAX starts none; TensorFlow's first op starts its
+pools (``tf_Compute``...), JAX's first computation its backend's.  So ``fork`` stays (fastest; workers inherit
+the parent's position table; transforms defined anywhere, even lambdas in a notebook, work; no ``__main__``
+guard needed) until one of those runtimes has started, and only then do workers start by ``forkserver``.
 
 ``forkserver`` and ``spawn`` import the main script again in the server or child: a script that starts
-workers outside ``if __name__ == "__main__":`` would start them again there.
-:func:`check_main_guard` finds that case before any process starts and says so in one line.
-
-Importing the main script again is also slow: every child runs the script's imports (Keras and TensorFlow:
-seconds each; Python 3.11's forkserver never preloads the script, so each child does it).  A process whose
-arguments need nothing of the script (:func:`needs_main`) starts under :func:`main_script_hidden`, and the
-child imports only what unpickling them needs.
+workers outside ``if __name__ == "__main__":`` would start them again there (:func:`check_main_guard` says so
+in one line before any process starts), and every child runs the script's imports (seconds for Keras and
+TensorFlow): a process whose arguments need nothing of the script (:func:`needs_main`) starts under
+:func:`main_script_hidden`.
 """
 
 from __future__ import annotations

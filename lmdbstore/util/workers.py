@@ -9,10 +9,9 @@ which is safe), each calling one function on the requests it is sent and answeri
   optional ``start()`` runs first.  Workers ignore Ctrl-C (the owner decides) and die with the owner whatever kills
   it (:class:`~lmdbstore.util.lifeline.Lifeline`).
 * **Transport**: one pipe per worker, pickles with numpy data out of band, written straight from the arrays and read
-  into uninitialized buffers kept without copying.  Shared memory would not be cheaper: per 10 MB answer the pipe
-  costs the owner about 2 ms of CPU and the worker 2.5 ms, a file in ``/dev/shm`` cost the worker 5.5 ms (tmpfs
-  zeroes and frees every page) and mapping it 2.5-3 ms, and leaves files behind after a crash.  Nothing else is
-  shared: no lock or semaphore for multiprocessing's resource tracker to warn about.
+  into uninitialized buffers kept without copying (a ``/dev/shm`` file per answer cost more: tmpfs zeroes and frees
+  every page, and a crash leaves it behind).  Nothing else is shared: no lock or semaphore for multiprocessing's
+  resource tracker to warn about.
 * **Failures**: what the function raised is raised in the owner as itself (a one-line
   :class:`~lmdbstore.errors.LmdbStoreError` naming its type where it cannot travel), the worker's traceback its
   cause (:class:`RemoteTraceback`); a worker that ends without answering is a :class:`WorkerDied` naming it, its
@@ -20,9 +19,8 @@ which is safe), each calling one function on the requests it is sent and answeri
 * **Stop**: workers asked to stop finish what they were sent, are terminated after the time given and killed
   :data:`TERMINATE_GRACE` later, and are reaped.
 
-The ordered pool of the ingest and ``write_parallel`` (:mod:`lmdbstore.util.pool`) and the feed's readers are
-:class:`Workers`; ``ProcessPoolExecutor`` is not used: before Python 3.14 it cannot stop a running call at once,
-and a descriptor reaches its workers only through an initializer's global.
+Not ``ProcessPoolExecutor``: before Python 3.14 it cannot stop a running call at once, and a descriptor reaches its
+workers only through an initializer's global.
 """
 
 from __future__ import annotations

@@ -6,33 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmdbstore.loader.orders import concat_runs, deal_batches, epoch_rng, runs, shuffle_runs
+from lmdbstore.loader.orders import concat_runs, deal_batches, epoch_rng
 
 
-def test_runs_and_concat_runs() -> None:
-    keys = np.array([3, 3, 5, 5, 5, 3, 9])
-    starts, lengths = runs(keys)
-    assert starts.tolist() == [0, 2, 5, 6] and lengths.tolist() == [2, 3, 1, 1]
+def test_concat_runs() -> None:
     src = np.arange(100, 107)
     got = concat_runs(src, np.array([5, 0, 2]), np.array([2, 1, 3]))
     assert got.tolist() == [105, 106, 100, 102, 103, 104]
     assert concat_runs(src, np.zeros(0, np.int64), np.zeros(0, np.int64)).size == 0
-
-
-def test_shuffle_runs_keeps_every_run_whole() -> None:
-    src = np.sort(np.random.default_rng(0).choice(5000, 1200, replace=False))
-    keys = src // 7  # the samples of one packed value of 7
-    order, starts, lengths = shuffle_runs(src, keys, np.random.default_rng(1))
-    assert np.array_equal(np.sort(order), src)  # a permutation of the input
-    assert not np.array_equal(order, src)
-    pos = 0
-    for a, n in zip(starts, lengths, strict=True):  # the runs, in their new order, each contiguous
-        assert np.array_equal(order[pos : pos + n], src[a : a + n])
-        assert len(set(keys[a : a + n].tolist())) == 1
-        pos += n
-    assert pos == len(src)
-    again, _, _ = shuffle_runs(src, keys, np.random.default_rng(1))
-    assert np.array_equal(order, again)  # only the generator decides
 
 
 @pytest.mark.parametrize(("n", "batch", "world"), [(1003, 64, 1), (1003, 64, 2), (1003, 64, 3), (5, 64, 4), (0, 8, 2)])

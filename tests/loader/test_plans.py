@@ -7,10 +7,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmdbstore.loader.orders import concat_runs, deal_batches, runs, shuffle_runs
+from lmdbstore.loader.orders import concat_runs, deal_batches
 from lmdbstore.loader.plans import BlockPlan, WindowSequence, batch_bounds, value_starts
 from lmdbstore.loader.samplers import EpochBatchSampler, block_order
 from lmdbstore.loader.window import WindowBatchSampler
+
+
+def runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, lengths)`` of every run of equal consecutive ``keys``."""
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return starts, np.diff(np.r_[starts, keys.size])
+
+
+def shuffle_runs(
+    src: np.ndarray, keys: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs of equal ``keys`` of ``src`` in a random order (one ``rng.permutation``), each kept whole."""
+    starts, lengths = runs(keys)
+    perm = rng.permutation(len(starts))
+    starts, lengths = starts[perm], lengths[perm]
+    return concat_runs(src, starts, lengths), starts, lengths
 
 
 def reference_block_order(

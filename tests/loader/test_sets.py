@@ -13,11 +13,11 @@ from torch.utils.data import ConcatDataset, TensorDataset
 
 from lmdbstore import LoaderConfig, open_reader
 from lmdbstore.frameworks.torch_data import LmdbBatchDataset, make_loader
+from lmdbstore.loader.choose import make_sampler_for
 from lmdbstore.loader.samplers import EpochBatchSampler
 from lmdbstore.loader.sets import SetBatches, SetSpace
 from lmdbstore.loader.window import WindowBatchSampler
-from lmdbstore.training.data import make_sampler, read_store
-from lmdbstore.training.distributed import DistInfo
+from lmdbstore.training.data import read_store
 
 SPV = 18
 
@@ -29,7 +29,9 @@ def _quiet(_msg: str) -> None:
 def _sampler(three: SetInfo, shuffle: str, rank: int = 0, world: int = 1, **kw: object) -> SetBatches:
     data = read_store(three.paths)
     cfg = LoaderConfig(batch_size=64, shuffle=shuffle, seed=3, **kw)  # type: ignore[arg-type]
-    sampler = make_sampler(data, np.arange(len(three.x)), cfg, DistInfo(rank, world), _quiet)
+    sampler = make_sampler_for(
+        data.reader, data.meta, data.labels, np.arange(len(three.x)), cfg, rank=rank, world_size=world, say=_quiet
+    )
     assert isinstance(sampler, SetBatches)
     return sampler
 

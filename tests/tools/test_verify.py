@@ -124,7 +124,6 @@ def test_clean_store_verifies_with_every_count(store: tuple[Path, np.ndarray, np
     assert report.structure_checked == HAS_STRUCTURE_CHECK
     d = json.loads(json.dumps(report.to_dict()))
     assert d["ok"] is True and d["problems"] == [] and d["samples_checked"] == N
-    assert report.summary().endswith("class-index entries") and ": OK:" in report.summary()
 
 
 def test_verify_accepts_an_open_reader_and_leaves_it_usable(store: tuple[Path, np.ndarray, np.ndarray]) -> None:
@@ -346,7 +345,6 @@ def test_max_problems_stops_early(store: tuple[Path, np.ndarray, np.ndarray]) ->
     report = verify_store(path, max_problems=5)
     assert not report.ok and not report.complete
     assert [(p.kind, p.index) for p in report.problems] == [("missing-value", v * SPV) for v in range(100, 105)]
-    assert "stopped early" in report.summary()
 
 
 def _current_main_root(data: bytes) -> int:

@@ -29,7 +29,7 @@ from lmdbstore.training.checkpoint import (
     model_channels,
     model_from_checkpoint,
 )
-from lmdbstore.training.model import build_model
+from lmdbstore.training.model import build_cnn
 from lmdbstore.training.resume import restore_state
 from lmdbstore.training.tboard import EVENTS_PREFIX
 from lmdbstore.training.trainer import train
@@ -41,7 +41,7 @@ SHAPE = (16, 16)
 def _state(shape: tuple[int, ...] = SHAPE, classes: list[str] = CLASSES, width: int = 8) -> dict[str, Any]:
     """What a checkpoint holds for a fresh model (no resume state): the model's own weights and claims."""
     torch.manual_seed(0)
-    model = build_model(shape, len(classes), width)
+    model = build_cnn(shape, len(classes), width)
     return {
         "format": CHECKPOINT_FORMAT,
         "model": model.state_dict(),
@@ -201,7 +201,7 @@ def test_checkpoint_of_other_classes_or_shape_is_refused(trained: Path) -> None:
 def test_weights_into_a_model_of_another_width_are_one_line(trained: Path) -> None:
     ckpt = load_checkpoint(trained / CHECKPOINT_NAME)
     with pytest.raises(LmdbStoreError, match=r"checkpoint weights do not fit the model \(") as err:
-        load_weights(build_model(SHAPE, len(CLASSES), 16), ckpt, trained / CHECKPOINT_NAME)
+        load_weights(build_cnn(SHAPE, len(CLASSES), 16), ckpt, trained / CHECKPOINT_NAME)
     assert "\n" not in str(err.value)
 
 
@@ -227,7 +227,7 @@ def test_shapes_the_cnn_cannot_take_are_a_validation_error(tmp_path: Path) -> No
 def test_resume_state_that_is_malformed_is_one_line(trained: Path, change: dict[str, object], words: str) -> None:
     path = trained / CHECKPOINT_NAME
     ckpt = {**load_checkpoint(path), **change}
-    model = build_model(SHAPE, len(CLASSES), 8)
+    model = build_cnn(SHAPE, len(CLASSES), 8)
     optimizer = torch.optim.AdamW(model.parameters())
     with pytest.raises(LmdbStoreError, match=words) as err:
         restore_state(ckpt, optimizer, len(CLASSES), path)
@@ -236,7 +236,7 @@ def test_resume_state_that_is_malformed_is_one_line(trained: Path, change: dict[
 
 def test_resume_state_of_a_real_checkpoint(trained: Path) -> None:
     path = trained / CHECKPOINT_NAME
-    model = build_model(SHAPE, len(CLASSES), 8)
+    model = build_cnn(SHAPE, len(CLASSES), 8)
     optimizer = torch.optim.AdamW(model.parameters())
     state = restore_state(load_checkpoint(path), optimizer, len(CLASSES), path)
     assert state.start_epoch == 1 and [m.epoch for m in state.history] == [1]  # epochs count from 1

@@ -20,7 +20,7 @@ from lmdbstore.store.reader import StoreReader
 from lmdbstore.training.batches import to_device
 from lmdbstore.training.checkpoint import load_checkpoint
 from lmdbstore.training.evaluate import evaluate
-from lmdbstore.training.model import build_model
+from lmdbstore.training.model import build_cnn
 from lmdbstore.training.trainer import train
 from lmdbstore.util.runfiles import BEST_NAME, CHECKPOINT_NAME, METRICS_NAME
 
@@ -64,7 +64,7 @@ def test_train_learns_and_writes_checkpoints(synth_store: Path, three_epochs: tu
     # checkpoints hold only tensors and primitives: safe loading works
     for name in (CHECKPOINT_NAME, BEST_NAME):
         ckpt = torch.load(out / name, weights_only=True)
-        model = build_model(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), ckpt["width"])
+        model = build_cnn(tuple(ckpt["sample_shape"]), len(ckpt["classes"]), ckpt["width"])
         model.load_state_dict(ckpt["model"])
     assert load_checkpoint(out / CHECKPOINT_NAME)["epoch"] == 2
 

@@ -30,19 +30,10 @@ directory ``ROOT/<class>/*.npy``
 ``label=`` (a class name or class id) labels every sample of an ``.npy``, ``.npz`` or HDF5 source;
 for ``.npz``/HDF5 it replaces the file's own label array, which then need not exist.
 
-Before anything is written, :func:`scan_source` streams a source through the writer's own checks
-(:func:`~lmdbstore.store.validation.check_samples`, :func:`~lmdbstore.store.validation.label_ids`) so bad data fails
-up front with the file and the sample index named.  Every error is a one-line
-:class:`~lmdbstore.errors.SourceError` (cannot read the file) or
-:class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable).
-
-Layout: :mod:`.base` (the :class:`Source` interface, :class:`~.base.FileSource` and the label helpers),
-:mod:`.checks` (the argument checks and read errors every kind shares), :mod:`.npyio` (``.npy`` headers and
-reads), :mod:`.npy`, :mod:`.npz`, :mod:`.h5`, :mod:`.tfrecord` (with :mod:`.tfrecord_io`), :mod:`.directory`,
-:mod:`.store` (one module per kind),
-:mod:`.opening` (:func:`open_source`, :func:`open_sources`) and :mod:`.scan` (:func:`scan_source`,
-:func:`infer_classes`).  Users import the names from this package; the library's own modules import them
-from the module that defines them.
+Every error is a one-line :class:`~lmdbstore.errors.SourceError` (cannot read the file) or
+:class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable; :func:`scan_source` checks every
+sample before anything is written).  Users import the names from this package; the library's own modules import
+them from the module that defines them (one module per kind).
 """
 
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, Source

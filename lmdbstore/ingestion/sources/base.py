@@ -257,6 +257,20 @@ class FileSource(Source):
         """Keep the file's ``class_names`` member ``arr`` (``what``), checked to be distinct non-empty strings."""
         self._names = _names_to_list(arr, self.path, what or f"{self._member_word} {CLASS_NAMES_KEY!r}")
 
+    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for x, y in self._read(batch, start, with_x=True):
+            assert x is not None
+            yield x, y
+
+    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
+        for _, y in self._read(batch, start, with_x=False):
+            yield y
+
+    @abstractmethod
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
+        """The ``(x, y)`` batches :meth:`iter_batches` yields, ``x`` only ``with_x`` (else ``None`` where the kind
+        reads the labels alone)."""
+
     def _labels(self, y: np.ndarray, first: int) -> np.ndarray:
         """Labels read from the file starting at sample ``first``, as :meth:`Source.iter_batches` yields them.
 

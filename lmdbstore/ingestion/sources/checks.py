@@ -1,9 +1,8 @@
 """Argument checks and read-error reporting that every source kind shares.
 
 One place for each: the ``label=`` option (:func:`check_label`), the :meth:`Source.iter_batches` arguments
-(:func:`check_range`), a source file's existence (:func:`stat_file`), the exceptions that mean "this file's
-bytes are bad" (:data:`READ_ERRORS`) and how a caught one is quoted in a message (:func:`one_line`), so every
-kind raises the same one-line errors for the same mistakes.
+(:func:`check_range`), a source file's existence (:func:`stat_file`) and the exceptions that mean "this file's
+bytes are bad" (:data:`READ_ERRORS`), so every kind raises the same one-line errors for the same mistakes.
 """
 
 from __future__ import annotations
@@ -16,21 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import SourceError
+from lmdbstore.errors import SourceError, one_line
 
-__all__ = ["READ_ERRORS", "Label", "check_label", "check_range", "one_line", "stat_file"]
+__all__ = ["READ_ERRORS", "Label", "check_label", "check_range", "stat_file"]
 
 #: A class name or a class id: what the ``label=`` option and a source's labels hold.
 Label = str | int
 
 #: Errors that mean "this file's bytes are bad or unreadable" while reading it.
 READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, zipfile.BadZipFile)
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: message`` on one line, for embedding a caught exception in a :class:`SourceError`."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def check_range(batch: int, start: int, n: int) -> None:

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import SourceError
+from lmdbstore.errors import SourceError, one_line
 from lmdbstore.format.meta import controlled_name
 from lmdbstore.ingestion.sources.base import Source
-from lmdbstore.ingestion.sources.checks import Label, check_range, one_line
+from lmdbstore.ingestion.sources.checks import Label, check_range
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_sample_dtype, check_size, pread_into, read_header
 
 #: Bytes read to peek at a directory file's header (covers every header numpy writes for ndim <= 4).

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import PREVIEW_ITEMS, SourceError, clip, preview
+from lmdbstore.errors import PREVIEW_ITEMS, SourceError, clip, one_line, preview
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, stat_file
 from lmdbstore.ingestion.sources.npyio import NpyHeader, check_stack
 
 #: A dataset of an HDF5 file naming its classes when it has no ``class_names`` (the other common name).
@@ -156,7 +156,7 @@ class H5Source(FileSource):
         arr = np.asarray(y.asstr()[a:b], dtype=object) if self._y_is_str else np.asarray(y[a:b])  # NULs kept
         return self._labels(arr, a)
 
-    def _slices(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         with self._open() as f:
             x, y = f[self.h5_x], (f[self.h5_y] if self.label is None else None)
@@ -168,12 +168,3 @@ class H5Source(FileSource):
                 except (*READ_ERRORS, RuntimeError, KeyError) as exc:
                     raise SourceError(f"read failed ({one_line(exc)})", path=self.path, key=a) from exc
                 yield xb, yb
-
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for x, y in self._slices(batch, start, with_x=True):
-            assert x is not None
-            yield x, y
-
-    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        for _, y in self._slices(batch, start, with_x=False):
-            yield y

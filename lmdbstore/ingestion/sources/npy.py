@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from lmdbstore.errors import SourceError
+from lmdbstore.errors import SourceError, one_line
 from lmdbstore.ingestion.sources.base import FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
-from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_into
+from lmdbstore.ingestion.sources.checks import Label, check_range, stat_file
+from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_rows
 
 
 class NpySource(FileSource):
@@ -34,34 +34,13 @@ class NpySource(FileSource):
         self.shape, self.dtype, self._n = h.shape[1:], h.dtype, h.shape[0]
         self._header, self._stat = h, st
 
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         assert self.label is not None
-        h = self._header
-        if h.fortran:
-            yield from self._iter_fortran(batch, start)
-            return
-        row = h.data_bytes // self._n
         try:
-            f = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed in the finally below
+            f = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed by the with below
         except OSError as exc:
             raise SourceError(f"cannot open ({one_line(exc)})", path=self.path) from exc
-        try:
-            f.seek(h.offset + start * row)
-            for a in range(start, self._n, batch):
-                x = np.empty((min(batch, self._n - a), *self.shape), self.dtype)
-                read_into(f, x, self.path, a)
+        with f:
+            for x in read_rows(f, self._header, self.path, "the array", batch, start):
                 yield x, const_labels(self.label, len(x))
-        finally:
-            f.close()
-
-    def _iter_fortran(self, batch: int, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Fortran-order files store rows strided; read them through a memory map (rare case)."""
-        assert self.label is not None
-        try:
-            mm = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        except READ_ERRORS as exc:
-            raise SourceError(f"cannot map the array ({one_line(exc)})", path=self.path) from exc
-        for a in range(start, self._n, batch):
-            x = np.ascontiguousarray(mm[a : a + batch])
-            yield x, const_labels(self.label, len(x))

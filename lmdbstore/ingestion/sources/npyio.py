@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,19 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npformat
 
-from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, one_line
+from lmdbstore.errors import SourceError, one_line
+from lmdbstore.ingestion.sources.checks import READ_ERRORS
 
-__all__ = ["NpyHeader", "check_sample_dtype", "check_size", "check_stack", "pread_into", "read_header", "read_into"]
+__all__ = [
+    "NpyHeader",
+    "check_sample_dtype",
+    "check_size",
+    "check_stack",
+    "pread_into",
+    "read_header",
+    "read_into",
+    "read_rows",
+]
 
 #: Largest single read; bounds the temporary copies a zip stream makes for one ``readinto``.
 _READ_CHUNK = 16 << 20
@@ -136,6 +146,40 @@ def read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
     if got < total:
         row = out.nbytes // max(len(out), 1)
         raise SourceError("file ended early (truncated while reading)", path=path, key=first + got // max(row, 1))
+
+
+def read_rows(fp: Any, h: NpyHeader, path: str | Path, what: str, batch: int, start: int) -> Iterator[np.ndarray]:
+    """Rows ``start..`` of the array of header ``h`` in ``fp`` (a file or a zip member stream), in arrays of
+    ``batch`` rows.
+
+    Rows strided on disk (Fortran order, more than one element per row) are read as numpy reads them
+    (``shape[::-1]`` in C order, transposed): element ``(i, *rest)`` is stored at ``i + N * column(rest)``, so a
+    batch of rows ``a..b`` is one run of ``b - a`` values per column, read in increasing offset order (forward
+    seeks only).  Memory stays one batch; the price is one pass over the array per batch (a rare layout).
+
+    Raises:
+        SourceError: a read failed, or the data ended early (``what`` names the array).
+    """
+    n, size = h.shape[0], h.dtype.itemsize
+    columns = math.prod(h.shape[1:])
+    strided, a = h.fortran and len(h.shape) > 1 and columns > 1, start
+    try:
+        fp.seek(h.offset + (0 if strided else start * columns * size))
+        for a in range(start, n, batch):
+            k = min(batch, n - a)
+            if not strided:
+                out = np.empty((k, *h.shape[1:]), h.dtype)
+                read_into(fp, out, path, a)
+                yield out
+                continue
+            buf = np.empty((columns, k), h.dtype)
+            for c in range(columns):
+                fp.seek(h.offset + (c * n + a) * size)
+                read_into(fp, buf[c], path, a)
+            # buf holds the C-order array of shape (*reversed(shape[1:]), k); transposing gives (k, *shape[1:])
+            yield np.ascontiguousarray(buf.reshape(*h.shape[:0:-1], k).transpose())
+    except READ_ERRORS as exc:
+        raise SourceError(f"read failed in {what} ({one_line(exc)})", path=path, key=a) from exc
 
 
 def pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:

@@ -1,24 +1,24 @@
 """``.npz`` sources: sample and label arrays streamed straight out of the zip archive.
 
 ``np.load`` would decompress a whole member into memory; :class:`_ZipMember` instead parses the
-member's ``.npy`` header and reads rows from the (stored or deflated) zip stream batch by batch.
+member's ``.npy`` header and reads rows from the (stored or deflated) zip stream batch by batch
+(:func:`~lmdbstore.ingestion.sources.npyio.read_rows`, as ``.npy`` files are read).
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
-from lmdbstore.errors import SourceError, preview
+from lmdbstore.errors import SourceError, one_line, preview
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, FileSource, const_labels
-from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, one_line, stat_file
-from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_into
+from lmdbstore.ingestion.sources.checks import READ_ERRORS, Label, check_range, stat_file
+from lmdbstore.ingestion.sources.npyio import check_size, check_stack, read_header, read_rows
 
 
 class _ZipMember:
@@ -46,56 +46,14 @@ class _ZipMember:
         except (*READ_ERRORS, RuntimeError) as exc:
             raise SourceError(f"cannot read {self.what} ({one_line(exc)})", path=path) from exc
 
-    def rows(self, zf: zipfile.ZipFile, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
-        """Stream rows ``start..n`` of the member in arrays of ``batch`` rows."""
-        h = self.header
-        row = h.data_bytes // h.shape[0]
+    def rows(self, zf: zipfile.ZipFile, path: Path, batch: int, start: int) -> Iterator[np.ndarray]:
+        """Stream rows ``start..`` of the member in arrays of ``batch`` rows (:func:`read_rows`)."""
         try:
             fp = zf.open(self.member)
         except (*READ_ERRORS, RuntimeError) as exc:
             raise SourceError(f"cannot open {self.what} ({one_line(exc)})", path=path) from exc
-        try:
-            try:
-                fp.seek(h.offset + start * row)
-            except READ_ERRORS as exc:
-                raise SourceError(f"read failed in {self.what} ({one_line(exc)})", path=path, key=start) from exc
-            if self._strided:
-                yield from self._fortran_rows(fp, path, batch, start, n)
-                return
-            for a in range(start, n, batch):
-                out = np.empty((min(batch, n - a), *h.shape[1:]), h.dtype)
-                read_into(fp, out, path, a)
-                yield out
-        finally:
-            fp.close()
-
-    @property
-    def _strided(self) -> bool:
-        """Whether rows are strided in the member (Fortran order with more than one element per row)."""
-        h = self.header
-        return h.fortran and len(h.shape) > 1 and math.prod(h.shape[1:]) > 1
-
-    def _fortran_rows(self, fp: Any, path: Path, batch: int, start: int, n: int) -> Iterator[np.ndarray]:
-        """Rows of a Fortran-order member, as numpy reads it (``shape[::-1]`` in C order, transposed).
-
-        Element ``(i, *rest)`` is stored at ``i + N * column(rest)``: a batch of rows ``a..b`` is one run of
-        ``b - a`` values per column, read in increasing offset order (forward seeks only).  Memory stays one
-        batch; the price is one pass over the member per batch (a rare layout).
-        """
-        h = self.header
-        total, size = h.shape[0], h.dtype.itemsize
-        columns = math.prod(h.shape[1:])
-        for a in range(start, n, batch):
-            k = min(batch, n - a)
-            buf = np.empty((columns, k), h.dtype)
-            try:
-                for c in range(columns):
-                    fp.seek(h.offset + (c * total + a) * size)
-                    read_into(fp, buf[c], path, a)
-            except READ_ERRORS as exc:
-                raise SourceError(f"read failed in {self.what} ({one_line(exc)})", path=path, key=a) from exc
-            # buf holds the C-order array of shape (*reversed(shape[1:]), k); transposing gives (k, *shape[1:])
-            yield np.ascontiguousarray(buf.reshape(*h.shape[:0:-1], k).transpose())
+        with fp:
+            yield from read_rows(fp, self.header, path, self.what, batch, start)
 
 
 class NpzSource(FileSource):
@@ -141,28 +99,14 @@ class NpzSource(FileSource):
         except (*READ_ERRORS, RuntimeError) as exc:
             raise SourceError(f"not a readable .npz (zip) archive ({one_line(exc)})", path=self.path) from exc
 
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         with self._open_zip() as zf:
-            xs = self._x.rows(zf, self.path, batch, start, self._n)
-            if self._y is None:
-                assert self.label is not None
-                for x in xs:
-                    yield x, const_labels(self.label, len(x))
-                return
-            ys = self._y.rows(zf, self.path, batch, start, self._n)
-            for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=True):
-                yield x, self._labels(y, a)
-
-    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        check_range(batch, start, self._n)
-        if self._y is None:
-            assert self.label is not None
-            for a in range(start, self._n, batch):
-                yield const_labels(self.label, min(batch, self._n - a))
-            return
-        with self._open_zip() as zf:
-            for a, y in zip(
-                range(start, self._n, batch), self._y.rows(zf, self.path, batch, start, self._n), strict=True
-            ):
-                yield self._labels(y, a)
+            xs = self._x.rows(zf, self.path, batch, start) if with_x else itertools.repeat(None)
+            ys = self._y.rows(zf, self.path, batch, start) if self._y is not None else itertools.repeat(None)
+            for a, x, y in zip(range(start, self._n, batch), xs, ys, strict=False):  # rows end with the range
+                if y is not None:
+                    yield x, self._labels(y, a)
+                else:
+                    assert self.label is not None
+                    yield x, const_labels(self.label, min(batch, self._n - a))

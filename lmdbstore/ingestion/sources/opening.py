@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from lmdbstore.config import DEFAULT_X_KEY, DEFAULT_Y_KEY
-from lmdbstore.errors import SourceError, preview
+from lmdbstore.errors import SourceError, one_line, preview
 from lmdbstore.ingestion.sources.base import Source
-from lmdbstore.ingestion.sources.checks import Label, check_label, one_line
+from lmdbstore.ingestion.sources.checks import Label, check_label
 from lmdbstore.ingestion.sources.directory import open_directory
 from lmdbstore.ingestion.sources.h5 import H5Source
 from lmdbstore.ingestion.sources.npy import NpySource

@@ -49,8 +49,10 @@ def scan_source(
     batch: int = 65536,
     progress: Callable[[int], None] | None = None,
     start: int = 0,
+    stop: int | None = None,
 ) -> None:
-    """Validate every sample and label of ``src`` (from ``start``) against a store, writing nothing.
+    """Validate every sample and label of ``src`` (from ``start``, to the end of the batch reaching ``stop``)
+    against a store, writing nothing.
 
     Each batch goes through the writer's own :func:`~lmdbstore.store.validation.check_samples` and
     :func:`~lmdbstore.store.validation.label_ids`, so what passes here is what ``StoreWriter.append`` accepts.
@@ -86,6 +88,8 @@ def scan_source(
         pos += len(x)
         if progress is not None:
             progress(len(x))
+        if stop is not None and pos >= stop:
+            return
 
 
 def infer_classes(sources: Sequence[Source], *, batch: int = 1 << 20) -> list[str]:

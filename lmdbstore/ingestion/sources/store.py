@@ -1,16 +1,9 @@
 """A store as an ingest source: merge stores, subset them by class, with class names mapped by name.
 
-``lmdbstore ingest NEW OLD [OLD2 ...] [--classes a,c]``: every source that is a store directory (it
-holds LMDB's ``data.mdb``) becomes a :class:`StoreSource`.  It yields its samples in index order with
-their labels as class *names*, so the destination maps them onto its own class list by name, whatever
-the ids were in the source store.  With explicit destination classes (:func:`restrict_store_sources`)
-each store source keeps only the samples of those classes; without, every sample must have a class the
-destination knows (a new store takes the sources' classes).
-
-The source opens its reader only while a batch iterator runs and closes it afterwards, so it never
-holds an environment the writer or another source needs.  Ingesting a store into itself is refused
-(:func:`restrict_store_sources` checks it): py-lmdb cannot hold a reader and the writer of one path in
-one process, and the result would be meaningless anyway.
+``lmdbstore ingest NEW OLD [OLD2 ...] [--classes a,c]``: a :class:`StoreSource` yields its samples in index order
+with their labels as class *names*, so the destination maps them onto its own class list by name.  The source
+opens its reader only while a batch iterator runs, so it never holds an environment the writer or another source
+needs; ingesting a store into itself is refused (:func:`restrict_store_sources`).
 """
 
 from __future__ import annotations
@@ -25,15 +18,9 @@ import numpy as np
 from lmdbstore.errors import LmdbStoreError, SourceError, clip, preview
 from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_range
-from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.reader import StoreReader
 
-__all__ = ["StoreSource", "is_store_dir", "open_store_source", "restrict_store_sources"]
-
-
-def is_store_dir(path: Path) -> bool:
-    """Whether ``path`` looks like a store (a directory holding LMDB's data file)."""
-    return path.is_dir() and (path / DATA_FILE).is_file()
+__all__ = ["StoreSource", "open_store_source", "restrict_store_sources"]
 
 
 class StoreSource(Source):

@@ -215,7 +215,7 @@ class TFRecordSource(FileSource):
         except UnicodeDecodeError as exc:
             raise ValidationError(f"record {i}: its class name is not UTF-8", path=self.path) from exc
 
-    def _batches(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
+    def _read(self, batch: int, start: int, with_x: bool) -> Iterator[tuple[np.ndarray | None, np.ndarray]]:
         check_range(batch, start, self._n)
         records = self._records(start)
         for a in range(start, self._n, batch):
@@ -234,12 +234,3 @@ class TFRecordSource(FileSource):
                 y = self._labels(np.array(labels, np.int64 if self._y_kind == "int64" else object), a)
             yield x, y
         records.close()
-
-    def iter_batches(self, batch: int, start: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for x, y in self._batches(batch, start, with_x=True):
-            assert x is not None
-            yield x, y
-
-    def iter_labels(self, batch: int, start: int = 0) -> Iterator[np.ndarray]:
-        for _, y in self._batches(batch, start, with_x=False):
-            yield y

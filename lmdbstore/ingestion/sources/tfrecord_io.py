@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbstore.errors import SourceError
-from lmdbstore.ingestion.sources.checks import one_line
+from lmdbstore.errors import SourceError, one_line
 
 __all__ = [
     "COMPRESSIONS",
