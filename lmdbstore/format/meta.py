@@ -139,10 +139,6 @@ class StoreMeta:
     def n_values(self) -> int:
         return -(-self.count // self.samples_per_value)
 
-    def value_key(self, index: int) -> int:
-        """Index of the first sample of the value holding sample ``index``."""
-        return index - index % self.samples_per_value
-
     def expected_value_len(self, first: int) -> int:
         """Length in bytes (with trailer) the value starting at sample ``first`` must have."""
         n = min(self.samples_per_value, self.count - first)

@@ -26,7 +26,6 @@ __all__ = [
     "Runs",
     "plan_runs",
     "read_by_lmdb",
-    "read_by_offset",
     "read_parts",
     "read_samples",
     "value",
@@ -78,34 +77,23 @@ def read_samples(
     verify: bool,
     whole: bool,
 ) -> np.ndarray:
-    """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset (:func:`read_by_offset`), or with
+    """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset (:func:`read_parts`), or with
     ``lmdb`` through liblmdb (``verify``: every value's checksum) once the ``table`` located them (its checks: no
     page of theirs another owner's).  ``whole``: check the checksums of values read whole by offset.
 
     Raises:
-        CorruptStoreError / ChecksumError: as :func:`read_by_offset` and :func:`read_by_lmdb`.
+        CorruptStoreError / ChecksumError: as :func:`read_parts` and :func:`read_by_lmdb`.
     """
     m = h.meta
     if out is None:
         out = np.empty((len(idx), *m.shape), m.np_dtype)
     if table is not None and not lmdb:
-        read_by_offset(h, table, idx, out, whole)
+        read_parts([(h, table, idx, out, whole)])
         return out
     if table is not None and h.files is not None:
         table.ensure(idx // m.samples_per_value, h.files)
     read_by_lmdb(h, plan_runs(idx, m.samples_per_value), out, verify)
     return out
-
-
-def read_by_offset(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray, checksums: bool) -> None:
-    """Fill ``out`` from the file at the table's offsets, in one call of the compiled reader (or its fallback): see
-    :func:`read_parts`.
-
-    Raises:
-        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
-        ChecksumError: a whole value does not match its checksum.
-    """
-    read_parts([(h, table, idx, out, checksums)])
 
 
 def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, bool]]) -> None:

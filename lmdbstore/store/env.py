@@ -39,7 +39,6 @@ __all__ = [
     "open_reader_env",
     "raise_if_unborn",
     "read_meta",
-    "read_meta_record",
     "to_be_created",
     "unborn_reason",
 ]
@@ -229,21 +228,12 @@ def begin_read(env: lmdb.Environment) -> lmdb.Transaction:
     return env.begin(buffers=True)
 
 
-def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> StoreMeta:
-    """Load and validate the metadata record in ``txn``.
+def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
+    """Load and validate the metadata record in ``txn``: the metadata, and the record's bytes as liblmdb returned them.
 
     Raises:
         NotAStoreError: there is no metadata sub-database or record (an LMDB that is not ours).
         CorruptStoreError / FormatVersionError: the record is malformed.
-    """
-    return read_meta_record(env, txn, path)[0]
-
-
-def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
-    """:func:`read_meta`, and the record's bytes as liblmdb returned them.
-
-    Raises:
-        as :func:`read_meta`.
     """
     with translate_lmdb_errors(path, "read metadata"):
         try:

@@ -33,7 +33,7 @@ from lmdbstore.format.btree import record_position
 from lmdbstore.format.layout import DATA_DBS, DB_META, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.pages import PageReader
-from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
+from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta
 from lmdbstore.store.fileread import FileReader, MapPatched, lmdb_guard, map_spans, shrunk
 from lmdbstore.store.locks import resolve_lock
 from lmdbstore.store.positions import PositionTable, open_table, table_key
@@ -179,7 +179,7 @@ class Handle:
                 sub-database.
         """
         with translate_read_errors(self.path, "open"), self.lmdb():
-            self.meta, raw = read_meta_record(self.env, self.txn, self.path)
+            self.meta, raw = read_meta(self.env, self.txn, self.path)
             try:
                 self.dbs = {name: self.env.open_db(name, txn=self.txn, create=False) for name in DATA_DBS}
             except lmdb.NotFoundError as exc:

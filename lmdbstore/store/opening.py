@@ -158,7 +158,7 @@ def _open_existing(
         """The store's metadata checked (nothing written to what is no store), then its sub-databases opened,
         before any reader thread shares the environment."""
         with env.begin() as txn:
-            metas.append(read_meta(env, txn, p))
+            metas.append(read_meta(env, txn, p)[0])
         _check_same(metas[0], p, shape, dtype, classes)
         with translate_lmdb_errors(p, "open"):
             for name in ALL_DBS:

@@ -66,10 +66,6 @@ class PinnedReader:
         self._mutex = threading.RLock()
         self._mutex_pid = os.getpid()
 
-    @property
-    def _identity(self) -> tuple[Any, ...] | None:
-        return self._pinned[0]
-
     def _locked(self) -> threading.RLock:
         """This process's lock of the reader (a forked child makes its own: a parent's thread may hold it)."""
         if self._mutex_pid != os.getpid():
@@ -232,9 +228,6 @@ class PinnedReader:
             self.close()
             self._labels = None
             self._pinned = (None, 0, None, 0, None)
-
-    def _pin_state(self) -> ReaderPin:
-        return self._pinned
 
     def _restore_pin(self, pinned: Any) -> None:
         """Take a pin that travelled with a pickled reader (on another machine: the store's, not the file's)."""

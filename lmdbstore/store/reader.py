@@ -28,7 +28,7 @@ import numpy as np
 
 from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
 from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.layout import ALL_DBS, DB_SAMPLES, encode_key
+from lmdbstore.format.layout import ALL_DBS
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import read_samples
 from lmdbstore.store.handle import Handle
@@ -37,7 +37,7 @@ from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_
 from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
 from lmdbstore.store.positions import prefetch_ranges
 
-__all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
+__all__ = ["MAX_RESNAPSHOTS", "StoreReader"]
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
@@ -111,7 +111,7 @@ class StoreReader(PinnedReader, MetaView):
 
     def __getstate__(self) -> dict[str, Any]:
         keys = ("path", "lock", "verify_checksums", "positions", "io_threads", "check_whole_values")
-        return {**{k: getattr(self, k) for k in keys}, "pinned": self._pin_state()}
+        return {**{k: getattr(self, k) for k in keys}, "pinned": self._pinned}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         path = state.pop("path")
@@ -233,21 +233,6 @@ class StoreReader(PinnedReader, MetaView):
         return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
-    def raw_value(self, first: int) -> bytes | None:
-        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked (``None``: no such key).
-
-        Raises:
-            ValueError: ``first`` not an integer in ``0..2**64-1``.
-        """
-        first = whole_number(first, "first", 0, (1 << 64) - 1)
-
-        def get(h: Handle) -> bytes | None:
-            with h.lmdb():
-                buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
-                return None if buf is None else bytes(buf)
-
-        return self._guarded("read", get)
-
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
         """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
         name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
@@ -298,10 +283,3 @@ class StoreReader(PinnedReader, MetaView):
         finally:
             self._give(h)
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
-
-
-def open_reader(
-    path: str | os.PathLike[str], *, lock: bool | None = None, verify_checksums: bool = False
-) -> StoreReader:
-    """Open a store for reading and validate it now (see :class:`StoreReader`)."""
-    return StoreReader(path, lock=lock, verify_checksums=verify_checksums).open()

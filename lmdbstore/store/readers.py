@@ -12,7 +12,6 @@ from typing import cast
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.reader import open_reader as open_one
 
 __all__ = ["Reader", "as_reader", "data_file_bytes", "open_reader"]
 
@@ -52,7 +51,7 @@ def open_reader(
         return StoreSet(store, classes=classes, lock=lock, verify_checksums=verify_checksums).open()
     if classes is not None:
         raise ValueError("classes: only a set of stores (a list) takes a class order")
-    return open_one(cast(StorePath, store), lock=lock, verify_checksums=verify_checksums)
+    return StoreReader(cast(StorePath, store), lock=lock, verify_checksums=verify_checksums).open()
 
 
 def data_file_bytes(reader: Reader) -> int:

@@ -263,7 +263,7 @@ def test_truncated_under_an_open_reader_is_one_line_never_sigbus(tmp_path: Path)
         path = {str(path)!r}
         calls = {{
             "labels": lambda r: r.labels(), "class_indices": lambda r: r.class_indices(1),
-            "raw_value": lambda r: r.raw_value(2988), "iter_raw": lambda r: list(r.iter_raw(b"samples")),
+            "iter_raw": lambda r: list(r.iter_raw(b"samples")),
             "read_range": lambda r: r.read_range(0, 3000), "read_batch": lambda r: r.read_batch(np.arange(3000)),
             "verify": lambda r: verify_store(r), "select": lambda r: select_indices(r, split="val"),
         }}
@@ -287,5 +287,5 @@ def test_truncated_under_an_open_reader_is_one_line_never_sigbus(tmp_path: Path)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.split("\n")
-    assert len([ln for ln in lines if ln]) == 16
+    assert len([ln for ln in lines if ln]) == 14
     assert all(ln.endswith("error False") for ln in lines if ln), res.stdout
