@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from lmdbstore.format.owners import Claims, Runs, foreign_runs, walk_tree
+from lmdbstore.format.layout import KEY_BYTES
+from lmdbstore.format.owners import MAX_DEPTH, Claims, Runs, foreign_runs, walk_tree
 from lmdbstore.format.pages import (
     F_BIGDATA,
     NODESIZE,
@@ -36,11 +37,9 @@ from lmdbstore.format.pages import (
     LmdbMeta,
     PageReader,
     damaged,
-    overflow_pages,
 )
 
 __all__ = [
-    "MAX_DEPTH",
     "BTreeValues",
     "SamplesTree",
     "leaf_values",
@@ -50,12 +49,8 @@ __all__ = [
     "samples_positions",
 ]
 
-#: Deepest B-tree accepted (LMDB's cursor stack holds 32 levels).
-MAX_DEPTH = 32
 #: Leaf pages parsed per group (bounded memory however large the store).
 LEAF_GROUP = 1024
-#: Width of the keys this walker reads (the ``samples`` keys: 8-byte big-endian sample indices).
-KEY_BYTES = 8
 #: Above every key: the upper end of the last leaf's range.
 NO_KEY = np.uint64(2**64 - 1)
 
@@ -245,49 +240,13 @@ def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
     return subdbs[name]
 
 
-def _node_key(page: np.ndarray, words: np.ndarray, o: int, pgno: int, pages: PageReader) -> tuple[bytes, int]:
-    """The key of the node at offset ``o`` of ``page`` and the offset just past it (bounds-checked)."""
-    ksize = int(words[o // 2 + 3])
-    if o + NODESIZE + ksize > pages.psize:
-        raise damaged(f"page {pgno} has a node outside its page", path=pages.path)
-    return page[o + NODESIZE : o + NODESIZE + ksize].tobytes(), o + NODESIZE + ksize
-
-
 def record_position(pages: PageReader, main: LmdbDb, name: bytes, key: bytes) -> tuple[int, int]:
-    """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata
-    record), found the way liblmdb's search finds it (keys compared as bytes, shorter first).
+    """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata record).
 
     Raises:
         CorruptStoreError: the tree is damaged, or holds no such key.
     """
-    db = main_db_entry(pages, main, name)
-    if not 1 <= db.depth <= MAX_DEPTH:
-        raise damaged(f"{name.decode()} B-tree has depth {db.depth}", path=pages.path)
-    pgno = db.root
-    for _ in range(db.depth - 1):
-        page = pages.read([pgno], P_BRANCH)[0]
-        ptr, words = pages.nodes(page, pgno)
-        child = None
-        for i, o in enumerate(ptr.tolist()):
-            if i == 0 or _node_key(page, words, o, pgno, pages)[0] <= key:
-                w = o // 2
-                child = int(words[w]) | int(words[w + 1]) << 16 | int(words[w + 2]) << 32
-        assert child is not None  # a branch page has nodes (checked by nodes())
-        pgno = child
-    page = pages.read([pgno], P_LEAF)[0]
-    ptr, words = pages.nodes(page, pgno)
-    for o in ptr.tolist():
-        k, data = _node_key(page, words, o, pgno, pages)
-        if k != key:
-            continue
-        w, ps = o // 2, pages.psize
-        dsize, flags = int(words[w]) | int(words[w + 1]) << 16, int(words[w + 2])
-        if flags & F_BIGDATA:
-            ov = int(np.frombuffer(page[data : data + 8].tobytes(), "<u8")[0]) if data + 8 <= ps else -1
-            if not 2 <= ov < pages.n_pages or ov + overflow_pages(dsize, ps) > pages.n_pages:
-                raise damaged(f"the {name.decode()} record points at overflow pages outside the file", path=pages.path)
-            return ov * ps + 16, dsize
-        if flags or data + dsize > ps:
-            raise damaged(f"page {pgno} has a {name.decode()} record outside its page", path=pages.path)
-        return pgno * ps + data, dsize
+    for k, offset, size in walk_tree(pages, main_db_entry(pages, main, name), name.decode(), values=True)[1].values:
+        if k == key:
+            return offset, size
     raise damaged(f"no {key!r} record in the {name.decode()} sub-database", path=pages.path)

@@ -112,11 +112,12 @@ class Claims:
 
 @dataclass(frozen=True)
 class _Leaves:
-    """What a walk found in its leaves: overflow runs, sub-database records (main B-tree), values (free list)."""
+    """What a walk found in its leaves: overflow runs, sub-database records (main B-tree), and with ``values`` each
+    value's key, file offset and length."""
 
     runs: Runs
     subdbs: dict[bytes, LmdbDb]
-    values: list[bytes]
+    values: list[tuple[bytes, int, int]]
 
 
 def _pgno(words: np.ndarray, w: int) -> int:
@@ -125,11 +126,12 @@ def _pgno(words: np.ndarray, w: int) -> int:
 
 def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False) -> tuple[Runs, _Leaves]:
     """The pages of the B-tree ``db`` (its branch and leaf pages, one run each) and what its leaves hold: the
-    overflow runs of its values, its sub-database records (by key), and with ``values`` every value's bytes.
+    overflow runs of its values, its sub-database records (by key), and with ``values`` where every value lies.
 
     Raises:
         CorruptStoreError: a page number outside the snapshot, a page that is not what its parent says, a node
-            outside its page, a tree deeper than :data:`MAX_DEPTH` or reaching more pages than the file holds.
+            outside its page, an overflow run that is not one or is shorter than its value, a tree deeper than
+            :data:`MAX_DEPTH` or reaching more pages than the file holds.
     """
     if db.depth == 0:
         return Runs.of(f"{what} B-tree"), _Leaves(Runs.of(f"{what} value"), {}, [])
@@ -149,7 +151,7 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
     ov_start: list[int] = []
     ov_count: list[int] = []
     subdbs: dict[bytes, LmdbDb] = {}
-    found: list[bytes] = []
+    found: list[tuple[bytes, int, int]] = []
     ps = pages.psize
     for pgno, page in zip(level, pages.read(level, P_LEAF), strict=True):
         ptr, words = pages.nodes(page, pgno)
@@ -168,8 +170,10 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
                     )
                 ov_start.append(ov)
                 ov_count.append(n)
+                if values and int(pages.read([ov], P_OVERFLOW)[0][12:16].view("<u4")[0]) < n:
+                    raise damaged(f"an overflow run of the {what} B-tree is shorter than its value", path=pages.path)
                 if values:
-                    found.append(_overflow_value(pages, ov, dsize, what))
+                    found.append((page[o + NODESIZE : data].tobytes(), ov * ps + PAGEHDRSZ, dsize))
             elif flags & F_SUBDATA:
                 if dsize != MDB_DB_SIZE:
                     raise damaged(
@@ -177,24 +181,16 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
                     )
                 subdbs[page[o + NODESIZE : data].tobytes()] = LmdbDb.parse(page[data : data + MDB_DB_SIZE].tobytes())
             elif values:
-                found.append(page[data : data + dsize].tobytes())
+                found.append((page[o + NODESIZE : data].tobytes(), pgno * ps + data, dsize))
     return Runs.of(f"{what} B-tree", tree), _Leaves(Runs.of(f"{what} value", ov_start, ov_count), subdbs, found)
 
 
-def _overflow_value(pages: PageReader, pgno: int, size: int, what: str) -> bytes:
-    """The ``size`` bytes of the value in the overflow run at ``pgno`` (its header checked)."""
-    head = pages.read([pgno], P_OVERFLOW)[0]
-    if int(head[12:16].view("<u4")[0]) < int(overflow_pages(size, pages.psize)):
-        raise damaged(f"an overflow run of the {what} B-tree is shorter than its value", path=pages.path)
-    raw = pages.read_bytes(pgno * pages.psize + PAGEHDRSZ, size, f"a {what} value")
-    return raw
-
-
-def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
+def _free_pages(pages: PageReader, values: list[tuple[bytes, int, int]]) -> Runs:
     """The pages the free list's values (``MDB_IDL``: a count, then that many page numbers) list, within the file
     (a free page past its end is never read)."""
-    lists = []
-    for raw in values:
+    lists, path = [], pages.path
+    for _, off, n in values:
+        raw = pages.read_bytes(off, n, "a free-list value")
         if len(raw) < 8 or len(raw) % 8:
             raise damaged("a free-list record is not a list of page numbers", path=path)  # type: ignore[arg-type]
         ids = np.frombuffer(raw, "<u8")
@@ -202,7 +198,7 @@ def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
             raise damaged("a free-list record's count contradicts its length", path=path)  # type: ignore[arg-type]
         lists.append(ids[1:].astype(np.int64))
     free = np.concatenate(lists) if lists else np.zeros(0, np.int64)
-    return Runs.of("free page", free[(free >= 0) & (free < n_pages)])
+    return Runs.of("free page", free[(free >= 0) & (free < pages.n_pages)])
 
 
 def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Claims]:
@@ -227,6 +223,6 @@ def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb
             claims.add(tree)
             claims.add(leaves.runs)
     free_tree, free = walk_tree(pages, meta.free, "free-list", values=True)
-    for runs in (free_tree, free.runs, _free_pages(free.values, pages.n_pages, pages.path)):
+    for runs in (free_tree, free.runs, _free_pages(pages, free.values)):
         claims.add(runs)
     return main.subdbs[mine], claims

@@ -218,21 +218,16 @@ class PageReader:
         return _pread_exact(self.fd, n, offset, min(self.file_size, self.n_pages * self.psize), what, self.path)
 
     def nodes(self, page: np.ndarray, pgno: int) -> tuple[np.ndarray, np.ndarray]:
-        """Node offsets of one B-tree page and its 16-bit words, bounds-checked."""
-        ps = self.psize
-        words = page.view("<u2")
-        lower, upper = int(words[6]), int(words[7])
-        if not PAGEHDRSZ <= lower <= upper <= ps or lower % 2:
-            raise damaged(f"page {pgno} has bad bounds lower={lower} upper={upper}", path=self.path)
-        ptr = words[PAGEHDRSZ // 2 : lower // 2].astype(np.int64)
-        if ptr.size == 0:
-            raise damaged(f"page {pgno} is an empty B-tree page", path=self.path)
-        if int(ptr.min()) < upper or int(ptr.max()) + NODESIZE > ps or (ptr % 2).any():
-            raise damaged(f"page {pgno} has a node outside its page", path=self.path)
-        return ptr, words
+        """Node offsets of one B-tree page and its 16-bit words, bounds-checked (:meth:`nodes_2d`)."""
+        return self.nodes_2d(page[None], [pgno])[1], page.view("<u2")
 
     def nodes_2d(self, arr: np.ndarray, pgnos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked."""
+        """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked (a page
+        without nodes has bad bounds).
+
+        Raises:
+            CorruptStoreError: naming the first page with bad bounds or a node outside it.
+        """
         ps = self.psize
         words = arr.view("<u2")
         lower, upper = words[:, 6].astype(np.int64), words[:, 7].astype(np.int64)
