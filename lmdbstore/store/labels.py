@@ -42,13 +42,10 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
     """The sample indices of class ``class_id`` in ascending order (int64), from the class-index table.
 
     Raises:
-        ValueError: ``class_id`` is not in ``0..len(classes)-1``.
         CorruptStoreError: a chunk of the class's list is missing or of the wrong length, or the list is not
             ascending sample indices of the store.
     """
     m = h.meta
-    if not 0 <= class_id < len(m.classes):
-        raise ValueError(f"class_id must be in 0..{len(m.classes) - 1}, got {class_id}")
     n_c = m.class_counts[class_id]
     out = np.empty(n_c, np.int64)
     with translate_read_errors(h.path, "read class index"), h.lmdb():

@@ -4,6 +4,7 @@ and class names (one definition for :class:`~lmdbstore.store.reader.StoreReader`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,9 @@ class MetaView:
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
         raise NotImplementedError
 
+    def labels(self) -> np.ndarray:
+        raise NotImplementedError
+
     def read(self, index: int) -> np.ndarray:
         """One sample of the store's shape and dtype (a copy).
 
@@ -127,18 +131,60 @@ class MetaView:
             raise IndexError(f"range {a}..{b} outside a {self.noun} of {n} samples")
         return a, b
 
-    def _chunking(self, chunk: Any, start: Any, stop: Any) -> tuple[int, int, int]:
-        """``iter_chunks``' arguments checked; ``chunk`` clipped to the range and to what memory holds (warned).
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
 
         Raises:
-            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.  IndexError: the range.
+            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside.
+        """
+        start, stop = self._range(start, stop)
+        return self.read_batch(np.arange(start, stop))
+
+    def iter_chunks(
+        self, chunk: int = 65536, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
+        where ``chunk`` samples would take more memory than the machine can give: a
+        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so); a set's chunks never span two stores.
+
+        Raises:
+            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
+            IndexError: ``start..stop`` not inside.
         """
         c = whole_number(chunk, "chunk", 1)
-        a, b = self._range(start, stop)
-        c = clip_count(
-            min(c, max(b - a, 1)), self.meta.sample_bytes, what="samples per chunk", parameter="chunk", stacklevel=4
-        )
-        return c, a, b
+        start, stop = self._range(start, stop)
+        what = "samples per chunk"
+        c = clip_count(min(c, max(stop - start, 1)), self.meta.sample_bytes, what=what, parameter="chunk", stacklevel=3)
+        labels = self.labels()
+        for lo, hi in self._pieces(start, stop):
+            for a in range(lo, hi, c):
+                b = min(a + c, hi)
+                yield a, self.read_range(a, b), labels[a:b]
+
+    def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of ``start..stop`` that a chunk does not cross (a set: each store's)."""
+        return [(start, stop)]
+
+    def labels_of(self, indices: Any) -> np.ndarray:
+        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+        """
+        idx = sample_indices(indices, flat=False)
+        check_in_range(idx.reshape(-1), len(self), self.noun)
+        return self.labels()[idx]
+
+    def _class_id(self, class_id: Any) -> int:
+        """``class_id`` as an int in ``0..len(classes)-1``.
+
+        Raises:
+            ValueError: naming ``class_id``.
+        """
+        c = whole_number(class_id, "class_id", -(1 << 62))
+        if not 0 <= c < len(self.classes):
+            raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
+        return c
 
     @property
     def meta(self) -> StoreMeta:

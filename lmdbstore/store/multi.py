@@ -40,7 +40,7 @@ from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.batch import read_parts, read_samples
 from lmdbstore.store.handle import Handle
-from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -276,17 +276,6 @@ class StoreSet(MetaView):
             if not (r.positions and not r.verify_checksums):
                 r.read_batch(local, out=rows)
 
-    def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
-        :meth:`StoreReader.read_range`."""
-        start, stop = self._range(start, stop)
-        out = np.empty((stop - start, *self.shape), self.dtype)
-        for i, (lo, hi) in enumerate(self._pieces(start, stop)):
-            if hi > lo:
-                local = np.arange(lo, hi, dtype=np.int64) - self.offsets[i]
-                self.readers[i].read_batch(local, out=out[lo - start : hi - start])
-        return out
-
     def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
         """Per store, the part ``lo..hi`` of ``start..stop`` it holds (set indices; empty where none)."""
         off = self.offsets
@@ -303,18 +292,6 @@ class StoreSet(MetaView):
             if keep.any():
                 r.prefetch(a[keep] - off[i], b[keep] - off[i])
 
-    def iter_chunks(
-        self, chunk: int = 65536, start: int = 0, stop: int | None = None
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (a chunk
-        never spans two stores); arguments and errors as :meth:`StoreReader.iter_chunks`."""
-        chunk, start, stop = self._chunking(chunk, start, stop)
-        labels = self.labels()
-        for lo, hi in self._pieces(start, stop):
-            for a in range(lo, hi, chunk):
-                b = min(a + chunk, hi)
-                yield a, self.read_range(a, b), labels[a:b]
-
     # ------------------------------------------------------------------ labels and classes
     def labels(self) -> np.ndarray:
         """Every sample's class id in the set's classes (uint8 up to 256 classes), cached: each store's labels
@@ -327,12 +304,6 @@ class StoreSet(MetaView):
             self._labels = np.concatenate(parts) if parts else np.zeros(0, label_dtype_for(len(self.classes)))
         return self._labels
 
-    def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices``, in their shape (``IndexError``/``ValueError`` as :meth:`read_batch`'s)."""
-        idx = sample_indices(indices, flat=False)
-        check_in_range(idx.reshape(-1), len(self), "set")
-        return self.labels()[idx]
-
     def class_indices(self, class_id: int) -> np.ndarray:
         """Set indices of class ``class_id`` in ascending order, from each store's class-index table (of the
         samples the layout counted).
@@ -340,10 +311,7 @@ class StoreSet(MetaView):
         Raises:
             ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
         """
-        c = whole_number(class_id, "class_id", -(1 << 62))
-        if not 0 <= c < len(self.classes):
-            raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
-        name = self.classes[c]
+        name = self.classes[self._class_id(class_id)]
         parts = []
         for r, off, n in zip(self.readers, self.offsets[:-1].tolist(), self.counts, strict=True):
             if name in r.classes:

@@ -162,15 +162,6 @@ class StoreReader(PinnedReader, MetaView):
         lmdb = not self.positions or self.verify_checksums
         return read_samples(h, self._positions(h), idx, out, lmdb, self.verify_checksums, self.check_whole_values)
 
-    def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
-
-        Raises:
-            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the store.
-        """
-        start, stop = self._range(start, stop)
-        return self.read_batch(np.arange(start, stop))
-
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
@@ -190,23 +181,6 @@ class StoreReader(PinnedReader, MetaView):
 
         self._guarded("read", advise)
 
-    def iter_chunks(
-        self, chunk: int = 65536, start: int = 0, stop: int | None = None
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
-        where ``chunk`` samples would take more memory than the machine can give: a
-        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so).
-
-        Raises:
-            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
-            IndexError: ``start..stop`` not inside the store.
-        """
-        chunk, start, stop = self._chunking(chunk, start, stop)
-        labels = self.labels()
-        for lo in range(start, stop, chunk):
-            hi = min(lo + chunk, stop)
-            yield lo, self.read_range(lo, hi), labels[lo:hi]
-
     # ------------------------------------------------------------------ labels and classes
     def labels(self) -> np.ndarray:
         """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
@@ -214,22 +188,13 @@ class StoreReader(PinnedReader, MetaView):
             self._labels = self._guarded("read labels", read_labels)
         return self._labels
 
-    def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+    def class_indices(self, class_id: int) -> np.ndarray:
+        """Sample indices of class ``class_id`` in ascending order, read from the class-index table.
 
         Raises:
-            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+            ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
         """
-        idx = sample_indices(indices, flat=False)
-        check_in_range(idx.reshape(-1), len(self))
-        return self.labels()[idx]
-
-    def class_indices(self, class_id: int) -> np.ndarray:
-        """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
-        c = whole_number(class_id, "class_id", -(1 << 62))
-        n = len(self.classes)
-        if not 0 <= c < n:
-            raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
+        c = self._class_id(class_id)
         return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
