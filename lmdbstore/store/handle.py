@@ -1,19 +1,9 @@
-"""The per-process open state of a :class:`~lmdbstore.store.reader.StoreReader` (private).
-
-A :class:`Handle` is one snapshot: a share of the process's environment of the store, one read transaction,
-the snapshot as its meta page described it when the transaction began (:mod:`lmdbstore.store.snapshot`),
-the metadata and sub-databases read in it, and (opened on first use) its position table and file reader.  Everything read
-through a handle is trusted only while :meth:`Handle.protected` says the snapshot is still the file's; the
-reader re-snapshots otherwise.
-
-A handle is tied to one data file: its own descriptor, and an environment the registry opened on the same
-file (``st_dev``, ``st_ino``; :mod:`lmdbstore.store.registry`), so samples read by offset and the metadata and
-labels read through liblmdb always come from one file.  liblmdb calls go through :meth:`Handle.lmdb`, which
-guards liblmdb's reads of its map (a file shrunk under a call is an error, not SIGBUS:
-:func:`~lmdbstore.store.fileread.lmdb_guard`) and serialises them (a read transaction may serve many threads, one
-at a time); the reads by offset guard themselves (:class:`~lmdbstore.store.fileread.FileReader`).  Threads share
-a handle: :attr:`Handle.users` counts the
-reads in progress, and a handle retired meanwhile (:meth:`Handle.retire`) is closed by the last of them.
+"""The per-process open state of a :class:`~lmdbstore.store.reader.StoreReader` (private): a :class:`Handle` is one
+snapshot -- a share of the process's environment of the store, one read transaction, its meta page as captured
+(:mod:`lmdbstore.store.snapshot`), the metadata and sub-databases read in it, and (opened on first use) its position
+table and file reader -- of one data file (its own descriptor, and an environment of the same ``st_dev``,
+``st_ino``), trusted only while :meth:`Handle.protected`.  liblmdb calls go through :meth:`Handle.lmdb` (guarded
+against SIGBUS, one thread at a time); threads share a handle, and the last read in progress closes a retired one.
 """
 
 from __future__ import annotations
@@ -44,8 +34,9 @@ __all__ = ["Handle"]
 
 #: Times a registered transaction is begun again when a writer overwrote its meta page before it was read.
 CAPTURE_TRIES = 4
-#: Times the data file is opened again when the path named another file by the time its environment opened.
-OPEN_TRIES = 4
+#: Times the data file and an environment of it are opened again (the path named another file by then, or another
+#: thread re-opened the environment meanwhile).
+OPEN_TRIES = 8
 
 
 class Handle:
@@ -70,8 +61,7 @@ class Handle:
         self.table: PositionTable | None = None
         self.files: FileReader | None = None
         self.built = False
-        #: how this handle got its table: "" (not yet), "built", "inherited" (same snapshot, e.g. after fork)
-        self.table_source = ""
+        self.table_source = ""  # how this handle got its table: "built", "inherited" (same snapshot, e.g. after fork)
         self.spans: np.ndarray | None = None  # where liblmdb maps the file (map_spans)
         self.txn: lmdb.Transaction = None  # type: ignore[assignment]  # set by _begin
         self.fd = -1
@@ -89,33 +79,11 @@ class Handle:
 
     def _open_file(self, lock: bool) -> FileId:
         """Open the data file, a share of an environment of the same file (see the module docstring) and the
-        read transaction; again while another thread closed that environment meanwhile (to re-open it in a
-        stronger mode).
+        read transaction; again while the path named another file by the time the environment opened, or another
+        thread closed that environment meanwhile (to re-open it in a stronger mode).
 
         Raises:
-            StoreReplacedError: the path kept naming another file while it was opened.
-        """
-        for _ in range(OPEN_TRIES):
-            self._open_env(lock)
-            with self.lease.entry.using():
-                if self.lease.valid:
-                    self.env = self.lease.env
-                    self.snapshot = self._begin(self.lease.entry.lock)
-                    st = os.fstat(self.fd)
-                    return (st.st_dev, st.st_ino)
-            self.lease.release()
-            self.lease = None  # type: ignore[assignment]
-            os.close(self.fd)
-            self.fd = -1
-        raise StoreReplacedError(
-            "the store's environment was re-opened again and again while it was opened", path=self.path
-        )
-
-    def _open_env(self, lock: bool) -> None:
-        """Open the data file and a share of an environment of the same file.
-
-        Raises:
-            StoreReplacedError: the path kept naming another file while it was opened.
+            StoreReplacedError: the path kept naming another file, or the environment kept being re-opened.
         """
         for _ in range(OPEN_TRIES):
             self.fd = os.open(self.path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
@@ -128,11 +96,22 @@ class Handle:
                     opener=lambda: open_reader_env(self.path, lock),
                     data_file=(st.st_dev, st.st_ino),
                 )
-                return
             except FileChanged:
-                os.close(self.fd)
-                self.fd = -1
-        raise StoreReplacedError("the data file was replaced again and again while it was opened", path=self.path)
+                pass  # the path named another file by the time the environment opened: again
+            else:
+                with self.lease.entry.using():
+                    if self.lease.valid:
+                        self.env = self.lease.env
+                        self.snapshot = self._begin(self.lease.entry.lock)
+                        return (st.st_dev, st.st_ino)
+                self.lease.release()
+                self.lease = None  # type: ignore[assignment]
+            os.close(self.fd)
+            self.fd = -1
+        raise StoreReplacedError(
+            "the data file was replaced, or its environment re-opened, again and again while it was opened",
+            path=self.path,
+        )
 
     @contextlib.contextmanager
     def lmdb(self) -> Iterator[None]:
@@ -206,12 +185,7 @@ class Handle:
         if self.built or table is None or table.busy or self.snapshot.meta is None:
             return
         if table.key == table_key(self.meta.store_id, os.fstat(self.fd), self.snapshot.meta):
-            self._use(table)
-            self.table_source = "inherited"
-
-    @property
-    def registered(self) -> bool:
-        return self.snapshot.registered
+            self._use(table, "inherited")
 
     def protected(self) -> bool:
         """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)
@@ -219,12 +193,10 @@ class Handle:
         lease = self.lease
         return lease is not None and lease.valid and self.snapshot.protected(self.fd, self.txn, self.env)
 
-    def _use(self, table: PositionTable | None, files: FileReader | None = None) -> None:
-        self.table = table
+    def _use(self, table: PositionTable | None, source: str, files: FileReader | None = None) -> None:
+        self.table, self.table_source = table, source
         if table is not None:
-            self.files = (
-                files if files is not None else FileReader(self.fd, table.file_size, self.path, self.io_threads)
-            )
+            self.files = files or FileReader(self.fd, table.file_size, self.path, self.io_threads)
         self.built = True  # last: positions() reads the table without the lock once this is set
 
     def positions(self) -> PositionTable | None:
@@ -244,11 +216,11 @@ class Handle:
     def _build(self) -> None:
         snap = self.snapshot.meta
         if snap is None:
-            self._use(None)
+            self._use(None, "")
             return
         files = FileReader(self.fd, os.fstat(self.fd).st_size, self.path, self.io_threads)
-        self._use(open_table(self.fd, self.meta, snap, store_id=self.meta.store_id, path=self.path, files=files), files)
-        self.table_source = "built"
+        table = open_table(self.fd, self.meta, snap, store_id=self.meta.store_id, path=self.path, files=files)
+        self._use(table, "built", files)
 
     def forget_after_fork(self) -> None:
         """Let go of a handle inherited through ``fork()`` so that this process can open its own.
@@ -263,6 +235,7 @@ class Handle:
             self.files = None
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        self.fd = -1
 
     def retire(self) -> None:
         """No new reads start on this handle: close it now, or when the last read in progress ends (the caller
@@ -278,12 +251,7 @@ class Handle:
                 self.close()
 
     def close(self) -> None:
-        if self.lease is None:
-            if self.fd >= 0:  # the environment never opened
-                with contextlib.suppress(OSError):
-                    os.close(self.fd)
-                self.fd = -1
-            return
+        """End the transaction, and let go of the file reader, the descriptor and the share of the environment."""
         try:
             if self.txn is not None:
                 with contextlib.suppress(lmdb.Error):

@@ -74,7 +74,7 @@ def test_two_readers_in_one_process_keep_their_snapshots(tmp_path: Path) -> None
     a = StoreReader(path)  # a writer holds the store: a registered snapshot
     np.testing.assert_array_equal(a.read_batch(np.arange(2000)), x)
     b = StoreReader(path).open()  # same process, same environment
-    assert a._handle().registered and a._handle().protected()  # b's open ended nothing
+    assert a._handle().snapshot.registered and a._handle().protected()  # b's open ended nothing
     _go(p)
     for _ in range(3):
         np.testing.assert_array_equal(a.read_batch(np.arange(2000)), x)
@@ -106,7 +106,7 @@ def test_a_lock_free_reader_notices_a_writer_that_starts_later(tmp_path: Path) -
     x, y = make_data(2000, seed=3)
     path = build_store(tmp_path / "s", x, y, config=CFG)
     r = StoreReader(path).open()
-    assert not r._handle().registered  # nobody writes: lock-free
+    assert not r._handle().snapshot.registered  # nobody writes: lock-free
     np.testing.assert_array_equal(r.read_batch(np.arange(2000)), x)
     p = _writer(path, 80)
     while p.poll() is None:
@@ -118,7 +118,7 @@ def test_a_lock_free_reader_notices_a_writer_that_starts_later(tmp_path: Path) -
         np.testing.assert_array_equal(zeros, np.flatnonzero(r.labels() == 0))
         assert len(r.labels()) == len(r)
     assert p.wait(60) == 0
-    assert r._handle().registered  # it took a registered snapshot once it saw the writer
+    assert r._handle().snapshot.registered  # it took a registered snapshot once it saw the writer
     r.close()
 
 
@@ -134,7 +134,7 @@ def test_an_explicit_lock_false_reader_is_right_or_says_so(tmp_path: Path) -> No
         except LmdbStoreError as exc:
             assert "lock=None or lock=True" in str(exc) and "\n" not in str(exc)
             refused += 1
-    assert not r._handle().registered  # it stays lock-free, as asked
+    assert not r._handle().snapshot.registered  # it stays lock-free, as asked
     r.close()
 
 
