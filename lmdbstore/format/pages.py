@@ -29,6 +29,7 @@ from lmdbstore.errors import CorruptStoreError
 
 __all__ = [
     "DAMAGE_HINT",
+    "RESTORE_HINT",
     "META_BYTES",
     "P_BRANCH",
     "P_LEAF",
@@ -60,8 +61,9 @@ META_BYTES = PAGEHDRSZ + META_STRUCT_BYTES
 _DB = struct.Struct("<IHHQQQQQ")  # md_pad, md_flags, md_depth, branch, leaf, overflow pages, entries, root
 
 
-#: What to do about a data file that contradicts itself.
+#: What to do about a data file that contradicts itself, and about one truncated.
 DAMAGE_HINT = "run `lmdbstore verify` on the store"
+RESTORE_HINT = "restore the store from a copy"
 
 
 def damaged(message: str, *, path: str | Path | None = None, key: object = None) -> CorruptStoreError:

@@ -29,7 +29,6 @@ __all__ = [
     "read_parts",
     "read_samples",
     "value",
-    "whole_value_runs",
 ]
 
 
@@ -59,13 +58,6 @@ def plan_runs(idx: np.ndarray, spv: int) -> Runs:
     cut |= firsts[1:] != firsts[:-1]
     brk = np.flatnonzero(np.concatenate(([True], cut)))
     return Runs(firsts[brk], sidx[brk] - firsts[brk], order[brk], np.diff(np.append(brk, n)))
-
-
-def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
-    """Indices of the runs that copy a whole value (block and window orders read most values whole)."""
-    m = h.meta
-    full = np.minimum(m.samples_per_value, m.count - runs.first)
-    return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
 
 
 def read_samples(
@@ -120,26 +112,29 @@ def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, 
         if status != OK:  # (NEED: every value was located above)
             raise h.files.fail(status, detail, key=detail * table.samples_per_value)
         if checksums and h.meta.trailer_bytes:
-            spv, sb = table.samples_per_value, h.meta.sample_bytes
-            runs = plan_runs(idx, spv)
-            w = whole_value_runs(runs, h)
-            if w.size:
-                d0 = runs.dst[w] * sb
-                view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-                _check_whole(h, view, table.offsets[runs.first[w] // spv], d0, d0 + runs.rows[w] * sb, runs.first[w])
+            _check_whole(h, table, idx, out)
 
 
-def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray, ends: np.ndarray, keys: Any) -> None:
-    """Compare each whole value read into ``view[d0:end]`` with its stored checksum (the trailer after it)."""
-    m, files = h.meta, h.files
-    assert files is not None
-    fn = compute_checksum(m.checksum)
-    assert fn is not None
-    t = m.trailer_bytes
-    trailers = files.gather(voffs + (ends - d0), t)
-    for i, (d, e) in enumerate(zip(d0.tolist(), ends.tolist(), strict=True)):
+def _check_whole(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray) -> None:
+    """Compare each value read whole (block and window orders read most values whole) into ``out`` with its stored
+    checksum (the trailer after it).
+
+    Raises:
+        ChecksumError: naming the first value that does not match.
+    """
+    m, files, fn = h.meta, h.files, compute_checksum(h.meta.checksum)
+    assert files is not None and fn is not None
+    spv, sb = m.samples_per_value, m.sample_bytes
+    runs = plan_runs(idx, spv)
+    w = np.flatnonzero((runs.skip == 0) & (runs.rows == np.minimum(spv, m.count - runs.first)))
+    if not w.size:
+        return
+    d0, n, first = runs.dst[w] * sb, runs.rows[w] * sb, runs.first[w]
+    trailers = files.gather(table.offsets[first // spv] + n, m.trailer_bytes)
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    for i, (d, e) in enumerate(zip(d0.tolist(), (d0 + n).tolist(), strict=True)):
         if fn(view[d:e]) != trailers[i].tobytes():
-            raise ChecksumError("checksum mismatch", path=h.path, key=int(keys[i]), hint=DAMAGE_HINT)
+            raise ChecksumError("checksum mismatch", path=h.path, key=int(first[i]), hint=DAMAGE_HINT)
 
 
 def value(h: Handle, first: int, verify: bool) -> memoryview:

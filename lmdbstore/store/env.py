@@ -25,7 +25,7 @@ from lmdbstore.errors import (
 from lmdbstore.format.layout import DB_META, MAX_DBS, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.format.pages import UnsupportedLayout, read_meta_page
+from lmdbstore.format.pages import RESTORE_HINT, UnsupportedLayout, read_meta_page
 from lmdbstore.store.locks import LOCK_FILE, WRITER_LOCK_FILE
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "DATA_FILE",
     "begin_read",
     "check_count_fits",
-    "check_file_size",
     "check_store_dir",
     "open_env",
     "open_reader_env",
@@ -130,25 +129,7 @@ def check_store_dir(path: Path) -> None:
         raise CorruptStoreError(
             f"data file is truncated: {size} bytes, shorter than LMDB's two meta pages",
             path=path,
-            hint="restore the store from a copy",
-        )
-
-
-def check_file_size(env: lmdb.Environment, path: Path) -> None:
-    """Refuse a data file shorter than the pages LMDB believes it has.
-
-    Reading a page past the end of a memory-mapped file kills the process with SIGBUS, so a
-    truncated file must be caught before any lookup.
-    """
-    info = env.info()
-    psize = env.stat()["psize"]
-    needed = (info["last_pgno"] + 1) * psize
-    actual = os.path.getsize(path / DATA_FILE)
-    if actual < needed:
-        raise CorruptStoreError(
-            f"data file is truncated: {actual} bytes, LMDB needs {needed}",
-            path=path,
-            hint="restore the store from a copy",
+            hint=RESTORE_HINT,
         )
 
 
@@ -164,6 +145,10 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
     Opening retries a few times on MDB_MAP_RESIZED: py-lmdb begins a transaction while opening, and
     a writer in another process may have grown the map and committed in between (see
     :func:`begin_read`).
+
+    Raises:
+        CorruptStoreError: the data file is shorter than the pages LMDB believes it has (a lookup there would
+            kill the process with SIGBUS).
     """
     with translate_lmdb_errors(path, "open"):
         for attempt in range(8):
@@ -174,7 +159,12 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
                 if attempt == 7:
                     raise
     try:
-        check_file_size(env, path)
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        actual = os.path.getsize(path / DATA_FILE)
+        if actual < needed:
+            raise CorruptStoreError(
+                f"data file is truncated: {actual} bytes, LMDB needs {needed}", path=path, hint=RESTORE_HINT
+            )
         if lock:
             # Free the reader-table slots of processes that died holding a read transaction (e.g.
             # SIGKILLed DataLoader workers).  LMDB only resets the table when no process has the

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
-from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, bad_overflow_headers, overflow_pages
+from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, RESTORE_HINT, bad_overflow_headers, overflow_pages
 
 __all__ = [
     "COMPILED",
@@ -64,11 +64,8 @@ STATE = ("trusted", "spent", "copied", "read")
 
 def truncated(size: int, needed: int, path: str | Path | None) -> CorruptStoreError:
     """The one-line error for a data file shorter than what is read from it."""
-    return CorruptStoreError(
-        f"data file was truncated while open: {size} bytes, the reader needs {needed}",
-        path=path,
-        hint="restore the store from a copy",
-    )
+    msg = f"data file was truncated while open: {size} bytes, the reader needs {needed}"
+    return CorruptStoreError(msg, path=path, hint=RESTORE_HINT)
 
 
 def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
@@ -76,16 +73,7 @@ def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
     size = os.fstat(fd).st_size
     if size < needed:
         return truncated(size, needed, path)
-    return CorruptStoreError("the data file shrank while it was read", path=path, hint="restore the store from a copy")
-
-
-def destination_fault() -> LmdbStoreError:
-    """The one-line error for a batch whose *destination* could not be written (the store is fine)."""
-    return LmdbStoreError(
-        "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
-        "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
-        hint="read into ordinary memory, or make room where the destination lives",
-    )
+    return CorruptStoreError("the data file shrank while it was read", path=path, hint=RESTORE_HINT)
 
 
 class FileReader:
@@ -143,31 +131,6 @@ class FileReader:
         ``(status, detail)`` (:data:`OK` and the others).  Errors are the caller's to raise (:meth:`fail`)."""
         return read_together([(self, (dst, idx, offsets, checked, layout, extend))])[0]
 
-    def part(
-        self,
-        dst: np.ndarray,
-        idx: np.ndarray,
-        offsets: np.ndarray,
-        checked: np.ndarray,
-        layout: tuple[int, ...],
-        extend: int,
-    ) -> tuple[Any, ...]:
-        """This file's part of a compiled read (:func:`read_together`)."""
-        return (
-            self.fd,
-            self.rfd,
-            self._address(),
-            self.size,
-            self.pages,
-            self.state,
-            dst,
-            np.ascontiguousarray(idx, np.int64),
-            offsets,
-            checked,
-            *layout,
-            extend,
-        )
-
     def _read_by_preadv(
         self, dst: np.ndarray, idx: np.ndarray, offsets: np.ndarray, checked: np.ndarray, layout: tuple[int, ...]
     ) -> tuple[int, int]:
@@ -207,8 +170,12 @@ class FileReader:
             return CorruptStoreError(
                 "the overflow page of a value has a wrong header", path=self.path, key=key, hint=DAMAGE_HINT
             )
-        if status == DEST:
-            return destination_fault()
+        if status == DEST:  # the batch's destination could not be written: the store is fine
+            return LmdbStoreError(
+                "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
+                "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
+                hint="read into ordinary memory, or make room where the destination lives",
+            )
         size = os.fstat(self.fd).st_size
         if size < self.size:
             return truncated(size, self.size, self.path)
@@ -269,7 +236,11 @@ def read_together(parts: list[tuple[FileReader, tuple[Any, ...]]]) -> list[tuple
     (one job: every part's reads in flight together, the warm copies shared); its ``(status, detail)`` each."""
     if COMPILED is None:
         return [f._read_by_preadv(*args[:5]) for f, args in parts]
-    return COMPILED.read(max(f.threads for f, _ in parts), [f.part(*args) for f, args in parts])  # type: ignore[no-any-return]
+    specs = []  # batchread.c's read(): one tuple per file
+    for f, (dst, idx, offsets, checked, layout, extend) in parts:
+        idx = np.ascontiguousarray(idx, np.int64)
+        specs.append((f.fd, f.rfd, f._address(), f.size, f.pages, f.state, dst, idx, offsets, checked, *layout, extend))
+    return COMPILED.read(max(f.threads for f, _ in parts), specs)  # type: ignore[no-any-return]
 
 
 class MapPatched(Exception):

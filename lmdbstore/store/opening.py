@@ -119,8 +119,7 @@ def open_writer(
         if shape is None or dtype is None or classes is None:
             raise_if_unborn(p)  # an interrupted creation says so, and how to complete it
             raise ValueError("shape, dtype and classes are required to create a store")
-        probe = _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
-        del probe
+        _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
         p.mkdir(parents=True, exist_ok=True)
         lock_fd = acquire_writer_lock(p)  # a creation still running elsewhere holds it: StoreLockedError
         try:

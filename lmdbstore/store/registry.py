@@ -36,7 +36,7 @@ from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.locks import LOCK_FILE
 from lmdbstore.util.forking import file_ranges, privatize, supported
 
-__all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "data_file_id"]
+__all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "file_id"]
 
 #: A file's identity: ``(st_dev, st_ino)``.
 FileId = tuple[int, int]
@@ -47,18 +47,14 @@ class FileChanged(Exception):
     """The store's data file changed between the caller opening it and the environment being opened: retry."""
 
 
-def file_id(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the file ``path`` now, or ``None`` when it cannot be found."""
+def file_id(path: Path, name: str = DATA_FILE) -> FileId | None:
+    """``(st_dev, st_ino)`` of the store's file ``name`` (``data.mdb``, ``lock.mdb``) now, or ``None`` when it cannot
+    be found."""
     try:
-        st = os.stat(path)
+        st = os.stat(Path(path) / name)
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
-
-
-def data_file_id(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the store's ``data.mdb`` now, or ``None`` when it cannot be found."""
-    return file_id(Path(path) / DATA_FILE)
 
 
 class _Entry:
@@ -232,7 +228,7 @@ class EnvRegistry:
             self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
             e = self._entries.get(key)
             if e is None:
-                self.adopt(path, self._open(key, opener), writable=writable, lock=lock)
+                self.adopt(path, self.open_making_room(path, opener), writable=writable, lock=lock)
                 e = self._entries[key]
                 if data_file is not None and e.data_file != data_file:
                     self.release(EnvLease(self, key, e))
@@ -264,11 +260,6 @@ class EnvRegistry:
                 raise
             return self.adopt(path, env, writable=True)
 
-    def _open(self, key: str, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
-        """``opener()`` (of the store at ``key``), where py-lmdb refuses it first making room with
-        :meth:`make_room` and trying once more."""
-        return self.open_making_room(Path(key), opener)
-
     def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
         """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
         :meth:`make_room` for it and ``opener()`` once more.
@@ -290,14 +281,12 @@ class EnvRegistry:
         those files is deleted, a new file may get its inode number, and py-lmdb then refuses it.  Their users'
         leases turn invalid (their readers re-open and find the store replaced).  Returns whether any was closed.
         """
-        wanted = {data_file_id(path), _lock_file(path)} - {None}
+        wanted = {file_id(path), file_id(path, LOCK_FILE)} - {None}
         with self._mutex:
             stale = [
                 e
                 for e in self._all()
-                if e.pid == os.getpid()
-                and wanted & {e.data_file, e.lock_file}
-                and data_file_id(Path(e.key)) != e.data_file
+                if e.pid == os.getpid() and wanted & {e.data_file, e.lock_file} and file_id(Path(e.key)) != e.data_file
             ]
             for e in stale:
                 if self._entries.get(e.key) is e:
@@ -319,7 +308,7 @@ class EnvRegistry:
         closed too (py-lmdb refused the second writer of a store beside a reader that outlived the first)."""
         self._after_fork()
         key = os.path.realpath(path)
-        now = data_file if data_file is not None else data_file_id(path)
+        now = data_file if data_file is not None else file_id(path)
         with self._mutex:
             e = self._entries.get(key)
             if e is not None and now is not None and e.data_file is not None and e.data_file != now:
@@ -333,7 +322,7 @@ class EnvRegistry:
         """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
         with self._mutex:
             key = os.path.realpath(path)
-            e = _Entry(env, writable, lock or writable, _lock_file(path), data_file_id(path))
+            e = _Entry(env, writable, lock or writable, file_id(path, LOCK_FILE), file_id(path))
             e.refs, e.key = 1, key
             self._entries[key] = e
         return env
@@ -360,11 +349,6 @@ class EnvRegistry:
                     self.release(EnvLease(self, e.key, e))
                     return
         env.close()
-
-
-def _lock_file(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the store's reader table, or ``None`` when it cannot be found."""
-    return file_id(Path(path) / LOCK_FILE)
 
 
 #: The environments of this process (see :class:`EnvRegistry`).  Process-wide because LMDB's rule it
