@@ -1,4 +1,4 @@
-/* lmdbstore.store._batchread: the compiled read path of lmdbstore (lmdbstore/store/fileread.py drives it; docs/design.md,
+/* lmdbstore.store.batchread: the compiled read path of lmdbstore (lmdbstore/store/fileread.py drives it; docs/design.md,
  * "Reads by file offset" and "No SIGBUS", says what it does and why).
  *
  * read() does one whole batch with the GIL released: it cuts the batch into runs, copies the cached ones from the
@@ -618,10 +618,10 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batchread", "The compiled read path (see read).", -1,
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "batchread", "The compiled read path (see read).", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__batchread(void) {
+PyMODINIT_FUNC PyInit_batchread(void) {
     page_bytes = sysconf(_SC_PAGESIZE), cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 1;
     if (pthread_atfork(NULL, NULL, after_fork) != 0) return PyErr_NoMemory();
     return PyModule_Create(&module);

@@ -1,6 +1,6 @@
 """Reading a batch by file offset, and guarding liblmdb's reads of its map (private to the store package).
 
-:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store._batchread``
+:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store.batchread``
 (``batchread.c``, built by ``pip install``; see docs/design.md, "Reads by file offset"): cached runs copied from a
 read-only map of the file, the others read by ``preadv`` with :data:`IO_THREADS` in flight, new values' overflow
 headers checked, SIGBUS caught.  Without it (no C compiler at install) the same reads are ``os.preadv`` calls in
@@ -39,10 +39,10 @@ __all__ = [
 
 def _load() -> ModuleType | None:
     try:
-        from lmdbstore.store import _batchread  # type: ignore[attr-defined]
+        from lmdbstore.store import batchread  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return _batchread  # type: ignore[no-any-return]
+    return batchread  # type: ignore[no-any-return]
 
 
 #: The compiled reader, or ``None`` where it was not built (then the reads are ``os.preadv`` calls in turn).

@@ -1,20 +1,10 @@
-"""Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers.
+"""Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers, and its label table and per-class
+index lists (read whole, checked against the metadata).
 
-The reader opens the LMDB environment lazily, in the process that first reads, and re-opens it after
-a fork or when unpickled in a spawned worker (py-lmdb environments must never cross a fork, and
-py-lmdb 3.x refuses to open a path twice in one process).  By default it opens with
-``readonly=True, lock=False, readahead=False``: no reader-table slot (so killed readers cannot
-exhaust it), no lock contention between workers, and no OS read-ahead wasted on random access.
-By default (``lock=None``) the reader probes the store's writer lock when it opens and uses ``lock=True``
-(a registered snapshot, whose pages a writer cannot reuse) while a writer is active.
-
-Every read is checked against the snapshot rule of :mod:`lmdbstore.store.snapshot`, before and after it
-touches the file: a snapshot that is no longer protected (a writer that started after a lock-free reader
-opened, a registered transaction that something ended) is replaced by a new, registered one and the read is
-done again, so a reader never returns bytes of another commit.  The new snapshot must be of the same store and
-data file (:mod:`lmdbstore.store.pinned`): a store replaced at the path is a
-:class:`~lmdbstore.errors.StoreReplacedError`, except on :meth:`StoreReader.refresh`, which asks for whatever is
-there now.  A reader may be shared by threads.
+The reader opens in the process that first reads (again after a fork or unpickling: an environment never crosses
+one), lock-free while no writer holds the store and as a registered snapshot while one does (``lock=None``); every
+read follows the snapshot rule (:mod:`lmdbstore.store.snapshot`) on a snapshot of the store and data file it pinned
+(:mod:`lmdbstore.store.pinned`).  docs/design.md, "Readers and snapshots", says why.
 """
 
 from __future__ import annotations
@@ -27,17 +17,16 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
-from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.layout import ALL_DBS
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError, translate_lmdb_errors, translate_read_errors
+from lmdbstore.format.layout import ALL_DBS, DB_CLASSIDX, DB_LABELS, INDEX_DTYPE, classidx_key, encode_key
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import read_samples
 from lmdbstore.store.handle import Handle
-from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
-from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
+from lmdbstore.store.pinned import PinnedReader
 from lmdbstore.store.positions import prefetch_ranges
 
-__all__ = ["MAX_RESNAPSHOTS", "StoreReader"]
+__all__ = ["StoreReader", "read_class_indices", "read_labels"]
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
@@ -54,9 +43,9 @@ class StoreReader(PinnedReader, MetaView):
         path: the store directory.
         lock: use LMDB's reader lock table; ``None`` (default): only while a writer is active, so a store
             nobody writes is read lock-free and one being appended to is read as a consistent snapshot
-            (decided in each process when it opens the store; see the module docstring).  With ``False``
-            a snapshot a writer overwrites is replaced by another lock-free one (and, after
-            :data:`MAX_RESNAPSHOTS` in a row, an error); otherwise by a registered one.
+            (decided in each process when it opens the store).  With ``False`` a snapshot a writer overwrites is
+            replaced by another lock-free one (after :data:`~lmdbstore.store.pinned.MAX_RESNAPSHOTS` in a row, an
+            error); otherwise by a registered one.
         verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
             and ``stats --check`` turn it on).  Checked reads go through liblmdb.
         positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
@@ -132,11 +121,8 @@ class StoreReader(PinnedReader, MetaView):
 
     # ------------------------------------------------------------------ values
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
-
-        The indices are visited in sorted order (B-tree locality), each value is looked up once per
-        run of indices that share it, and each sample's bytes are copied straight into its row of
-        ``out``: no per-sample arrays, no collate.
+        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, each sample's bytes read
+        straight into its row: no per-sample arrays, no collate.
 
         Args:
             indices: integer sample indices in ``0..len-1`` (no wrap-around; not floats, not a boolean mask).
@@ -154,21 +140,19 @@ class StoreReader(PinnedReader, MetaView):
         out = check_out(out, len(idx), m)
         if len(idx) == 0:
             return np.empty((0, *m.shape), m.np_dtype) if out is None else out
-        return self._guarded("read", lambda h: self._read_into(h, idx, out))
-
-    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array.
-        Read through liblmdb too, the table locates them first: no page of theirs is another owner's."""
-        lmdb = not self.positions or self.verify_checksums
-        return read_samples(h, self._positions(h), idx, out, lmdb, self.verify_checksums, self.check_whole_values)
+        lmdb, verify, whole = (
+            not self.positions or self.verify_checksums,
+            self.verify_checksums,
+            self.check_whole_values,
+        )
+        return self._guarded("read", lambda h: read_samples(h, self._positions(h), idx, out, lmdb, verify, whole))
 
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
-        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a
-        thread of its own), so a later random read of them is a copy from memory.  Used by the ``window`` shuffle
-        for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong bytes here would
-        cost time, never a wrong sample.
+        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a thread of its
+        own; the ``window`` order's next window).  A no-op on the liblmdb read path.  Only advice: a wrong range costs
+        time, never a wrong sample.
         """
         lo_a, hi_a = range_bounds(lo, hi)
         if not self.positions or lo_a.size == 0:
@@ -248,3 +232,55 @@ class StoreReader(PinnedReader, MetaView):
         finally:
             self._give(h)
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
+
+
+def read_labels(h: Handle) -> np.ndarray:
+    """Every sample's class id, in sample order (the label dtype: uint8 up to 256 classes).
+
+    Raises:
+        CorruptStoreError: a label chunk is missing or of the wrong length, or a label is not a class id.
+    """
+    m = h.meta
+    out = np.empty(m.count, m.label_dtype)
+    pos = 0
+    with translate_read_errors(h.path, "read labels"), h.lmdb():
+        for first in range(0, m.count, m.label_chunk):
+            raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
+            n = min(m.label_chunk, m.count - first)
+            if raw is None or len(raw) != n * m.label_dtype.itemsize:
+                raise CorruptStoreError("label chunk missing or of the wrong length", path=h.path, key=first)
+            out[pos : pos + n] = np.frombuffer(raw, m.label_dtype)
+            pos += n
+    if m.count and int(out.max()) >= len(m.classes):
+        raise CorruptStoreError("a label is outside the class list", path=h.path)
+    return out
+
+
+def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
+    """The sample indices of class ``class_id`` in ascending order (int64), from the class-index table.
+
+    Raises:
+        CorruptStoreError: a chunk of the class's list is missing or of the wrong length, or the list is not
+            ascending sample indices of the store.
+    """
+    m = h.meta
+    n_c = m.class_counts[class_id]
+    out = np.empty(n_c, np.int64)
+    with translate_read_errors(h.path, "read class index"), h.lmdb():
+        for pos in range(0, n_c, m.label_chunk):
+            raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
+            n = min(m.label_chunk, n_c - pos)
+            if raw is None or len(raw) != n * INDEX_DTYPE.itemsize:
+                raise CorruptStoreError(
+                    f"class-index chunk of class {m.classes[class_id]!r} missing or of the wrong length",
+                    path=h.path,
+                    key=pos,
+                )
+            out[pos : pos + n] = np.frombuffer(raw, INDEX_DTYPE)
+    if n_c and (int(out[0]) < 0 or int(out[-1]) >= m.count or (n_c > 1 and not (out[1:] > out[:-1]).all())):
+        raise CorruptStoreError(  # one pass: the list is ascending sample indices of the store
+            f"the class index of class {m.classes[class_id]!r} is not ascending sample indices below {m.count}",
+            path=h.path,
+            hint="run `lmdbstore verify` on the store",
+        )
+    return out
