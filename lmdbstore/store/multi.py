@@ -1,27 +1,10 @@
-"""Many stores read as one: :class:`StoreSet` (:func:`lmdbstore.store.readers.open_reader` opens one store or a set).
+"""Many stores read as one, in place: :class:`StoreSet` (docs/api.md, "Many stores as one", states its rules).
 
-Data made on several machines ends up as several stores; a set reads them in place, with no merge copy.  It has
-the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader and the tools use it (``len``,
-``shape``, ``dtype``, ``classes``, ``meta``, ``labels()``, ``read_batch``, ``read_range``, ``iter_chunks``,
-``prefetch``, ``class_indices``, picklable, opened lazily in each process), over:
-
-* **one index space**: store ``i``'s samples follow store ``i - 1``'s (``offsets[i]`` is its first index);
-* **classes mapped by name**: the set's classes are the union of the stores' class names in first-seen order
-  (store order, then each store's own order), so stores with the same class list keep it, and a set of one
-  store is that store; a class missing from a store is fine, the same name is the same class.
-  ``classes=`` fixes the order instead (it must name every class of every store);
-* **one shape and dtype**: a store that differs is a one-line :class:`~lmdbstore.errors.ValidationError`
-  naming it; so is one store given twice (the same ``store_id``: under two paths, or copied with ``cp -r``);
-* **one snapshot of the layout**: the set is laid out once, from each store's metadata when the set is opened,
-  and stays that set: its length, ``counts``, ``offsets``, ``meta``, ``labels()`` and ``class_indices()`` are
-  those of the layout, also after a store grows (its new samples are not in the set; ``refresh()`` lays the
-  set out again).  Each store's reader pins its store and data file
-  (:class:`~lmdbstore.errors.StoreReplacedError` if one is replaced).
-
-Every store keeps its own position table and reads by file offset: a batch is grouped by store once and each
-store's part is one compiled call (many reads in flight) straight into its rows of the output when the batch
-comes grouped (as the trainer's set samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy
-otherwise.
+A set has a reader's interface over one index space (store ``i``'s samples follow store ``i - 1``'s), classes mapped
+by name (the union of the stores' in first-seen order, or ``classes=``), one shape and dtype, and one layout taken
+from the stores' metadata when it opens (a store that grows adds nothing until ``refresh()``); each store's reader
+pins its own store and data file.  A batch grouped by store (as :mod:`lmdbstore.loader.sets` makes them) is read
+straight into its rows, every store's part in one compiled call; any other order through one gather copy.
 """
 
 from __future__ import annotations

@@ -1,32 +1,17 @@
-"""When a reader's snapshot is still the file's: the one rule every read of a store follows.
+"""When a reader's snapshot is still the file's: the one rule every read of a store follows (docs/design.md,
+"Snapshots and the fast path", derives it from LMDB's free-page rule).
 
-A read transaction sees the snapshot of the last commit when it began, transaction id ``S``.  liblmdb keeps
-that snapshot's pages from reuse only while the transaction is *registered* in the reader table
-(``lock=True``) and alive.  Otherwise -- a lock-free reader (``lock=False``), or a registered transaction that
-something ended (py-lmdb's ``set_mapsize`` and ``close`` end every transaction of an environment) -- a
-writer may overwrite the snapshot's pages, and any read from them, by offset or through liblmdb, may return
-another commit's bytes.  When it may, is LMDB's free-page rule (``mdb_page_alloc`` and ``mdb_find_oldest`` in
-``mdb.c``): a write transaction ``T`` reuses the pages freed by transactions ``< oldest``, where ``oldest`` is
-``T - 1`` or the oldest registered reader.  The pages of snapshot ``S`` are freed by ``S + 1`` at the
-earliest, so the first writer that may overwrite them is ``S + 3``; ``S + 3`` begins only after ``S + 2``
-committed, and a commit writes its data pages before its meta page, which for ``S + 2`` is meta page
-``S & 1`` (LMDB alternates), the page describing ``S`` itself.  Hence the rule (:meth:`Snapshot.protected`):
+A read transaction sees snapshot ``S``.  liblmdb keeps its pages from reuse only while the transaction is registered
+(``lock=True``) and alive; otherwise a writer may overwrite them, but not before meta page ``S & 1`` changed:
 
     the snapshot is protected iff its transaction is registered and alive, or meta page ``S & 1`` still
     holds exactly the bytes it held when the transaction began.
 
-Checked *after* a read, a protected answer proves the bytes read were ``S``'s: no writer that could
-overwrite them had begun.  A data file whose meta pages this parser does not recognise falls back to LMDB's own
-view of the latest commit (``env.info()``) with the same ``S + 1`` bound.
-
-The rule protects a snapshot from a writer, not from another file: a data file rewritten in place (``cp`` of
-another store over ``data.mdb``) can hold a byte-identical meta page (two stores written the same way) and
-under a registered transaction nothing looks at the file at all.  So every check also compares the snapshot's
-*record fingerprint* (:attr:`Snapshot.record`): the bytes of the metadata record from its ``store_id`` on (the
-store's random id, the last commit's time and the exact value statistics, ~250 bytes), read where the record
-lies in the file (found once per snapshot by walking the ``meta`` B-tree, and checked against liblmdb's bytes).  Those bytes are the snapshot's own while it is
-protected, so a difference means another file.  A check is one 152-byte ``pread`` and one of the fingerprint
-for a lock-free reader, the fingerprint's alone for a registered one (~0.5 us each).
+Checked after a read, a protected answer proves the bytes read were ``S``'s.  A data file whose meta pages this parser
+does not know falls back to LMDB's own view (``env.info()``) with the same ``S + 1`` bound.  Against another file
+rewritten in place (a byte-identical meta page; a registered transaction never looks at the file), every check also
+compares the snapshot's *record fingerprint* (:attr:`Snapshot.record`): the metadata record's bytes from its random
+``store_id`` on, read where the record lies in the file.
 """
 
 from __future__ import annotations
