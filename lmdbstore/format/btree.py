@@ -1,19 +1,10 @@
 """Reading an LMDB 0.9 B-tree read-only: where each value of the ``samples`` sub-database lies in the file.
 
-The reader (:mod:`lmdbstore.store.positions`) opens the ``samples`` tree with :func:`open_tree` -- its branch
-pages, a few per million values, and every page the snapshot reaches otherwise -- and reads its leaf pages as
-batches need them (:func:`leaf_values`), so that a sample is fetched with one ``pread`` of exactly its bytes instead
-of a B-tree lookup that faults in every page of its value.  ``verify`` reads them all (:func:`samples_positions`).
-
-It checks at least what liblmdb relies on when it looks a key up, so that every value it locates is the one
-liblmdb would return for that key: page numbers inside the snapshot, page headers naming their own page and
-type, node offsets and sizes inside their page, separators strictly increasing in each branch page and every key
-inside the range liblmdb's search sends to its leaf (so that search reaches the leaf this one found), keys
-strictly increasing, node flags a plain sub-database can have, overflow runs inside the file, and no page of the
-snapshot reachable twice: the tree's pages, its overflow runs, the other sub-databases', the main tree's and the
-free list's (:class:`lmdbstore.format.owners.Claims`; the overflow runs as their leaves are read).  Any
-contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say is
-checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
+The reader (:mod:`lmdbstore.store.positions`) opens the ``samples`` tree with :func:`open_tree` (its branch pages, and
+every page the snapshot reaches otherwise) and reads its leaves as batches need them (:func:`leaf_values`); ``verify``
+reads them all (:func:`samples_positions`).  What is checked -- at least what liblmdb's search relies on, so that every
+value located is the one liblmdb would return, and no page reachable twice -- is listed in docs/design.md, "Reads by
+file offset"; any contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`.
 """
 
 from __future__ import annotations
@@ -69,18 +60,9 @@ class BTreeValues:
     big: np.ndarray  # bool: the value lives in overflow pages
 
 
-@dataclass
-class _Level:
-    """One branch level of a walk: its pages, and per node (in order) the child page and separator key."""
-
-    pgnos: list[int]
-    per_page: np.ndarray  # nodes of each page
-    child: np.ndarray  # int64 page numbers
-    sep: np.ndarray  # uint64 separator keys (node 0 of a page has none; its entry is unused)
-
-
-def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
-    """Read one level of branch pages: children and 8-byte separators, bounds-checked."""
+def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read one level of branch pages: per node (in order) its page (a row of ``level``), child page (int64) and 8-byte
+    separator key (uint64; node 0 of a page has none, its entry is unused), bounds-checked."""
     arr = pages.read(level, P_BRANCH)
     row, ptr = pages.nodes_2d(arr, level)
     flat, ps = arr.reshape(-1), pages.psize
@@ -97,7 +79,7 @@ def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
     child = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16 | words[w + 2].astype(np.int64) << 32
     idx = (base + NODESIZE)[:, None] + np.arange(KEY_BYTES)
     sep = flat[np.minimum(idx, flat.size - 1)].copy().view(">u8").reshape(-1).astype(np.uint64)
-    return _Level(list(level), np.bincount(row, minlength=len(level)), child, sep)
+    return row, child, sep
 
 
 @dataclass(frozen=True)
@@ -133,17 +115,16 @@ def open_tree(pages: PageReader, meta: LmdbMeta, name: bytes) -> SamplesTree:
         raise damaged(f"{what} B-tree has depth {db.depth}", path=pages.path)
     level, lo, hi = np.array([db.root], np.int64), np.zeros(1, np.uint64), np.array([NO_KEY])
     for _ in range(db.depth - 1):
-        lv = _branch_level(pages, level.tolist(), what)
+        row, child, sep = _branch_level(pages, level.tolist(), what)
         claims.add(Runs.of(f"{what} B-tree", level))
-        row = np.repeat(np.arange(len(level)), lv.per_page)
         first = np.r_[True, row[1:] != row[:-1]]
         last = np.r_[row[1:] != row[:-1], True]
-        if ((lv.sep[1:] <= lv.sep[:-1]) & ~first[1:] & ~first[:-1]).any():  # node 0's key is none
+        if ((sep[1:] <= sep[:-1]) & ~first[1:] & ~first[:-1]).any():  # node 0's key is none
             raise damaged(f"{what} B-tree: the separator keys of a branch page are out of order", path=pages.path)
         # liblmdb's search takes the last node whose separator is at most the key (node 0: any key)
-        lo_n = np.where(first, lo[row], np.maximum(lo[row], lv.sep))
-        hi_n = np.where(last, hi[row], np.minimum(hi[row], np.r_[lv.sep[1:], NO_KEY]))
-        level, lo, hi = lv.child, lo_n, np.maximum(hi_n, lo_n)
+        lo_n = np.where(first, lo[row], np.maximum(lo[row], sep))
+        hi_n = np.where(last, hi[row], np.minimum(hi[row], np.r_[sep[1:], NO_KEY]))
+        level, lo, hi = child, lo_n, np.maximum(hi_n, lo_n)
         if len(level) > pages.n_pages:
             raise damaged(f"{what} B-tree reaches more pages than the file holds", path=pages.path)
     pages.check_pgnos(level.tolist())

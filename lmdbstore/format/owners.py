@@ -1,16 +1,11 @@
-"""Which pages of a snapshot belong to whom (issue 34 #1): every page but one sub-database's, and :class:`Claims`.
+"""Which pages of a snapshot belong to whom: every page but one sub-database's (:func:`foreign_runs`), and
+:class:`Claims`, where a page claimed twice is damage.
 
-A value's overflow page number that names the first page of *another* sub-database's overflow run (a class-index
-chunk: a valid overflow header, enough pages) passes every check of the value itself, and liblmdb follows it too.
-What gives it away is that the page is reachable twice.  So every page the snapshot reaches besides the ``samples``
-tree -- the two meta pages, the main B-tree, every other sub-database's tree and overflow runs, the free list (its
-tree, its overflow runs and the free pages it lists) -- is claimed when the ``samples`` tree is opened
-(:func:`lmdbstore.format.btree.open_tree`), and the ``samples`` pages as they are read: a page claimed twice, by any
-two owners, is a :class:`~lmdbstore.errors.CorruptStoreError`.  The other trees are small next to ``samples`` (a
-label chunk and a class-index chunk hold 65,536 entries each), so this reads a few pages once per snapshot.
-
-Only page numbers are read: no key is interpreted (their order is liblmdb's business and ``verify``'s), so any
-sub-database of an LMDB 0.9 file can be walked.  Everything read is bounds-checked as in :mod:`~lmdbstore.format.pages`.
+An overflow page number naming another owner's run (a class-index chunk: a valid header, enough pages) passes every
+check of the value itself, and liblmdb follows it too; what gives it away is a page reachable twice.  So the meta
+pages, the main tree, every other sub-database's tree and overflow runs and the free list (tree, runs, free pages) are
+claimed when the ``samples`` tree is opened, and its own pages as they are read.  Only page numbers are read (no key
+is interpreted), bounds-checked as in :mod:`~lmdbstore.format.pages`.
 """
 
 from __future__ import annotations

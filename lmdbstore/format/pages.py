@@ -1,17 +1,11 @@
-"""LMDB 0.9 data-file pages, read-only: meta pages, bounded page reads, node offsets, overflow-page headers.
+"""LMDB 0.9 data-file pages, read-only (data version 1, as py-lmdb 3's ``lmdb/verify.py`` parses them): meta pages,
+bounded page reads, node offsets, overflow-page headers.  Walking B-trees is :mod:`lmdbstore.format.btree`'s and
+:mod:`lmdbstore.format.owners`'.
 
-LMDB's on-disk page format is fixed for the 0.9 series (data version 1; py-lmdb 3's offline verifier,
-``lmdb/verify.py``, parses the same layout in pure Python).  This module knows single pages; walking a
-B-tree of them is :mod:`lmdbstore.format.btree`'s.  The reader uses both to find where the ``samples`` values
-lie in the file (see :mod:`lmdbstore.store.positions`), and reads the meta pages to tell whether its snapshot is
-still the file's (:mod:`lmdbstore.store.snapshot`).
-
-Everything read from the file is checked before it is used: page numbers and node offsets against the page
-and the file size, page headers against the page they claim to be.  A file whose *meta pages* this parser
-does not recognise (another magic, data version, byte order or page size) raises :class:`UnsupportedLayout`
-and the caller falls back to liblmdb; anything else that contradicts itself raises
-:class:`~lmdbstore.errors.CorruptStoreError`.  Nothing here ever reads outside the file: every read is a
-bounded ``os.pread``.
+Everything read is checked before it is used (page numbers and node offsets against the page and the file, headers
+against the page they claim to be) and no read leaves the file.  Meta pages this parser does not know (magic, data
+version, byte order, page size) raise :class:`UnsupportedLayout` (the caller falls back to liblmdb); anything else
+that contradicts itself, :class:`~lmdbstore.errors.CorruptStoreError`.
 """
 
 from __future__ import annotations
@@ -168,11 +162,8 @@ class PageReader:
         self.fill = fill
 
     def check_pgnos(self, pgnos: Sequence[int]) -> None:
-        """Refuse a page number outside the snapshot's pages (the meta pages are no tree's).
-
-        Raises:
-            CorruptStoreError: naming the first.
-        """
+        """Refuse (``CorruptStoreError`` naming the first) a page number outside the snapshot's pages but the meta
+        pages."""
         for p in pgnos:
             if not 2 <= p < self.n_pages:
                 raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
@@ -196,11 +187,8 @@ class PageReader:
         return arr
 
     def check(self, arr: np.ndarray, pgnos: Sequence[int], want: int) -> None:
-        """Refuse a page of ``arr`` (pages ``pgnos`` as read) whose header names another page or type than ``want``.
-
-        Raises:
-            CorruptStoreError: naming the first.
-        """
+        """Refuse (``CorruptStoreError`` naming the first) a page of ``arr`` (pages ``pgnos`` as read) whose header
+        names another page or type than ``want``."""
         hdr_pgno = arr[:, :8].copy().view("<u8").reshape(-1)
         flags = arr[:, 10:12].copy().view("<u2").reshape(-1) & TYPE_MASK
         bad = np.flatnonzero((hdr_pgno != np.asarray(pgnos, np.uint64)) | (flags != want))
@@ -212,11 +200,7 @@ class PageReader:
             )
 
     def read_bytes(self, offset: int, n: int, what: str) -> bytes:
-        """``n`` bytes at ``offset`` of the snapshot's pages (a value in an overflow run).
-
-        Raises:
-            CorruptStoreError: the range lies outside the snapshot's pages or the file is shorter.
-        """
+        """``n`` bytes at ``offset`` of the snapshot's pages (``CorruptStoreError`` outside them or the file)."""
         return _pread_exact(self.fd, n, offset, min(self.file_size, self.n_pages * self.psize), what, self.path)
 
     def nodes(self, page: np.ndarray, pgno: int) -> tuple[np.ndarray, np.ndarray]:
@@ -255,16 +239,8 @@ def overflow_pages(value_bytes: np.ndarray | int, psize: int) -> np.ndarray | in
 
 
 def bad_overflow_headers(heads: np.ndarray, pgnos: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """Which overflow-page headers contradict the node that points at them.
-
-    Args:
-        heads: ``(n, 16)`` uint8, the first 16 bytes of each run's first page.
-        pgnos: the page number each run must start at (where its node points).
-        need: the pages each run must have at least (its value's length).
-
-    Returns:
-        A boolean mask: the header is not an overflow page, names another page, or is too short.
-    """
+    """Which overflow-page headers ``heads`` (``(n, 16)`` uint8) contradict the node that points at them: not an
+    overflow page, not page ``pgnos[i]`` (where the node points), or fewer than ``need[i]`` pages (its value's)."""
     h = np.ascontiguousarray(heads, np.uint8).reshape(-1, PAGEHDRSZ)
     own = h[:, :8].copy().view("<u8").reshape(-1)
     flags = h[:, 10:12].copy().view("<u2").reshape(-1) & TYPE_MASK

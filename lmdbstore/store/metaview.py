@@ -1,6 +1,4 @@
-"""What a reader of one store and a set of stores both derive from their metadata: length, sample shape, dtype
-and class names (one definition for :class:`~lmdbstore.store.reader.StoreReader` and
-:class:`~lmdbstore.store.multi.StoreSet`), and the one check of the sample indices both take."""
+"""What a reader of one store and a set of stores share (:class:`MetaView`), and the checks of their arguments."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
 
 
 def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
-    """Refuse an index of ``idx`` (int64, from :func:`sample_indices`) outside ``0..count-1`` (no wrap-around:
-    ``-1`` is not the last sample).  Two passes over ``idx`` (min and max): ~2 us for 4,096 indices.
+    """Refuse an index of ``idx`` (from :func:`sample_indices`) outside ``0..count-1`` (``-1`` is not the last).
 
     Raises:
         IndexError: naming the first such index.
@@ -45,9 +42,8 @@ def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
 
 
 def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
-    """``out`` (``None``: a new array will be made) if it can take ``n`` samples of the store described by
-    ``meta``: a numpy array, C-contiguous, writable, of the store's dtype and of shape ``(n, *shape)`` (a few
-    attribute checks: well under a microsecond).
+    """``out`` (or ``None``) if it can take ``n`` samples of the store ``meta`` describes: a writable C-contiguous
+    numpy array of the store's dtype and shape ``(n, *shape)``.
 
     Raises:
         ValueError: naming ``out``, what it must be and what it is.
@@ -68,8 +64,7 @@ def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
 
 
 def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> int:
-    """``value`` as an int in ``lo..hi`` (``hi`` ``None``: no upper bound); bools, floats and strings are refused,
-    not cast.
+    """``value`` as an int in ``lo..hi`` (``hi=None``: no bound); bools, floats and strings are refused, not cast.
 
     Raises:
         ValueError: naming ``name``.
@@ -95,8 +90,8 @@ def range_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MetaView:
-    """``len()``, ``shape``, ``dtype`` and ``classes`` read from ``self.meta``, which a subclass provides, and the
-    checks of the arguments a reader and a set take alike (an index, a range, chunks)."""
+    """What a reader and a set share: ``len()``, ``shape``, ``dtype`` and ``classes`` from ``self.meta`` (a subclass
+    provides it, ``read_batch`` and ``labels``), ranges, chunks, labels of indices."""
 
     #: what the reader reads, in messages ("store", "set")
     noun = "store"
@@ -119,11 +114,8 @@ class MetaView:
         return self.read_batch(np.array([i]))[0]
 
     def _range(self, start: Any, stop: Any) -> tuple[int, int]:
-        """``start``, ``stop`` checked: integers with ``0 <= start <= stop <= len``.
-
-        Raises:
-            ValueError: not integers.  IndexError: the range is not inside.
-        """
+        """``start``, ``stop`` checked: integers (else ``ValueError``) with ``0 <= start <= stop <= len`` (else
+        ``IndexError``)."""
         n = len(self)
         a = whole_number(start, "start", -(1 << 63))
         b = n if stop is None else whole_number(stop, "stop", -(1 << 63))
@@ -162,7 +154,7 @@ class MetaView:
                 yield a, self.read_range(a, b), labels[a:b]
 
     def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """The parts of ``start..stop`` that a chunk does not cross (a set: each store's)."""
+        """The parts of ``start..stop`` a chunk does not cross (a set: each store's)."""
         return [(start, stop)]
 
     def labels_of(self, indices: Any) -> np.ndarray:
@@ -176,11 +168,7 @@ class MetaView:
         return self.labels()[idx]
 
     def _class_id(self, class_id: Any) -> int:
-        """``class_id`` as an int in ``0..len(classes)-1``.
-
-        Raises:
-            ValueError: naming ``class_id``.
-        """
+        """``class_id`` as an int in ``0..len(classes)-1`` (else ``ValueError`` naming it)."""
         c = whole_number(class_id, "class_id", -(1 << 62))
         if not 0 <= c < len(self.classes):
             raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
