@@ -494,7 +494,7 @@ static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
     Py_ssize_t n = 1, m = 0, nwarm = 0, ncold = 0;
     for (Py_ssize_t k = 0; k < nb; k++) n += bs[k].n;
     run_t *runs = PyMem_RawMalloc(sizeof(run_t) * (size_t)n);
-    int64_t *order = PyMem_RawMalloc(sizeof(int64_t) * (size_t)n);
+    int64_t *order = PyMem_RawMalloc(2 * sizeof(int64_t) * (size_t)n); /* the warm runs, then from n on the cold */
     char *heads = PyMem_RawMalloc((size_t)HEAD * (size_t)n), *junk = NULL;
     int guarded = 1, shift = __builtin_ctzl((unsigned long)page_bytes);
     int64_t extra = 0, warm_bytes = 0;
@@ -511,17 +511,13 @@ static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
             int warm = b->map != NULL && b->state[TRUSTED] &&
                        marked(b->pages, shift, r->start + r->skip, r->start + r->skip + r->len) &&
                        (r->value < 0 || marked(b->pages, shift, r->start, r->start + HEAD));
-            order[warm ? nwarm++ : n - 1 - ncold++] = i;
+            order[warm ? nwarm++ : n + ncold++] = i;
             warm_bytes += warm ? r->len : 0;
             if (r->before + r->skip + r->after > extra) extra = r->before + r->skip + r->after;
         }
         m += b->nruns;
     }
-    for (Py_ssize_t a = n - ncold, z = n - 1; a < z; a++, z--) { /* the cold ones in batch order */
-        int64_t t = order[a];
-        order[a] = order[z], order[z] = t;
-    }
-    job_t j = {.runs = runs, .warm = order, .cold = order + n - ncold, .nwarm = nwarm, .ncold = ncold,
+    job_t j = {.runs = runs, .warm = order, .cold = order + n, .nwarm = nwarm, .ncold = ncold,
                .page_shift = shift, .heads = heads};
     atomic_init(&j.next_warm, 0), atomic_init(&j.next_cold, 0);
     j.chunk = nwarm > 0 && warm_bytes / nwarm < CHUNK_BYTES ? (int)(CHUNK_BYTES / (warm_bytes / nwarm + 1)) : 1;
