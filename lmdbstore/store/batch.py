@@ -1,10 +1,6 @@
-"""Reading one batch of samples from one snapshot: by file offset, or through liblmdb lookups (private).
-
-:class:`~lmdbstore.store.reader.StoreReader` decides which path a batch takes and checks, before and after,
-that the snapshot is still the file's; the functions here only read.  By file offset, the whole batch is one call
-of :meth:`~lmdbstore.store.fileread.FileReader.read` (runs cut, cached ones copied, the others read with many in
-flight, headers checked); through liblmdb, the batch is cut into *runs* (consecutive samples of one value whose
-rows in the output are consecutive too) and each run is one slice of liblmdb's value.
+"""Reading one batch of samples from one snapshot (the caller checks the snapshot rule): by file offset, every store's
+part in one compiled call (:func:`~lmdbstore.store.fileread.read_together`), or through liblmdb, one slice of a
+value per *run* (consecutive samples of one value whose rows in the output are consecutive too).
 """
 
 from __future__ import annotations
@@ -22,14 +18,7 @@ from lmdbstore.store.fileread import EXTEND_RUN_SAMPLES, OK, read_together
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.positions import PositionTable
 
-__all__ = [
-    "Runs",
-    "plan_runs",
-    "read_by_lmdb",
-    "read_parts",
-    "read_samples",
-    "value",
-]
+__all__ = ["Runs", "plan_runs", "read_parts", "read_samples"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +33,7 @@ class Runs:
 
 
 def plan_runs(idx: np.ndarray, spv: int) -> Runs:
-    """Cut the sample indices ``idx`` (any order, repeats allowed) into runs (see the module docstring)."""
+    """Cut the sample indices ``idx`` (any order, repeats allowed) into runs."""
     n = len(idx)
     step = idx[1:] - idx[:-1]
     if (step >= 0).all():  # sorted already (block and window batches): rows keep their order
@@ -89,12 +78,9 @@ def read_samples(
 
 
 def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, bool]]) -> None:
-    """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call.
-
-    The leaves of values not located yet are read first (:meth:`PositionTable.ensure`); every value's overflow-page
-    header is checked the first time the value is read in this process (in the same read); a run of
-    :data:`~lmdbstore.store.fileread.EXTEND_RUN_SAMPLES` samples or more that is not cached is read with the rest
-    of its value; with a part's ``checksums``, values read whole are checked against their stored checksum.
+    """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call,
+    once the leaves of values not located yet were read (:meth:`PositionTable.ensure`); with a part's ``checksums``,
+    values read whole are checked against their stored checksum.
 
     Raises:
         CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
@@ -161,36 +147,24 @@ def value(h: Handle, first: int, verify: bool) -> memoryview:
 
 
 def read_by_lmdb(h: Handle, runs: Runs, out: np.ndarray, verify: bool) -> None:
-    """Fill ``out`` through liblmdb lookups: each value looked up once per run of samples that share it.
-
-    This is the hot path of ``positions=False`` readers in random order: numpy prepares every per-run input
-    up front (one 8-byte key object per run), so the loop does no slicing or arithmetic of its own.
+    """Fill ``out`` through liblmdb lookups, each value looked up once per run of samples that share it (numpy
+    prepares every per-run input: the loop of ``positions=False`` readers does no arithmetic of its own).
 
     Raises:
         CorruptStoreError: a missing or wrong-length value.  ChecksumError: with ``verify``.
     """
     m = h.meta
-    sb, spv = m.sample_bytes, m.samples_per_value
+    sb = m.sample_bytes
     keys = runs.first.astype(">u8").view("V8").tolist()
-    offs = (runs.skip * sb).tolist()
-    dsts = (runs.dst * sb).tolist()
-    ends = (runs.dst * sb + runs.rows * sb).tolist()
+    want = (np.minimum(m.samples_per_value, m.count - runs.first) * sb + m.trailer_bytes).tolist()
+    offs, dsts, ends = (runs.skip * sb).tolist(), (runs.dst * sb).tolist(), ((runs.dst + runs.rows) * sb).tolist()
     ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
-    get, db = h.txn.get, h.dbs[DB_SAMPLES]
-    # unchecked fast path: still refuse a value of the wrong length (the last value is shorter)
-    full_len, tail_first = spv * sb + m.trailer_bytes, m.count - m.count % spv
-    tail_len = m.expected_value_len(tail_first) if tail_first < m.count else full_len
-    tail_key = encode_key(tail_first)
-    last: Any = None
+    get, db, last = h.txn.get, h.dbs[DB_SAMPLES], None
     buf: Any = None
     with h.lmdb():  # liblmdb's map: kept from shrinking, one thread at a time
-        for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
+        for k, n, o, d, e in zip(keys, want, offs, dsts, ends, strict=True):
             if k != last:
-                last = k
-                if verify:
-                    buf = value(h, int.from_bytes(k, "big"), True)
-                else:
-                    buf = get(k, db=db)
-                    if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
-                        buf = value(h, int.from_bytes(k, "big"), False)  # raises the precise error
+                last, buf = k, None if verify else get(k, db=db)
+                if buf is None or len(buf) != n:  # checked, or missing or of the wrong length: the precise error
+                    buf = value(h, int.from_bytes(k, "big"), verify)
             ov[d:e] = buf[o : o + e - d]
