@@ -1,12 +1,10 @@
-"""Reading a batch by file offset, and guarding liblmdb's reads of its map (private to the store package).
+"""Reading a batch by file offset, and guarding liblmdb's reads of its map (private; docs/design.md, "Reads by file
+offset" and "No SIGBUS").
 
-:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store.batchread``
-(``batchread.c``, built by ``pip install``; see docs/design.md, "Reads by file offset"): cached runs copied from a
-read-only map of the file, the others read by ``preadv`` with :data:`IO_THREADS` in flight, new values' overflow
-headers checked, SIGBUS caught.  Without it (no C compiler at install) the same reads are ``os.preadv`` calls in
-turn: right, and several times slower.  :func:`lmdb_guard` guards liblmdb's own reads of its map with the same
-handler: a page of a file shrunk under a liblmdb call reads as zeros instead of killing the process, and the call
-is refused (:class:`MapPatched`).
+:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store.batchread`` (``batchread.c``,
+built by ``pip install``), or without it by ``os.preadv`` calls in turn: the same bytes and checks, several times
+slower.  :func:`lmdb_guard` guards liblmdb's reads of its map with the same SIGBUS handler: a call that met a page of
+a file shrunk under it is refused (:class:`MapPatched`) instead of killing the process.
 """
 
 from __future__ import annotations
@@ -48,17 +46,17 @@ def _load() -> ModuleType | None:
 #: The compiled reader, or ``None`` where it was not built (then the reads are ``os.preadv`` calls in turn).
 COMPILED: ModuleType | None = _load()
 #: What a read answers (``batchread.c``'s numbers), and its detail: done; a value not located yet (the row); a value
-#: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the
-#: map or of the destination; an I/O error (errno).
+#: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the map,
+#: of the destination; an I/O error (errno).
 OK, NEED, WRONG_LENGTH, BAD_HEADER, SHORT, SOURCE, DEST, IO_ERROR = range(8)
-#: Reads in flight for a cold batch: 64 read 1.15-1.3x more than 16 or 32 here (a virtio disk over NVMe), for
-#: 2.5 KB reads and whole values alike (issue 41); a slower disk only queues them.
+#: Reads in flight for a cold batch: 64 read 1.15-1.3x more than 16 or 32 on a virtio disk over NVMe, for 2.5 KB
+#: reads and whole values alike; a slower disk only queues them.
 IO_THREADS = 64
 #: A run of at least this many samples of one value (block order) that is not cached is read with the rest of the
-#: value: its other pieces, in the next batches, are then copies, and one read of a value costs less than two.
+#: value: its other pieces, in the next batches, are then copies.
 EXTEND_RUN_SAMPLES = 4
 #: ``FileReader.state``: whether the page map is trusted, the pages' worth of probes since, runs the page cache
-#: held (copied from the map or read by a probe), runs read from the disk (the last two: what tests count).
+#: held, runs read from the disk.
 STATE = ("trusted", "spent", "copied", "read")
 
 
@@ -89,9 +87,8 @@ class FileReader:
         self.pages = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE + 1, np.uint8)
         self.state = np.zeros(len(STATE), np.int64)
         self._lock = threading.Lock()
-        # Whole values (block order) are read through a file description without read-ahead: 32 reads of
-        # neighbouring values at once looked sequential to the kernel, which then read on (8 MiB here) in vain.
-        # Single samples keep the kernel's read-ahead: within a window being read ahead it completes the window.
+        # Whole values are read through a file description without read-ahead (many reads of neighbouring values
+        # look sequential to the kernel, which reads on in vain); single samples keep it (it completes a window).
         try:
             self.rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.posix_fadvise(self.rfd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -124,11 +121,11 @@ class FileReader:
         layout: tuple[int, int, int, int, int],
         extend: int = 0,
     ) -> tuple[int, int]:
-        """Read sample ``idx[i]`` into ``dst[i * sb:]`` (``dst``: C-contiguous bytes) for every ``i``: value ``v``'s
-        payload lies at ``offsets[v]``; ``layout``: ``(samples per value, sample bytes, page size (0: no overflow
-        headers), samples in all, a full value's stored bytes)``; runs of ``extend`` samples or more read their whole
-        value when not cached.  A value not ``checked`` has its overflow header checked (and is marked).  Returns
-        ``(status, detail)`` (:data:`OK` and the others).  Errors are the caller's to raise (:meth:`fail`)."""
+        """Read sample ``idx[i]`` into ``dst[i * sb:]`` (C-contiguous bytes) for every ``i``; value ``v``'s payload lies
+        at ``offsets[v]``; ``layout``: (samples per value, sample bytes, page size (0: no overflow headers), samples
+        in all, a full value's stored bytes); cold runs of ``extend`` samples or more read their whole value; a value
+        not ``checked`` has its overflow header checked, then is marked.  Returns ``(status, detail)`` (:data:`OK`
+        and the others; :meth:`fail` makes the error)."""
         return read_together([(self, (dst, idx, offsets, checked, layout, extend))])[0]
 
     def _read_by_preadv(

@@ -40,13 +40,8 @@ OPEN_TRIES = 8
 
 
 class Handle:
-    """The per-process open state: a share of the environment, one long-lived read transaction and its
-    snapshot, the metadata and sub-databases, and (opened on first use) the snapshot's position table.
-
-    Args:
-        path: the store.
-        lock: the reader's ``lock`` option (``None``: registered exactly while a writer is active).
-        io_threads: reads in flight for cold batches (``None``: :data:`~lmdbstore.store.fileread.IO_THREADS`).
+    """One snapshot of the store ``path`` in this process (see the module docstring); ``lock``, ``io_threads``: the
+    reader's options (``lock=None``: registered exactly while a writer is active).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: as the store is opened.
@@ -115,12 +110,8 @@ class Handle:
 
     @contextlib.contextmanager
     def lmdb(self) -> Iterator[None]:
-        """Hold for a liblmdb call on this snapshot: one thread at a time, liblmdb's reads of its map guarded (see
-        the module docstring).
-
-        Raises:
-            CorruptStoreError: the data file shrank under the call.
-        """
+        """Hold for a liblmdb call on this snapshot: one thread at a time, liblmdb's reads of its map guarded
+        (``CorruptStoreError``: the data file shrank under the call)."""
         with self._mutex, self.lease.entry.using():
             try:
                 with lmdb_guard(self.spans, self.fd):
@@ -150,12 +141,10 @@ class Handle:
         return snap
 
     def load(self) -> None:
-        """Read the metadata and open the sub-databases in this snapshot (through liblmdb), and note where the
-        metadata record lies in the file (the snapshot's record fingerprint, :mod:`lmdbstore.store.snapshot`).
+        """Read the metadata and open the sub-databases in this snapshot, and note the record's fingerprint.
 
         Raises:
-            NotAStoreError, CorruptStoreError, FormatVersionError: no metadata, a damaged one, a missing
-                sub-database.
+            NotAStoreError, CorruptStoreError, FormatVersionError: no metadata, a damaged one, a missing sub-database.
         """
         with translate_read_errors(self.path, "open"), self.lmdb():
             self.meta, raw = read_meta(self.env, self.txn, self.path)
@@ -166,9 +155,8 @@ class Handle:
         self.snapshot = dataclasses.replace(self.snapshot, record=self._fingerprint(raw))
 
     def _fingerprint(self, raw: bytes) -> tuple[int, bytes] | None:
-        """Where this snapshot's metadata record ``raw`` (as liblmdb read it) lies in the file: its fingerprint
-        (:func:`~lmdbstore.store.snapshot.fingerprint`); ``None`` where the layout is unknown, or where the
-        file does not show liblmdb's bytes there (the snapshot is then not protected; the reader re-opens)."""
+        """The fingerprint of this snapshot's metadata record ``raw`` (as liblmdb read it) where it lies in the file;
+        ``None`` where the layout is unknown or the file does not show liblmdb's bytes there."""
         snap = self.snapshot.meta
         if snap is None:
             return None
@@ -223,12 +211,8 @@ class Handle:
         self._use(table, "built", files)
 
     def forget_after_fork(self) -> None:
-        """Let go of a handle inherited through ``fork()`` so that this process can open its own.
-
-        The environment itself is handled by :data:`~lmdbstore.store.registry.ENVS` (see
-        :class:`~lmdbstore.store.registry.EnvRegistry`); here every reference to it goes, without aborting
-        the transaction.  The position table stays with the reader, for the next handle to inherit.
-        """
+        """Let go of a handle inherited through ``fork()`` (every reference to the environment, which
+        :data:`~lmdbstore.store.registry.ENVS` handles; the transaction is not aborted) so this process opens its own."""
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
         if self.files is not None:
             self.files.close()

@@ -1,18 +1,11 @@
-"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot, filled as batches
-need it (see docs/design.md, "Reads by file offset").
+"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot (8 bytes of offset
+and a header-checked flag per value), filled as batches need it (docs/design.md, "Reads by file offset").
 
-A batch is read by file offset (:class:`~lmdbstore.store.fileread.FileReader`) from a table of each value's offset
-(8 bytes per value) and a flag per value saying whether its overflow-page header was checked.  Nothing is walked up
-front: :func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages of the snapshot, and
-:meth:`PositionTable.ensure` the leaf pages a batch needs, when it first needs them, and :data:`EXTRA_LEAVES` more
-until every leaf was read (the whole tree checked after a bounded number of batches).
-
-The table is trusted no more than liblmdb trusts the file: the tree is checked as :mod:`lmdbstore.format.btree`
-says (what liblmdb's search relies on; no page claimed twice); each leaf holds exactly the keys ``0, k, 2k, ...``
-below the metadata's count that its separators send there; a value's overflow header is checked before its first
-read in a process, until every leaf was read (then every overflow run is its value's own).  Any contradiction is a
-:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.  A table is keyed by
-the store, the data file and the snapshot (:func:`table_key`), and used only while that snapshot is protected.
+:func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages; :meth:`PositionTable.ensure`
+the leaves a batch needs, and :data:`EXTRA_LEAVES` more until every leaf was read.  Each leaf must hold exactly the
+keys ``0, k, 2k, ...`` below the metadata's count that its separators send there; a value's overflow header is checked
+before its first read in a process until every page was claimed.  Any contradiction is a
+:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.
 """
 
 from __future__ import annotations
@@ -48,14 +41,11 @@ def table_key(store_id: str, st: os.stat_result, snap: LmdbMeta) -> TableKey:
 
 @dataclass
 class PositionTable:
-    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot, filled
-    leaf by leaf (see the module docstring).
+    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot.
 
-    ``offsets[v]``: the payload's file offset, -1 for a value whose length contradicts the metadata (reading it
-    raises), :data:`UNKNOWN` until its leaf is read.  ``checked`` (per process) says which values' overflow headers
-    were checked (values without overflow pages start checked).  ``key`` names the store (its id), the data file
-    (device, inode) and the snapshot (its meta page's transaction id, roots and last page): a table is reused only
-    for an equal key.
+    ``offsets[v]``: the payload's file offset, -1 for a value whose length contradicts the metadata, :data:`UNKNOWN`
+    until its leaf is read; ``checked[v]``: its overflow header was checked (or it has none); ``key``: the store, data
+    file and snapshot it is of (:func:`table_key`): a table is reused only for an equal key.
     """
 
     key: TableKey
