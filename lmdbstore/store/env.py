@@ -1,9 +1,6 @@
-"""Opening LMDB environments of a store, with the checks that turn hostile paths into clear errors.
-
-The writer, the reader, ``verify`` and ``copy_store`` share these helpers so all see the same store layout:
-what a store directory is (and one whose creation was interrupted), opening its environment, beginning
-a read transaction, and reading its metadata.  Sharing one environment per process is
-:mod:`lmdbstore.store.registry`'s; the writer lock is :mod:`lmdbstore.store.locks`'.
+"""What a store directory is (and one whose creation was interrupted), opening its LMDB environment, beginning a read
+transaction and reading its metadata, with the checks that turn hostile paths into one-line errors: shared by the
+writer, the reader, ``verify`` and ``copy_store``.
 """
 
 from __future__ import annotations
@@ -51,14 +48,9 @@ CREATION_FILES = frozenset({WRITER_LOCK_FILE, DATA_FILE, LOCK_FILE})
 def unborn_reason(path: Path) -> str | None:
     """Why ``path`` is a store whose creation was interrupted before its first commit; ``None`` if it is not.
 
-    Creating a store takes the writer lock (``writer.lock``), lets LMDB create ``lock.mdb`` and
-    ``data.mdb`` (empty, then its two meta pages), and commits one transaction with the sub-databases and
-    the metadata.  A directory killed before that commit holds regular files among those three only, and
-    ``data.mdb`` is missing, empty, or an LMDB file whose two meta pages both record an empty main
-    database (no sub-database, no key: nothing was ever committed).  Such a directory holds no data, so a
-    writer may create the store in it.  Anything else (another file, a data file with any committed
-    entry, one LMDB's layout we do not recognise or one shorter than its two meta pages) is not unborn.
-    Reads only the directory listing and the two meta pages; writes nothing.
+    Such a directory holds regular files among ``writer.lock``, ``lock.mdb`` and ``data.mdb`` only, and ``data.mdb``
+    is missing, empty, or an LMDB file whose two meta pages both record an empty main database: it holds no data,
+    and a writer may create the store in it.  Reads only the directory listing and the two meta pages.
     """
     try:
         entries = {e.name: e for e in os.scandir(path)}
@@ -84,8 +76,7 @@ def unborn_reason(path: Path) -> str | None:
 
 
 def raise_if_unborn(path: Path) -> None:
-    """Raise :class:`NotAStoreError` (one line, with a hint) if ``path`` is a store whose creation was
-    interrupted (see :func:`unborn_reason`)."""
+    """Raise :class:`NotAStoreError` if ``path`` is a store whose creation was interrupted (:func:`unborn_reason`)."""
     why = unborn_reason(path)
     if why is not None:
         raise NotAStoreError(
@@ -139,12 +130,8 @@ ENV_OPTIONS: dict[str, Any] = {"subdir": True, "max_dbs": MAX_DBS, "readahead": 
 
 
 def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) -> lmdb.Environment:
-    """Open the store's LMDB environment (a directory) with our sub-database count.
-
-    Extra keyword arguments go to ``lmdb.open``.  Errors are translated into ``LmdbStoreError``s.
-    Opening retries a few times on MDB_MAP_RESIZED: py-lmdb begins a transaction while opening, and
-    a writer in another process may have grown the map and committed in between (see
-    :func:`begin_read`).
+    """Open the store's LMDB environment (extra keyword arguments go to ``lmdb.open``; errors are translated), again
+    on MDB_MAP_RESIZED (py-lmdb begins a transaction while opening: see :func:`begin_read`).
 
     Raises:
         CorruptStoreError: the data file is shorter than the pages LMDB believes it has (a lookup there would
@@ -166,10 +153,8 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
                 f"data file is truncated: {actual} bytes, LMDB needs {needed}", path=path, hint=RESTORE_HINT
             )
         if lock:
-            # Free the reader-table slots of processes that died holding a read transaction (e.g.
-            # SIGKILLed DataLoader workers).  LMDB only resets the table when no process has the
-            # environment open, so without this, stale slots pile up while any process keeps it
-            # open, until MDB_READERS_FULL (126 slots), and they pin old pages the writer cannot reuse.
+            # Free the slots of processes that died holding a read transaction (killed DataLoader workers): they
+            # would pile up while any process keeps the environment open, and pin pages the writer cannot reuse.
             with translate_lmdb_errors(path, "clear stale readers"):
                 env.reader_check()
     except BaseException:
@@ -178,19 +163,15 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
     return env
 
 
-#: A reader maps at least this much of the data file's address space (virtual memory only: the map is
-#: read-only), and at least :data:`READER_MAP_FACTOR` times the file, so that a writer growing the store
-#: rarely obliges it to adopt a larger map (``set_mapsize``, which ends every transaction of the environment).
+#: A reader maps at least this much address space (virtual memory only), and :data:`READER_MAP_FACTOR` times the file,
+#: so that a writer growing the store rarely obliges it to ``set_mapsize`` (which ends every transaction).
 READER_MAP_MIN = 64 << 30
 READER_MAP_FACTOR = 4
 
 
 def open_reader_env(path: Path, lock: bool) -> lmdb.Environment:
-    """Open the store's environment read-only for readers, with room to grow (see :data:`READER_MAP_MIN`).
-
-    Where the address space is limited (``ulimit -v``), the map falls back to LMDB's own size.  Errors as
-    :func:`open_env`.
-    """
+    """Open the store's environment read-only for readers, with room to grow (:data:`READER_MAP_MIN`; LMDB's own
+    size where the address space is limited, ``ulimit -v``).  Errors as :func:`open_env`."""
     try:
         size = os.path.getsize(path / DATA_FILE)
     except OSError:
@@ -204,12 +185,8 @@ def open_reader_env(path: Path, lock: bool) -> lmdb.Environment:
 
 
 def begin_read(env: lmdb.Environment) -> lmdb.Transaction:
-    """Begin a zero-copy read transaction, adopting a map that a writer has grown meanwhile.
-
-    A writer in another process may grow the map between our open and our first transaction; LMDB
-    then answers MDB_MAP_RESIZED until this environment adopts the new size (``set_mapsize(0)``
-    takes it from the meta page).  The writer can grow it again in between, hence the few retries.
-    """
+    """Begin a zero-copy read transaction, adopting (``set_mapsize(0)``, a few times) a map that a writer in another
+    process has grown meanwhile: LMDB answers MDB_MAP_RESIZED until then."""
     for _ in range(8):
         try:
             return env.begin(buffers=True)
@@ -227,11 +204,9 @@ def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple
     """
     with translate_lmdb_errors(path, "read metadata"):
         try:
-            db = env.open_db(DB_META, txn=txn, create=False)
-        except (lmdb.NotFoundError, lmdb.IncompatibleError):
-            # IncompatibleError: the main database has a plain key "meta", not a sub-database.
-            raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path) from None
-        buf = txn.get(META_KEY, db=db)
+            buf = txn.get(META_KEY, db=env.open_db(DB_META, txn=txn, create=False))
+        except (lmdb.NotFoundError, lmdb.IncompatibleError):  # Incompatible: a plain key "meta", no sub-database
+            buf = None
         if buf is None:
             raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
         raw = bytes(buf)
@@ -241,12 +216,8 @@ def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple
 
 
 def check_count_fits(meta: StoreMeta, path: Path) -> None:
-    """Refuse metadata claiming more sample bytes than the data file holds.
-
-    Values are stored uncompressed, so ``count * sample_bytes`` can never exceed the file size; a
-    larger count is damaged or forged metadata, and trusting it would make ``labels()`` (or verify)
-    allocate a table of ``count`` entries.
-    """
+    """Refuse (``CorruptStoreError``) metadata claiming more sample bytes than the data file holds: values are stored
+    uncompressed, and trusting such a count would size ``labels()``'s (or verify's) tables by it."""
     size = os.path.getsize(path / DATA_FILE)
     if meta.count * meta.sample_bytes > size:
         raise CorruptStoreError(
