@@ -1,9 +1,6 @@
-"""The writer's tail: the partly filled last pieces of a store, which the next commit rewrites.
-
-Samples are packed ``samples_per_value`` to a value, and labels and class-index entries ``label_chunk`` to
-a chunk, so after any commit the last value, the last label chunk and each class's last index chunk may
-be partly filled.  The writer keeps a copy of them in memory (:class:`Tail`), read from the store when it
-opens (:func:`load_tail`) and rebuilt by every commit, so appending never re-reads the store.
+"""The writer's tail: the partly filled last value, label chunk and class-index chunks of a store, which the next
+commit rewrites; kept in memory (:class:`Tail`), read when the writer opens (:func:`load_tail`), rebuilt by every
+commit, so appending never re-reads the store.
 """
 
 from __future__ import annotations
@@ -32,12 +29,8 @@ class Tail:
 
 
 def load_tail(env: lmdb.Environment, dbs: dict[bytes, Any], meta: StoreMeta, path: Path) -> Tail:
-    """Read the partly filled last value, label chunk and class-index chunks of the store as of ``meta``.
-
-    Args:
-        env: the writer's environment; ``dbs``: its sub-database handles by name.
-        meta: the committed metadata (count and class counts say which pieces are partial).
-        path: the store, for error messages.
+    """Read the partly filled last value, label chunk and class-index chunks of the store as of ``meta`` (its count
+    and class counts say which are partial), through the writer's environment ``env`` and sub-databases ``dbs``.
 
     Raises:
         CorruptStoreError: a partial piece the metadata implies is missing or has the wrong length.

@@ -1,9 +1,6 @@
-"""Appending to a store: :class:`StoreWriter` (get one with :func:`lmdbstore.store.opening.open_writer`).
-
-The writer buffers appended samples and commits them in bounded transactions.  Each commit writes,
-in one LMDB transaction: the packed sample values, the label chunks, the per-class index chunks, the
-metadata (count, class counts, value statistics) and the resume ledger.  A crash therefore leaves the
-store exactly as of the last commit, and a rerun can continue from the ledger.
+"""Appending to a store: :class:`StoreWriter` (get one with :func:`lmdbstore.store.opening.open_writer`).  Each
+commit writes the packed values, label chunks, class-index chunks, metadata and resume ledger in one transaction:
+a crash leaves the store exactly as of the last commit, and a rerun continues from the ledger.
 """
 
 from __future__ import annotations
@@ -76,15 +73,12 @@ def utc_now() -> str:
 
 
 class StoreWriter:
-    """Appends samples and labels to a store; use :func:`~lmdbstore.store.opening.open_writer` to get one.
+    """Appends samples and labels to a store (one writer at a time: a second gets
+    :class:`~lmdbstore.errors.StoreLockedError` at once); use :func:`~lmdbstore.store.opening.open_writer`.
 
-    Only one writer may hold a store at a time (an exclusive ``flock`` on ``writer.lock``); a second
-    one gets :class:`~lmdbstore.errors.StoreLockedError` at once rather than blocking.
-
-    Appended samples are buffered and committed when ``config.commit_bytes`` are pending (no more than half the
-    memory available when the writer opens: a larger value is clipped, with a warning naming it), on
-    :meth:`commit`, and when the writer is closed without an exception.  Leaving the ``with`` block
-    with an exception discards what was not yet committed (like a rolled-back transaction).
+    Appended samples are committed when ``config.commit_bytes`` are pending (at most half the memory available when
+    the writer opens: a larger value is clipped, with a warning), on :meth:`commit`, and on closing without an
+    exception; leaving the ``with`` block with one discards what was not committed.
     """
 
     def __init__(self, path: Path, meta: StoreMeta, env: lmdb.Environment, lock_fd: int, config: WriterConfig):
