@@ -1,14 +1,8 @@
-"""The per-value checksums, in one table: each kind's name, trailer size and function.
-
-Every value of ``samples`` ends with a trailer of the store's checksum kind over the value's payload
-(little-endian, like crc32's natural byte order).  ``xxh64`` needs the optional ``xxhash`` package.
-
-Each kind is computed by the fastest library at hand, chosen here once: ``crc32`` (the zlib/gzip CRC-32)
-by ISA-L's (the optional ``isal`` package, ``pip install 'lmdbstore[fast]'``: 12-15 GB/s a core with
-carry-less multiply, measured on the development machine) where it is installed, else by the standard
-library's ``zlib.crc32`` (about 2.2 GB/s there); both give the same number (tested).  ``xxh64`` by ``xxhash``.
-:func:`checksum_int` gives the checksum as an integer equal to the trailer read as a little-endian integer
-(:func:`trailer_dtype`), so that a verifier compares a whole batch of trailers at once.
+"""The per-value checksums, in one table: each kind's trailer size and function.  Every value of ``samples`` ends with
+a little-endian trailer of the store's kind over its payload.  ``crc32`` is computed by ISA-L where the optional
+``isal`` package is installed (``lmdbstore[fast]``: 12-15 GB/s a core against zlib's ~2.2, the same numbers), else by
+``zlib``; ``xxh64`` needs ``xxhash``.  :func:`checksum_int` equals the trailer read as :func:`trailer_dtype`, so a
+verifier compares a whole batch of trailers at once.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The sample dtypes a store may declare, and the label dtype, in one table.
-
-Samples are stored as raw little-endian bytes of the declared dtype; :data:`DTYPES` maps each allowed
-dtype string to the name of the torch dtype the loader hands out (looked up with ``getattr(torch, name)``,
-so this module never imports torch).
+"""The sample dtypes a store may declare (stored as raw little-endian bytes), each with the name of the torch dtype
+the loader hands out (this module never imports torch), and the label dtype.
 """
 
 from __future__ import annotations

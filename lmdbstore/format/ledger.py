@@ -1,17 +1,7 @@
-"""The resume ledger (sub-database ``progress``): its key schemes and its entries, in one place.
-
-Each entry says how far one producer got: key = the producer's name (UTF-8), value = JSON
-``{"done": int, "total": int | null}``, committed in the same transaction as the samples it counts, so a
-rerun resumes exactly.  The producers' names:
-
-* a source file or store: ``KIND:<sha256 prefix of what identifies its content>:<file name>``;
-* ``write_parallel``: ``parallel:<run name>:c1-<32 hex digits>``, the digest of the tasks' canonical encoding
-  (:mod:`lmdbstore.ingestion.task_identity`; ``done`` counts tasks, not samples); stores written before it
-  hold ``parallel:<run name>:<16 hex digits>``, a digest of the tasks' reprs, still resumed where the reprs
-  identify the tasks (:mod:`lmdbstore.ingestion.parallel_runs`);
-* the built-in synthetic data: ``synthetic:n=<count>:seed=<seed>``.
-
-Entries are JSON, never pickled; a malformed one is a :class:`~lmdbstore.errors.CorruptStoreError`.
+"""The resume ledger (sub-database ``progress``, docs/FORMAT.md): its key schemes and its entries, in one place.  An
+entry (key: the producer's UTF-8 name; value: JSON ``{"done": int, "total": int | null}``, never pickled) is committed
+with the samples it counts.  Names: ``KIND:<content digest>:<file name>`` for a source,
+``parallel:<run>:c1-<tasks digest>`` for ``write_parallel`` (``done`` counts tasks), ``synthetic:n=<n>:seed=<seed>``.
 """
 
 from __future__ import annotations
