@@ -10,7 +10,7 @@ read follows the snapshot rule (:mod:`lmdbstore.store.snapshot`) on a snapshot o
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,8 @@ __all__ = ["StoreReader", "read_class_indices", "read_labels"]
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
-#: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, in one guarded liblmdb call.
-SCAN_VALUES = 64
-#: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
-SCAN_BYTES = 4 << 20
+#: Values and bytes (besides one larger value) a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time.
+SCAN_VALUES, SCAN_BYTES = 64, 4 << 20
 
 
 class StoreReader(PinnedReader, MetaView):
@@ -41,23 +39,18 @@ class StoreReader(PinnedReader, MetaView):
 
     Args:
         path: the store directory.
-        lock: use LMDB's reader lock table; ``None`` (default): only while a writer is active, so a store
-            nobody writes is read lock-free and one being appended to is read as a consistent snapshot
-            (decided in each process when it opens the store).  With ``False`` a snapshot a writer overwrites is
-            replaced by another lock-free one (after :data:`~lmdbstore.store.pinned.MAX_RESNAPSHOTS` in a row, an
-            error); otherwise by a registered one.
-        verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
-            and ``stats --check`` turn it on).  Checked reads go through liblmdb.
-        positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
-            a batch in one compiled call, one ``pread`` per run of consecutive samples, ``io_threads`` in flight.
-            ``False``, or a file layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight for cold batches (1..1024: each is a thread of a pool the process shares);
-            ``None`` (default): :data:`~lmdbstore.store.fileread.IO_THREADS`.
-        check_whole_values: on the offset path, check the stored checksum of every value a batch reads
-            whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
+        lock: use LMDB's reader table; ``None`` (default): only while a writer is active (decided in each process
+            when it opens the store).  With ``False`` a snapshot a writer overwrites is replaced by another lock-free
+            one (after :data:`~lmdbstore.store.pinned.MAX_RESNAPSHOTS` in a row, an error), else by a registered one.
+        verify_checksums: check each value's checksum as it is read, through liblmdb (default ``False``).
+        positions: read samples by file offset (default ``True``): a batch in one compiled call; ``False``, or a
+            layout the position table does not know, reads through liblmdb lookups.
+        io_threads: reads in flight for cold batches (1..1024, threads of a pool the process shares; ``None``:
+            :data:`~lmdbstore.store.fileread.IO_THREADS`).
+        check_whole_values: check the stored checksum of every value a batch reads whole by file offset (block and
+            window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
-    The reader is picklable: the path, the options and the identity of its store travel; the environment
-    is re-opened in the receiving process on first use.
+    Picklable: the path, the options and the pin of its store travel; it opens again in the receiving process.
 
     Raises (on first use):
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
@@ -183,9 +176,9 @@ class StoreReader(PinnedReader, MetaView):
 
     # ------------------------------------------------------------------ internals for stats/verify
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
-        """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
-        name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
-        :data:`SCAN_BYTES`), each in one guarded liblmdb call and checked protected before it is yielded.
+        """Every (key, value) of sub-database ``db_name`` (``None``: the main database) in key order, copied out of
+        the map in groups (:data:`SCAN_VALUES` values or :data:`SCAN_BYTES`), each checked protected before it is
+        yielded (a scan cannot be redone).
 
         Raises:
             ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.
@@ -241,16 +234,7 @@ def read_labels(h: Handle) -> np.ndarray:
         CorruptStoreError: a label chunk is missing or of the wrong length, or a label is not a class id.
     """
     m = h.meta
-    out = np.empty(m.count, m.label_dtype)
-    pos = 0
-    with translate_read_errors(h.path, "read labels"), h.lmdb():
-        for first in range(0, m.count, m.label_chunk):
-            raw = h.txn.get(encode_key(first), db=h.dbs[DB_LABELS])
-            n = min(m.label_chunk, m.count - first)
-            if raw is None or len(raw) != n * m.label_dtype.itemsize:
-                raise CorruptStoreError("label chunk missing or of the wrong length", path=h.path, key=first)
-            out[pos : pos + n] = np.frombuffer(raw, m.label_dtype)
-            pos += n
+    out = _read_chunks(h, DB_LABELS, encode_key, np.empty(m.count, m.label_dtype), "labels")
     if m.count and int(out.max()) >= len(m.classes):
         raise CorruptStoreError("a label is outside the class list", path=h.path)
     return out
@@ -263,24 +247,33 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
         CorruptStoreError: a chunk of the class's list is missing or of the wrong length, or the list is not
             ascending sample indices of the store.
     """
-    m = h.meta
-    n_c = m.class_counts[class_id]
-    out = np.empty(n_c, np.int64)
-    with translate_read_errors(h.path, "read class index"), h.lmdb():
-        for pos in range(0, n_c, m.label_chunk):
-            raw = h.txn.get(classidx_key(class_id, pos), db=h.dbs[DB_CLASSIDX])
-            n = min(m.label_chunk, n_c - pos)
-            if raw is None or len(raw) != n * INDEX_DTYPE.itemsize:
-                raise CorruptStoreError(
-                    f"class-index chunk of class {m.classes[class_id]!r} missing or of the wrong length",
-                    path=h.path,
-                    key=pos,
-                )
-            out[pos : pos + n] = np.frombuffer(raw, INDEX_DTYPE)
-    if n_c and (int(out[0]) < 0 or int(out[-1]) >= m.count or (n_c > 1 and not (out[1:] > out[:-1]).all())):
+    m, name = h.meta, h.meta.classes[class_id]
+    out = np.empty(m.class_counts[class_id], np.int64)
+    _read_chunks(h, DB_CLASSIDX, lambda pos: classidx_key(class_id, pos), out, f"class index of class {name!r}")
+    if len(out) and (int(out[0]) < 0 or int(out[-1]) >= m.count or not (out[1:] > out[:-1]).all()):
         raise CorruptStoreError(  # one pass: the list is ascending sample indices of the store
-            f"the class index of class {m.classes[class_id]!r} is not ascending sample indices below {m.count}",
+            f"the class index of class {name!r} is not ascending sample indices below {m.count}",
             path=h.path,
             hint="run `lmdbstore verify` on the store",
         )
+    return out
+
+
+def _read_chunks(h: Handle, db: bytes, key: Callable[[int], bytes], out: np.ndarray, what: str) -> np.ndarray:
+    """Fill ``out`` from the ``label_chunk``-entry chunks of sub-database ``db`` keyed ``key(position)`` (labels: the
+    label dtype; class indices: :data:`~lmdbstore.format.layout.INDEX_DTYPE`); returns ``out``.
+
+    Raises:
+        CorruptStoreError: a chunk is missing or of the wrong length.
+    """
+    chunk, dtype = h.meta.label_chunk, h.meta.label_dtype if db == DB_LABELS else INDEX_DTYPE
+    with translate_read_errors(h.path, f"read {what}"), h.lmdb():
+        for pos in range(0, len(out), chunk):
+            raw = h.txn.get(key(pos), db=h.dbs[db])
+            n = min(chunk, len(out) - pos)
+            if raw is None or len(raw) != n * dtype.itemsize:
+                raise CorruptStoreError(
+                    f"a chunk of the {what} is missing or of the wrong length", path=h.path, key=pos
+                )
+            out[pos : pos + n] = np.frombuffer(raw, dtype)
     return out
