@@ -5,6 +5,7 @@ the metadata in one first transaction (a creation killed before it leaves a dire
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -160,13 +161,12 @@ def _open_existing(
             for name in ALL_DBS:
                 env.open_db(name)
 
-    env = ENVS.open_own(
-        p, lambda: open_env(p, readonly=False, map_size=map_size, **_options(config)), setup=check_and_open_dbs
-    )
+    opener = functools.partial(open_env, p, readonly=False, map_size=map_size, **_options(config))
+    lease = ENVS.acquire(p, writable=True, lock=True, own=True, opener=opener, setup=check_and_open_dbs)
     try:
-        return StoreWriter(p, metas[0], env, lock_fd, config)
+        return StoreWriter(p, metas[0], lease, lock_fd, config)
     except BaseException:
-        ENVS.release_env(env)
+        lease.release()
         raise
 
 
@@ -189,5 +189,5 @@ def _create(
             txn.put(META_KEY, meta.to_json(), db=dbs[DB_META])
         made.append(meta)
 
-    env = ENVS.open_own(p, create, setup=first_commit)
-    return StoreWriter(p, made[0], env, lock_fd, config)
+    lease = ENVS.acquire(p, writable=True, lock=True, own=True, opener=create, setup=first_commit)
+    return StoreWriter(p, made[0], lease, lock_fd, config)

@@ -181,10 +181,14 @@ class EnvRegistry:
         lock: bool,
         opener: Callable[[], lmdb.Environment],
         data_file: FileId | None = None,
+        own: bool = False,
+        setup: Callable[[lmdb.Environment], None] | None = None,
     ) -> EnvLease:
         """A lease on ``path``'s environment, opened with ``opener()`` (``readonly=not writable``, ``lock=lock``)
         unless a sufficient one of the same data file is open; ``data_file``: the data file the caller opened itself
-        (an open entry of another one is retired).  Errors come from ``opener`` (already translated).
+        (an open entry of another one is retired).  ``own``, ``setup``: the writer's (:meth:`prepare`), which runs
+        ``setup(env)`` (its sub-databases) before anyone shares the new environment (liblmdb forbids opening
+        sub-databases in two transactions at once).  Errors come from ``opener`` and ``setup``.
 
         Raises:
             FileChanged: the environment opened is not of ``data_file`` (the path changed meanwhile).
@@ -192,39 +196,23 @@ class EnvRegistry:
         self._after_fork()  # before taking the lock: a forked child's copy of it may be held by a parent thread
         key = os.path.realpath(path)
         with self._mutex:  # prepare, open and adopt at once: no other thread opens the path in between
-            self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
+            self.prepare(path, writable=writable, lock=lock, data_file=data_file, own=own)
             e = self._entries.get(key)
             if e is None:
-                e = self._adopt(path, self.open_making_room(path, opener), writable=writable, lock=lock)
+                env = self.open_making_room(path, opener)
+                try:
+                    if setup is not None:
+                        setup(env)
+                except BaseException:
+                    env.close()
+                    raise
+                e = self._adopt(path, env, writable=writable, lock=lock)
                 if data_file is not None and e.data_file != data_file:
                     self.release(EnvLease(self, key, e))
                     raise FileChanged(str(path))
             else:
                 e.refs += 1
             return EnvLease(self, key, e)
-
-    def open_own(
-        self,
-        path: Path,
-        opener: Callable[[], lmdb.Environment],
-        *,
-        setup: Callable[[lmdb.Environment], None] | None = None,
-    ) -> lmdb.Environment:
-        """Open ``path`` writable for the writer and share it once ``setup(env)`` (the writer's sub-databases) is done,
-        all under the lock: no reader thread opens the path in between, or uses the environment before (liblmdb
-        forbids opening sub-databases in two transactions at once).  Release with :meth:`release_env`.  Errors as
-        ``opener`` and ``setup``."""
-        self._after_fork()
-        with self._mutex:
-            self.prepare(path, writable=True, own=True)
-            env = self.open_making_room(path, opener)
-            try:
-                if setup is not None:
-                    setup(env)
-            except BaseException:
-                env.close()
-                raise
-            return self._adopt(path, env, writable=True).env
 
     def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
         """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
@@ -297,15 +285,6 @@ class EnvRegistry:
             e.refs -= 1
             if e.refs <= 0:
                 self._drop(e)
-
-    def release_env(self, env: lmdb.Environment) -> None:
-        """Release the lease whose environment is ``env`` (closing ``env`` if it was never shared)."""
-        with self._mutex:
-            for e in self._all():
-                if e.env is env and e.pid == os.getpid():
-                    self.release(EnvLease(self, e.key, e))
-                    return
-        env.close()
 
 
 #: The environments of this process: process-wide, as LMDB's rule (one environment per file and process) and what

@@ -32,7 +32,7 @@ from lmdbstore.format.ledger import check_entry, encode_entry, parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.locks import release_lock
-from lmdbstore.store.registry import ENVS
+from lmdbstore.store.registry import ENVS, EnvLease
 from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.util.memory import clip_bytes
@@ -81,20 +81,20 @@ class StoreWriter:
     exception; leaving the ``with`` block with one discards what was not committed.
     """
 
-    def __init__(self, path: Path, meta: StoreMeta, env: lmdb.Environment, lock_fd: int, config: WriterConfig):
+    def __init__(self, path: Path, meta: StoreMeta, lease: EnvLease, lock_fd: int, config: WriterConfig):
         self.path = path
         self.config = config
         self._meta = meta
-        self._env = env
+        self._lease, self._env = lease, lease.env
         self._lock_fd = lock_fd
-        self._dbs = {name: env.open_db(name) for name in ALL_DBS}
+        self._dbs = {name: self._env.open_db(name) for name in ALL_DBS}
         self._checksum = compute_checksum(meta.checksum)
         self._pending_x: list[np.ndarray] = []
         self._pending_y: list[np.ndarray] = []
         self._pending_stats_of: list[ValueStats | None] = []  # precomputed statistics per pending batch
         self._pending_bytes = 0
         self._pending_progress: dict[str, dict[str, Any]] = {}
-        self._tail = load_tail(env, self._dbs, meta, path)
+        self._tail = load_tail(self._env, self._dbs, meta, path)
         self._closed = False
         #: what is buffered before a commit: the configured bytes, bounded by the machine (warned)
         self._commit_bytes = clip_bytes(
@@ -353,7 +353,7 @@ class StoreWriter:
                 self.commit()
         finally:
             self._closed = True
-            ENVS.release_env(self._env)  # shared with this process's readers of the store
+            self._lease.release()  # the environment is shared with this process's readers of the store
             release_lock(self._lock_fd)
 
     def _check_open(self) -> None:
