@@ -120,6 +120,16 @@ class EnvLease:
         """False after a fork, or once the environment was re-opened for a user that needed more."""
         return self.entry.pid == os.getpid() and self._registry.current(self.key) is self.entry
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Mark the environment as holding an open write transaction for the block (a fork meanwhile does not make
+        its reader table private: :meth:`_Entry.privatize_after_fork`)."""
+        self.entry.writing += 1
+        try:
+            yield
+        finally:
+            self.entry.writing -= 1
+
     def release(self) -> None:
         """Give the share back; the last user of a path closes its environment.  Idempotent."""
         if not self.released:
@@ -148,18 +158,6 @@ class EnvRegistry:
         have held it)."""
         for e in self._all():
             e.privatize_after_fork()
-
-    @contextlib.contextmanager
-    def writing(self, env: lmdb.Environment) -> Iterator[None]:
-        """Mark ``env`` as holding an open write transaction for the block (see :meth:`privatize_after_fork`)."""
-        entry = next((e for e in self._all() if e.env is env), None)
-        if entry is not None:
-            entry.writing += 1
-        try:
-            yield
-        finally:
-            if entry is not None:
-                entry.writing -= 1
 
     def _after_fork(self) -> None:
         if self._pid != os.getpid():

@@ -32,7 +32,7 @@ from lmdbstore.format.ledger import check_entry, encode_entry, parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.locks import release_lock
-from lmdbstore.store.registry import ENVS, EnvLease
+from lmdbstore.store.registry import EnvLease
 from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.util.memory import clip_bytes
@@ -236,7 +236,7 @@ class StoreWriter:
             self._env.reader_check()
         while True:
             try:
-                with ENVS.writing(self._env), translate_lmdb_errors(self.path, "commit"):
+                with self._lease.writing(), translate_lmdb_errors(self.path, "commit"):
                     new_meta, new_tail = self._write(xs, y, stats)
                 break
             except StoreFullError as exc:
