@@ -49,22 +49,15 @@ class _Pieces:
 
     def take(self, n: int) -> bytes | memoryview:
         """The next ``n`` bytes."""
-        buf = self._buffers[self._i]
-        if self._pos + n <= len(buf):
-            out = buf[self._pos : self._pos + n]
-            self._pos += n
-            if self._pos == len(buf):
-                self._i, self._pos = self._i + 1, 0
-            return out
         parts = []
         while n:
             buf = self._buffers[self._i]
             k = min(n, len(buf) - self._pos)
-            parts.append(bytes(buf[self._pos : self._pos + k]))
+            parts.append(buf[self._pos : self._pos + k])
             self._pos, n = self._pos + k, n - k
             if self._pos == len(buf):
                 self._i, self._pos = self._i + 1, 0
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def utc_now() -> str:
