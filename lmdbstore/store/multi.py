@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -76,7 +76,9 @@ class StoreSet(MetaView):
         if twice:
             raise ValueError(f"stores: {preview(twice)} given twice (a store's samples would count twice)")
         self.path = self.paths[0]  #: the first store (messages about the set as a whole name it)
-        self.wanted_classes = _check_wanted(classes)
+        if classes is not None and (isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes)):
+            raise ValueError(f"classes must be a list of class names (strings), got {preview(classes, quote=True)}")
+        self.wanted_classes = None if classes is None else check_classes(classes)
         self._mutex, self._mutex_pid = threading.Lock(), os.getpid()
         self._meta: StoreMeta | None = None
         self._offsets: np.ndarray | None = None
@@ -219,15 +221,8 @@ class StoreSet(MetaView):
 
     # ------------------------------------------------------------------ samples
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like
-        :meth:`StoreReader.read_batch`.  Indices grouped by store (each store's indices together, stores in
-        order) are read straight into ``out``; others are read store by store and put in place with one copy.
-
-        Raises:
-            IndexError: an index outside the set.  ValueError: indices that are not integers, a bad ``out``
-                (as :meth:`StoreReader.read_batch`).
-            CorruptStoreError / ChecksumError: as the store read.
-        """
+        """Samples at ``indices`` as :meth:`StoreReader.read_batch` (and its errors); indices grouped by store (each
+        store's together, stores in order) are read straight into ``out``, others through one gather copy."""
         m = self.meta
         idx = sample_indices(indices)
         check_in_range(idx, m.count, "set")
@@ -246,12 +241,11 @@ class StoreSet(MetaView):
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows, all in one compiled read (every store's reads
-        in flight together) under each store's snapshot rule; parts read through liblmdb one by one."""
-        starts = self.offsets.tolist()
-        parts = [
-            (self.readers[i], idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))
-        ]
+        """Each store's part of a grouped batch straight into its rows: in one compiled read under each store's
+        snapshot rule, or (through liblmdb) one by one."""
+        b, starts = np.searchsorted(store, np.arange(len(self.readers) + 1)).tolist(), self.offsets.tolist()
+        parts = [(r, idx[b[i] : b[i + 1]] - starts[i], out[b[i] : b[i + 1]]) for i, r in enumerate(self.readers)]
+        parts = [p for p in parts if len(p[1])]
         together = [p for p in parts if p[0].positions and not p[0].verify_checksums]
         if together:
             _read_together(together, [])
@@ -265,8 +259,7 @@ class StoreSet(MetaView):
         return [(max(start, int(a)), min(stop, int(b))) for a, b in itertools.pairwise(off.tolist())]
 
     def prefetch(self, lo: Any, hi: Any) -> None:
-        """Ask the OS to read the samples of set ranges ``lo[i]..hi[i]-1`` in the background (each store its
-        own part; see :meth:`StoreReader.prefetch`)."""
+        """:meth:`StoreReader.prefetch` of set ranges ``lo[i]..hi[i]-1`` (each store its own part)."""
         lo_a, hi_a = range_bounds(lo, hi)
         off = self.offsets
         for i, r in enumerate(self.readers):
@@ -289,11 +282,7 @@ class StoreSet(MetaView):
 
     def class_indices(self, class_id: int) -> np.ndarray:
         """Set indices of class ``class_id`` in ascending order, from each store's class-index table (of the
-        samples the layout counted).
-
-        Raises:
-            ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
-        """
+        samples the layout counted); ``ValueError``: ``class_id`` not an integer in ``0..len(classes)-1``."""
         name = self.classes[self._class_id(class_id)]
         parts = []
         for r, off, n in zip(self.readers, self.offsets[:-1].tolist(), self.counts, strict=True):
@@ -319,24 +308,3 @@ def _read_together(parts: list[tuple[StoreReader, np.ndarray, np.ndarray]], hand
             offset.append((h, table, local, rows, r.check_whole_values))
     if offset:
         read_parts(offset)
-
-
-def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:
-    """``classes=`` of a set as a list of distinct, non-blank class names without control characters.
-
-    Raises:
-        ValueError: naming ``classes``.
-    """
-    if classes is None:
-        return None
-    if isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes):
-        raise ValueError(f"classes must be a list of class names (strings), got {preview(classes, quote=True)}")
-    return check_classes(classes)
-
-
-def _groups(store: np.ndarray, k: int) -> Iterator[tuple[int, int, int]]:
-    """``(store, lo, hi)`` of each run of equal values in the non-decreasing ``store`` (values in ``0..k-1``)."""
-    bounds = np.searchsorted(store, np.arange(k + 1)).tolist()
-    for i in range(k):
-        if bounds[i + 1] > bounds[i]:
-            yield i, bounds[i], bounds[i + 1]
