@@ -46,13 +46,9 @@ def txn_alive(txn: Any) -> bool:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A read transaction's snapshot: its id, whether it is registered, and its meta page as it was.
-
-    ``meta`` is ``None`` when the data file's layout is unknown (``known_layout`` false) or when the meta
-    page had already been overwritten by the time it was read (a writer committed twice meanwhile).
-    ``record``: the file offset and bytes of the metadata record's fingerprint in this snapshot (see the module
-    docstring; ``None`` until the metadata was read, or where liblmdb's map does not show where it lies).
-    """
+    """A read transaction's snapshot: its id, whether it is registered, and its meta page as it was (``None``: a layout
+    this parser does not know, ``known_layout`` false, or a page overwritten before it was read); ``record``: the
+    file offset and bytes of its metadata record's fingerprint (``None``: not known)."""
 
     txnid: int
     registered: bool
@@ -66,22 +62,15 @@ class Snapshot:
         return (self.meta.last_pg + 1) * self.meta.psize if self.meta is not None else 0
 
     def intact(self, fd: int) -> bool:
-        """Whether meta page ``S & 1`` of the file ``fd`` still holds exactly this snapshot's bytes.
-
-        Raises:
-            OSError: the file cannot be read (a failing disk is not a lost snapshot).
-        """
+        """Whether meta page ``S & 1`` of the file ``fd`` still holds exactly this snapshot's bytes (``OSError``: the
+        file cannot be read; a failing disk is not a lost snapshot)."""
         if self.meta is None:
             return False
         return os.pread(fd, META_BYTES, (self.txnid & 1) * self.meta.psize) == self.meta.raw
 
     def same_file(self, fd: int) -> bool:
-        """Whether the file ``fd`` still holds this snapshot's record fingerprint where it lay (``True`` when it
-        is not known).
-
-        Raises:
-            OSError: the file cannot be read.
-        """
+        """Whether the file ``fd`` still holds this snapshot's record fingerprint where it lay (``True`` when it is not
+        known; ``OSError``: the file cannot be read)."""
         if self.record is None:
             return True
         off, raw = self.record
