@@ -97,11 +97,8 @@ class SamplesTree:
 
 def open_tree(pages: PageReader, meta: LmdbMeta, name: bytes) -> SamplesTree:
     """Open the sub-database ``name`` of the snapshot ``meta``: claim every page the snapshot reaches otherwise
-    (:func:`~lmdbstore.format.owners.foreign_runs`), read its branch levels and claim its tree pages.
-
-    Raises:
-        CorruptStoreError: anything read contradicts itself or the file (see the module docstring).
-    """
+    (:func:`~lmdbstore.format.owners.foreign_runs`), read its branch levels and claim its tree pages
+    (``CorruptStoreError``: anything read contradicts itself or the file)."""
     db, claims = foreign_runs(pages, meta, name)
     what = name.decode()
     if db.flags & 0x7FFF:
@@ -187,11 +184,8 @@ def samples_positions(
     fd: int, file_size: int, meta: LmdbMeta, name: bytes, *, path: str | Path | None = None
 ) -> BTreeValues:
     """Keys, sizes and file positions of every value of sub-database ``name`` in the snapshot ``meta``: the tree
-    opened (:func:`open_tree`) and every leaf read (``verify``'s value table).
-
-    Raises:
-        CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
-    """
+    opened (:func:`open_tree`) and every leaf read (``verify``'s value table).  Raises ``CorruptStoreError``: anything
+    in the tree that contradicts itself or the file."""
     pages = PageReader(fd, file_size, meta, path, None)
     tree = open_tree(pages, meta, name)
     parts = []
@@ -210,11 +204,8 @@ def samples_positions(
 
 
 def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
-    """The ``MDB_db`` record of the named sub-database ``name`` in the main B-tree.
-
-    Raises:
-        CorruptStoreError: the main B-tree is damaged, or holds no sub-database ``name``.
-    """
+    """The ``MDB_db`` record of the named sub-database ``name`` in the main B-tree (``CorruptStoreError``: the main
+    B-tree is damaged, or holds no sub-database ``name``)."""
     subdbs = walk_tree(pages, main, "main")[1].subdbs
     if name not in subdbs:
         raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
@@ -223,10 +214,7 @@ def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
 
 def record_position(pages: PageReader, main: LmdbDb, name: bytes, key: bytes) -> tuple[int, int]:
     """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata record).
-
-    Raises:
-        CorruptStoreError: the tree is damaged, or holds no such key.
-    """
+    Raises ``CorruptStoreError``: the tree is damaged, or holds no such key."""
     for k, offset, size in walk_tree(pages, main_db_entry(pages, main, name), name.decode(), values=True)[1].values:
         if k == key:
             return offset, size

@@ -49,43 +49,29 @@ def _xxh64(data: bytes | memoryview) -> int:
 
 
 def checksum_size(kind: str) -> int:
-    """Bytes of the checksum trailer appended to every value for checksum ``kind``.
-
-    Raises:
-        ValueError: an unknown kind.
-    """
+    """Bytes of the checksum trailer appended to every value for checksum ``kind`` (``ValueError``: an unknown kind)."""
     if kind not in _SIZES:
         raise ValueError(f"unknown checksum kind {kind!r}")
     return _SIZES[kind]
 
 
 def checksum_int(kind: str) -> IntChecksum | None:
-    """The checksum of kind ``kind`` as an integer, equal to its trailer read as :func:`trailer_dtype`
-    (``None`` for ``"none"``).  For ``crc32`` it is the library's own function (no wrapper per call).
-
-    Raises:
-        ValueError: an unknown kind.
-    """
+    """The checksum of kind ``kind`` as an integer, equal to its trailer read as :func:`trailer_dtype` (``None`` for
+    ``"none"``). For ``crc32`` it is the library's own function (no wrapper per call).  Raises ``ValueError``: an
+    unknown kind."""
     checksum_size(kind)
     return {"crc32": _crc32(), "xxh64": _xxh64}.get(kind)
 
 
 def compute_checksum(kind: str) -> Callable[[bytes | memoryview], bytes] | None:
-    """The function that computes the trailer for checksum ``kind``, or ``None`` for ``"none"``.
-
-    Raises:
-        ValueError: an unknown kind.
-    """
+    """The function that computes the trailer for checksum ``kind``, or ``None`` for ``"none"`` (``ValueError``: an
+    unknown kind)."""
     fn, size = checksum_int(kind), checksum_size(kind)
     return None if fn is None else lambda data: fn(data).to_bytes(size, "little")
 
 
 def trailer_dtype(kind: str) -> np.dtype:
-    """The trailer of kind ``kind`` as one little-endian unsigned integer (``<u4``, ``<u8``; ``kind`` "none":
-    a zero-width ``V0``).
-
-    Raises:
-        ValueError: an unknown kind.
-    """
+    """The trailer of kind ``kind`` as one little-endian unsigned integer (``<u4``, ``<u8``; ``kind`` "none": a
+    zero-width ``V0``).  Raises ``ValueError``: an unknown kind."""
     size = checksum_size(kind)
     return np.dtype(f"<u{size}") if size else np.dtype("V0")

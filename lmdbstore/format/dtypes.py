@@ -21,11 +21,8 @@ ALLOWED_DTYPES = tuple(DTYPES)
 
 
 def normalize_dtype(dtype: Any) -> str:
-    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``).
-
-    Raises:
-        ValueError: ``dtype`` is not one a store may hold (see :data:`ALLOWED_DTYPES`).
-    """
+    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``). Raises
+    ``ValueError``: ``dtype`` is not one a store may hold (see :data:`ALLOWED_DTYPES`)."""
     try:
         dt = np.dtype(dtype).newbyteorder("<")
     except TypeError as exc:

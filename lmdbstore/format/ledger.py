@@ -44,13 +44,10 @@ def _is_count(value: object) -> bool:
 
 
 def check_entry(name: object, done: object, total: object) -> tuple[str, int, int | None]:
-    """An entry about to be recorded, checked: ``name`` a non-empty string of at most
-    :data:`MAX_NAME_KEY_BYTES` UTF-8 bytes, ``done`` and ``total`` (or ``None``) integers in
-    ``0..MAX_POSITION`` (not bools, floats or strings: ``2.5``, ``"7"``, ``True`` are refused, not cast).
-
-    Raises:
-        ValueError: naming ``progress`` (the name and position) or ``progress_total``.
-    """
+    """An entry about to be recorded, checked: ``name`` a non-empty string of at most :data:`MAX_NAME_KEY_BYTES`
+    UTF-8 bytes, ``done`` and ``total`` (or ``None``) integers in ``0..MAX_POSITION`` (not bools, floats or strings:
+    ``2.5``, ``"7"``, ``True`` are refused, not cast).  Raises ``ValueError``: naming ``progress`` (the name and
+    position) or ``progress_total``."""
     try:
         size = len(name.encode("utf-8")) if isinstance(name, str) else -1  # a lone surrogate cannot be stored
     except UnicodeEncodeError:
@@ -95,11 +92,8 @@ def encode_entry(done: int, total: int | None) -> bytes:
 
 
 def parse_entry(raw: bytes | memoryview, path: str | Path | None, name: str) -> dict[str, Any]:
-    """Decode one entry (JSON ``{"done": int >= 0, "total": int | None}``).
-
-    Raises:
-        CorruptStoreError: the entry is not such JSON (damaged or foreign data; never unpickled).
-    """
+    """Decode one entry (JSON ``{"done": int >= 0, "total": int | None}``).  Raises ``CorruptStoreError``: the entry
+    is not such JSON (damaged or foreign data; never unpickled)."""
     try:
         entry = json.loads(bytes(raw).decode("utf-8"))
         done = entry["done"]

@@ -47,12 +47,9 @@ def controlled_name(names: Iterable[object]) -> str | None:
 
 
 def check_classes(classes: Sequence[object]) -> list[str]:
-    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank,
-    none holding a control character (:func:`controlled_name`).
-
-    Raises:
-        ValueError: naming ``classes``, with at most a few of the offending names.
-    """
+    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank, none holding
+    a control character (:func:`controlled_name`).  Raises ``ValueError``: naming ``classes``, with at most a few of
+    the offending names."""
     if isinstance(classes, (str, bytes)) or not 1 <= len(classes) <= MAX_CLASSES:
         got = repr(classes[:20]) if isinstance(classes, (str, bytes)) else f"{len(classes)} names"
         raise ValueError(f"classes must be a list of 1..{MAX_CLASSES} class names, got {got}")

@@ -65,11 +65,8 @@ class Claims:
         self.path = path
 
     def add(self, runs: Runs) -> None:
-        """Claim the pages of ``runs``.
-
-        Raises:
-            CorruptStoreError: a page of ``runs`` is claimed twice by them, or was claimed before.
-        """
+        """Claim the pages of ``runs`` (``CorruptStoreError``: a page of ``runs`` is claimed twice by them, or was
+        claimed before)."""
         if not len(runs.start):
             return
         s, e = runs.start, runs.start + runs.count

@@ -111,11 +111,8 @@ def _pread_exact(fd: int, n: int, off: int, file_size: int, what: str, path: str
 
 
 def parse_meta(buf: bytes, which: int, psize: int | None = None) -> LmdbMeta:
-    """Parse the :data:`META_BYTES` bytes of meta page ``which`` (0 or 1); ``psize`` as page 0 says.
-
-    Raises:
-        UnsupportedLayout: not little-endian LMDB 0.9 (flags, magic, data version, page size).
-    """
+    """Parse the :data:`META_BYTES` bytes of meta page ``which`` (0 or 1); ``psize`` as page 0 says
+    (``UnsupportedLayout``: not little-endian LMDB 0.9: flags, magic, data version, page size)."""
     if sys.byteorder != "little":
         raise UnsupportedLayout("big-endian host")
     if len(buf) < META_BYTES:
@@ -169,11 +166,8 @@ class PageReader:
                 raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
 
     def read(self, pgnos: Sequence[int], want: int) -> np.ndarray:
-        """Pages ``pgnos`` as an ``(n, psize)`` uint8 array, each checked for its number and type ``want``.
-
-        Raises:
-            CorruptStoreError: a page number outside the snapshot, or a page whose header is not itself.
-        """
+        """Pages ``pgnos`` as an ``(n, psize)`` uint8 array, each checked for its number and type ``want``
+        (``CorruptStoreError``: a page number outside the snapshot, or a page whose header is not itself)."""
         self.check_pgnos(pgnos)
         ps = self.psize
         arr = np.empty((len(pgnos), ps), np.uint8)
@@ -209,11 +203,8 @@ class PageReader:
 
     def nodes_2d(self, arr: np.ndarray, pgnos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked (a page
-        without nodes has bad bounds).
-
-        Raises:
-            CorruptStoreError: naming the first page with bad bounds or a node outside it.
-        """
+        without nodes has bad bounds).  Raises ``CorruptStoreError``: naming the first page with bad bounds or a node
+        outside it."""
         ps = self.psize
         words = arr.view("<u2")
         lower, upper = words[:, 6].astype(np.int64), words[:, 7].astype(np.int64)

@@ -60,11 +60,8 @@ def read_samples(
 ) -> np.ndarray:
     """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset (:func:`read_parts`), or with
     ``lmdb`` through liblmdb (``verify``: every value's checksum) once the ``table`` located them (its checks: no
-    page of theirs another owner's).  ``whole``: check the checksums of values read whole by offset.
-
-    Raises:
-        CorruptStoreError / ChecksumError: as :func:`read_parts` and :func:`read_by_lmdb`.
-    """
+    page of theirs another owner's). ``whole``: check the checksums of values read whole by offset
+    (``CorruptStoreError`` / ``ChecksumError``: as :func:`read_parts` and :func:`read_by_lmdb`)."""
     m = h.meta
     if out is None:
         out = np.empty((len(idx), *m.shape), m.np_dtype)
@@ -103,11 +100,7 @@ def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, 
 
 def _check_whole(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray) -> None:
     """Compare each value read whole (block and window orders read most values whole) into ``out`` with its stored
-    checksum (the trailer after it).
-
-    Raises:
-        ChecksumError: naming the first value that does not match.
-    """
+    checksum (the trailer after it).  Raises ``ChecksumError``: naming the first value that does not match."""
     m, files, fn = h.meta, h.files, compute_checksum(h.meta.checksum)
     assert files is not None and fn is not None
     spv, sb = m.samples_per_value, m.sample_bytes
@@ -124,12 +117,9 @@ def _check_whole(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarr
 
 
 def value(h: Handle, first: int, verify: bool) -> memoryview:
-    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed), a view of the
-    map: call and use it under ``h.lmdb()``.
-
-    Raises:
-        CorruptStoreError: the value is missing or of the wrong length.  ChecksumError: with ``verify``.
-    """
+    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed), a view of the map:
+    call and use it under ``h.lmdb()`` (``CorruptStoreError``: the value is missing or of the wrong length;
+    ``ChecksumError``: with ``verify``)."""
     m = h.meta
     buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
     if buf is None:
@@ -148,11 +138,8 @@ def value(h: Handle, first: int, verify: bool) -> memoryview:
 
 def read_by_lmdb(h: Handle, runs: Runs, out: np.ndarray, verify: bool) -> None:
     """Fill ``out`` through liblmdb lookups, each value looked up once per run of samples that share it (numpy
-    prepares every per-run input: the loop of ``positions=False`` readers does no arithmetic of its own).
-
-    Raises:
-        CorruptStoreError: a missing or wrong-length value.  ChecksumError: with ``verify``.
-    """
+    prepares every per-run input: the loop of ``positions=False`` readers does no arithmetic of its own). Raises
+    ``CorruptStoreError``: a missing or wrong-length value; ``ChecksumError``: with ``verify``."""
     m = h.meta
     sb = m.sample_bytes
     keys = runs.first.astype(">u8").view("V8").tolist()

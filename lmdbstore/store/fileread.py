@@ -185,12 +185,8 @@ class FileReader:
         return CorruptStoreError("the data file's pages could not be copied", path=self.path, hint="check the disk")
 
     def gather(self, offs: np.ndarray, width: int, out: np.ndarray | None = None) -> np.ndarray:
-        """``width`` bytes at each offset of ``offs``, as the rows of an ``(n, width)`` uint8 array (``out``, or a new
-        one), many reads in flight.
-
-        Raises:
-            CorruptStoreError: the file is shorter than some ``off + width``.
-        """
+        """``width`` bytes at each offset of ``offs``, as the rows of an ``(n, width)`` uint8 array (``out``, or a
+        new one), many reads in flight (``CorruptStoreError``: the file is shorter than some ``off + width``)."""
         offs = np.ascontiguousarray(offs, np.int64)
         out = np.empty((len(offs), width), np.uint8) if out is None else out
         n = len(offs)

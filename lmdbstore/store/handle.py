@@ -73,13 +73,10 @@ class Handle:
             raise
 
     def _open_file(self, lock: bool) -> FileId:
-        """Open the data file, a share of an environment of the same file (see the module docstring) and the
-        read transaction; again while the path named another file by the time the environment opened, or another
-        thread closed that environment meanwhile (to re-open it in a stronger mode).
-
-        Raises:
-            StoreReplacedError: the path kept naming another file, or the environment kept being re-opened.
-        """
+        """Open the data file, a share of an environment of the same file (see the module docstring) and the read
+        transaction; again while the path named another file by the time the environment opened, or another thread
+        closed that environment meanwhile (to re-open it in a stronger mode).  Raises ``StoreReplacedError``: the path
+        kept naming another file, or the environment kept being re-opened."""
         for _ in range(OPEN_TRIES):
             self.fd = os.open(self.path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
             st = os.fstat(self.fd)
@@ -141,11 +138,9 @@ class Handle:
         return snap
 
     def load(self) -> None:
-        """Read the metadata and open the sub-databases in this snapshot, and note the record's fingerprint.
-
-        Raises:
-            NotAStoreError, CorruptStoreError, FormatVersionError: no metadata, a damaged one, a missing sub-database.
-        """
+        """Read the metadata and open the sub-databases in this snapshot, and note the record's fingerprint
+        (``NotAStoreError`` / ``CorruptStoreError`` / ``FormatVersionError``: no metadata, a damaged one, a missing
+        sub-database)."""
         with translate_read_errors(self.path, "open"), self.lmdb():
             self.meta, raw = read_meta(self.env, self.txn, self.path)
             try:
@@ -188,12 +183,9 @@ class Handle:
         self.built = True  # last: positions() reads the table without the lock once this is set
 
     def positions(self) -> PositionTable | None:
-        """The position table of this snapshot, opened on first call; ``None``: use liblmdb (a data file
-        whose layout the parser does not know, or a snapshot whose meta page was gone before it was read).
-
-        Raises:
-            CorruptStoreError: the file contradicts itself, its metadata or liblmdb.
-        """
+        """The position table of this snapshot, opened on first call; ``None``: use liblmdb (a data file whose layout
+        the parser does not know, or a snapshot whose meta page was gone before it was read). Raises
+        ``CorruptStoreError``: the file contradicts itself, its metadata or liblmdb."""
         if self.built:
             return self.table
         with self._mutex:
@@ -211,8 +203,8 @@ class Handle:
         self._use(table, "built", files)
 
     def forget_after_fork(self) -> None:
-        """Let go of a handle inherited through ``fork()`` (every reference to the environment, which
-        :data:`~lmdbstore.store.registry.ENVS` handles; the transaction is not aborted) so this process opens its own."""
+        """Let go of a handle inherited through ``fork()`` so this process opens its own: every reference to the
+        environment (:data:`~lmdbstore.store.registry.ENVS` handles it), the transaction not aborted."""
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
         if self.files is not None:
             self.files.close()

@@ -77,11 +77,8 @@ def _exclusive(fd: int) -> bool:
 
 def hold_off_writers(path: Path) -> int:
     """Take a shared lock on ``path/writer.lock`` without blocking, so that no writer can start meanwhile: its file
-    descriptor, for :func:`release_lock` (``-1``: no lock file, no writer ever opened the store).
-
-    Raises:
-        StoreLockedError: a writer holds the store now.  LmdbStoreError: the lock file cannot be opened.
-    """
+    descriptor, for :func:`release_lock` (``-1``: no lock file, no writer ever opened the store). Raises
+    ``StoreLockedError``: a writer holds the store now; ``LmdbStoreError``: the lock file cannot be opened."""
     try:
         fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:

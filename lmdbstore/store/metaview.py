@@ -32,10 +32,7 @@ def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
 
 def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
     """Refuse an index of ``idx`` (from :func:`sample_indices`) outside ``0..count-1`` (``-1`` is not the last).
-
-    Raises:
-        IndexError: naming the first such index.
-    """
+    Raises ``IndexError``: naming the first such index."""
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= count):
         bad = int(idx[(idx < 0) | (idx >= count)][0])
         raise IndexError(f"indices: sample index {bad} out of range for a {what} of {count} samples")
@@ -43,11 +40,8 @@ def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
 
 def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
     """``out`` (or ``None``) if it can take ``n`` samples of the store ``meta`` describes: a writable C-contiguous
-    numpy array of the store's dtype and shape ``(n, *shape)``.
-
-    Raises:
-        ValueError: naming ``out``, what it must be and what it is.
-    """
+    numpy array of the store's dtype and shape ``(n, *shape)`` (``ValueError``: naming ``out``, what it must be and
+    what it is)."""
     if out is None:
         return None
     want = (n, *meta.shape)
@@ -64,11 +58,8 @@ def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
 
 
 def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> int:
-    """``value`` as an int in ``lo..hi`` (``hi=None``: no bound); bools, floats and strings are refused, not cast.
-
-    Raises:
-        ValueError: naming ``name``.
-    """
+    """``value`` as an int in ``lo..hi`` (``hi=None``: no bound); bools, floats and strings are refused, not cast
+    (``ValueError``: naming ``name``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {str(value)[:40]!r}")
     v = int(value)
@@ -78,11 +69,8 @@ def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> i
 
 
 def range_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``lo`` and ``hi`` of sample ranges as int64 arrays of one length (``prefetch``'s arguments).
-
-    Raises:
-        ValueError: not integers, or not one ``hi`` per ``lo``.
-    """
+    """``lo`` and ``hi`` of sample ranges as int64 arrays of one length (``prefetch``'s arguments). Raises
+    ``ValueError``: not integers, or not one ``hi`` per ``lo``."""
     lo_a, hi_a = sample_indices(lo), sample_indices(hi)
     if lo_a.shape != hi_a.shape:
         raise ValueError(f"lo and hi must have one entry per range, got {lo_a.size} and {hi_a.size}")

@@ -126,11 +126,8 @@ class PinnedReader:
         raise self._lost("open")
 
     def _pin(self, h: Handle) -> None:
-        """Remember the store and file this reader reads; refuse a snapshot of another one.
-
-        Raises:
-            StoreReplacedError: the store or its data file at the path was replaced while this reader had it open.
-        """
+        """Remember the store and file this reader reads; refuse a snapshot of another one (``StoreReplacedError``:
+        the store or its data file at the path was replaced while this reader had it open)."""
         meta, snap = h.meta, h.snapshot
         ident = meta.identity()
         here = (os.uname().nodename, *h.file_id)
@@ -165,11 +162,8 @@ class PinnedReader:
 
     def _guarded(self, action: str, fn: Callable[[Handle], T]) -> T:
         """``fn(handle)`` on a snapshot protected before and after it ran; a lost snapshot is replaced and ``fn`` run
-        again (errors of ``fn`` count only on a protected snapshot).
-
-        Raises:
-            LmdbStoreError: :data:`MAX_RESNAPSHOTS` snapshots in a row were lost; or as ``fn``, translated.
-        """
+        again (errors of ``fn`` count only on a protected snapshot).  Raises ``LmdbStoreError``:
+        :data:`MAX_RESNAPSHOTS` snapshots in a row were lost; or as ``fn``, translated."""
         for _ in range(MAX_RESNAPSHOTS):
             h = self._take()
             try:

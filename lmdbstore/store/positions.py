@@ -165,11 +165,8 @@ def open_table(
     files: FileReader | None = None,
 ) -> PositionTable:
     """Open the position table of the snapshot ``snap``: the ``samples`` tree's branch pages and every other owner's
-    pages, no leaf yet (see the module docstring).
-
-    Raises:
-        CorruptStoreError: the file contradicts itself or the metadata (pages, the count of values).
-    """
+    pages, no leaf yet (see the module docstring).  Raises ``CorruptStoreError``: the file contradicts itself or the
+    metadata (pages, the count of values)."""
     st = os.fstat(fd)
     pages = PageReader(fd, st.st_size, snap, path, None if files is None else files.gather_into)
     tree = open_tree(pages, snap, DB_SAMPLES)

@@ -228,11 +228,8 @@ class StoreReader(PinnedReader, MetaView):
 
 
 def read_labels(h: Handle) -> np.ndarray:
-    """Every sample's class id, in sample order (the label dtype: uint8 up to 256 classes).
-
-    Raises:
-        CorruptStoreError: a label chunk is missing or of the wrong length, or a label is not a class id.
-    """
+    """Every sample's class id, in sample order (the label dtype: uint8 up to 256 classes). Raises
+    ``CorruptStoreError``: a label chunk is missing or of the wrong length, or a label is not a class id."""
     m = h.meta
     out = _read_chunks(h, DB_LABELS, encode_key, np.empty(m.count, m.label_dtype), "labels")
     if m.count and int(out.max()) >= len(m.classes):
@@ -261,11 +258,8 @@ def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
 
 def _read_chunks(h: Handle, db: bytes, key: Callable[[int], bytes], out: np.ndarray, what: str) -> np.ndarray:
     """Fill ``out`` from the ``label_chunk``-entry chunks of sub-database ``db`` keyed ``key(position)`` (labels: the
-    label dtype; class indices: :data:`~lmdbstore.format.layout.INDEX_DTYPE`); returns ``out``.
-
-    Raises:
-        CorruptStoreError: a chunk is missing or of the wrong length.
-    """
+    label dtype; class indices: :data:`~lmdbstore.format.layout.INDEX_DTYPE`); returns ``out``
+    (``CorruptStoreError``: a chunk is missing or of the wrong length)."""
     chunk, dtype = h.meta.label_chunk, h.meta.label_dtype if db == DB_LABELS else INDEX_DTYPE
     with translate_read_errors(h.path, f"read {what}"), h.lmdb():
         for pos in range(0, len(out), chunk):

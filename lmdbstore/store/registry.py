@@ -184,13 +184,10 @@ class EnvRegistry:
     ) -> EnvLease:
         """A lease on ``path``'s environment, opened with ``opener()`` (``readonly=not writable``, ``lock=lock``)
         unless a sufficient one of the same data file is open; ``data_file``: the data file the caller opened itself
-        (an open entry of another one is retired).  ``own``, ``setup``: the writer's (:meth:`prepare`), which runs
+        (an open entry of another one is retired). ``own``, ``setup``: the writer's (:meth:`prepare`), which runs
         ``setup(env)`` (its sub-databases) before anyone shares the new environment (liblmdb forbids opening
-        sub-databases in two transactions at once).  Errors come from ``opener`` and ``setup``.
-
-        Raises:
-            FileChanged: the environment opened is not of ``data_file`` (the path changed meanwhile).
-        """
+        sub-databases in two transactions at once).  Errors come from ``opener`` and ``setup``; ``FileChanged``: the
+        environment opened is not of ``data_file`` (the path changed meanwhile)."""
         self._after_fork()  # before taking the lock: a forked child's copy of it may be held by a parent thread
         key = os.path.realpath(path)
         with self._mutex:  # prepare, open and adopt at once: no other thread opens the path in between
@@ -214,11 +211,8 @@ class EnvRegistry:
 
     def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
         """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
-        :meth:`make_room` for it and ``opener()`` once more.
-
-        Raises:
-            LmdbStoreError: as ``opener`` (py-lmdb's refusal when no stale environment was in the way).
-        """
+        :meth:`make_room` for it and ``opener()`` once more (``LmdbStoreError``: as ``opener``, py-lmdb's refusal
+        when no stale environment was in the way)."""
         try:
             return opener()
         except LmdbStoreError as exc:

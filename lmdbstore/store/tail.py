@@ -30,11 +30,8 @@ class Tail:
 
 def load_tail(env: lmdb.Environment, dbs: dict[bytes, Any], meta: StoreMeta, path: Path) -> Tail:
     """Read the partly filled last value, label chunk and class-index chunks of the store as of ``meta`` (its count
-    and class counts say which are partial), through the writer's environment ``env`` and sub-databases ``dbs``.
-
-    Raises:
-        CorruptStoreError: a partial piece the metadata implies is missing or has the wrong length.
-    """
+    and class counts say which are partial), through the writer's environment ``env`` and sub-databases ``dbs``
+    (``CorruptStoreError``: a partial piece the metadata implies is missing or has the wrong length)."""
     m = meta
     tail = Tail(labels=np.zeros(0, m.label_dtype))
     with env.begin(buffers=False) as txn:
