@@ -133,12 +133,9 @@ def leaf_values(
     pages: PageReader, tree: SamplesTree, which: np.ndarray, arr: np.ndarray
 ) -> tuple[BTreeValues, np.ndarray]:
     """The values of the leaves ``which`` (indices into ``tree.leaves``), whose pages ``arr`` holds (as read), and
-    the row of ``arr`` each value is in; their overflow runs are claimed.
-
-    Raises:
-        CorruptStoreError: a page is not a leaf or contradicts itself, a key lies outside what its leaf's separators
-            send there or out of order, a value outside its page or the file, a page reachable twice.
-    """
+    the row of ``arr`` each value is in; their overflow runs are claimed (``CorruptStoreError``: a page is not a leaf
+    or contradicts itself, a key lies outside what its leaf's separators send there or out of order, a value outside
+    its page or the file, a page reachable twice)."""
     pgnos = tree.leaves[which].tolist()
     ps, path, what = pages.psize, pages.path, tree.name
     pages.check(arr, pgnos, P_LEAF)

@@ -118,13 +118,10 @@ def _pgno(words: np.ndarray, w: int) -> int:
 
 def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False) -> tuple[Runs, _Leaves]:
     """The pages of the B-tree ``db`` (its branch and leaf pages, one run each) and what its leaves hold: the
-    overflow runs of its values, its sub-database records (by key), and with ``values`` where every value lies.
-
-    Raises:
-        CorruptStoreError: a page number outside the snapshot, a page that is not what its parent says, a node
-            outside its page, an overflow run that is not one or is shorter than its value, a tree deeper than
-            :data:`MAX_DEPTH` or reaching more pages than the file holds.
-    """
+    overflow runs of its values, its sub-database records (by key), and with ``values`` where every value lies
+    (``CorruptStoreError``: a page number outside the snapshot, a page that is not what its parent says, a node
+    outside its page, an overflow run that is not one or is shorter than its value, a tree deeper than
+    :data:`MAX_DEPTH` or reaching more pages than the file holds)."""
     if db.depth == 0:
         return Runs.of(f"{what} B-tree"), _Leaves(Runs.of(f"{what} value"), {}, [])
     if not 1 <= db.depth <= MAX_DEPTH:
@@ -196,12 +193,9 @@ def _free_pages(pages: PageReader, values: list[tuple[bytes, int, int]]) -> Runs
 def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Claims]:
     """The record of the sub-database ``mine``, and every page of the snapshot that is *not* its own, claimed: the
     meta pages, the main B-tree, the other sub-databases (trees and overflow runs), the free list (tree, overflow
-    runs and the free pages it lists).  No two of them may share a page, nor any with ``mine``'s pages claimed later.
-
-    Raises:
-        CorruptStoreError: any tree contradicts itself or the file (see :func:`walk_tree`), a page is claimed twice,
-            or ``mine`` is missing.
-    """
+    runs and the free pages it lists). No two of them may share a page, nor any with ``mine``'s pages claimed later
+    (``CorruptStoreError``: any tree contradicts itself or the file, as :func:`walk_tree` checks, a page is claimed
+    twice, or ``mine`` is missing)."""
     claims = Claims(pages.path)
     claims.add(Runs.of("meta page", range(META_PAGES)))
     main_tree, main = walk_tree(pages, meta.main, "main")

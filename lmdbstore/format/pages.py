@@ -133,12 +133,8 @@ def parse_meta(buf: bytes, which: int, psize: int | None = None) -> LmdbMeta:
 
 
 def read_meta_page(fd: int, file_size: int, which: int, path: str | Path | None = None) -> LmdbMeta:
-    """Parse meta page ``which`` (0 or 1) of the data file ``fd``.
-
-    Raises:
-        UnsupportedLayout: not little-endian LMDB 0.9 (magic, data version, page size).
-        CorruptStoreError: the file is shorter than the page.
-    """
+    """Parse meta page ``which`` (0 or 1) of the data file ``fd`` (``UnsupportedLayout``: not little-endian LMDB 0.9;
+    ``CorruptStoreError``: the file is shorter than the page)."""
     head = _pread_exact(fd, META_BYTES, 0, file_size, "meta page 0", path)
     page0 = parse_meta(head, 0)
     if which == 0:

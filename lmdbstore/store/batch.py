@@ -77,12 +77,8 @@ def read_samples(
 def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, bool]]) -> None:
     """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call,
     once the leaves of values not located yet were read (:meth:`PositionTable.ensure`); with a part's ``checksums``,
-    values read whole are checked against their stored checksum.
-
-    Raises:
-        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
-        ChecksumError: a whole value does not match its checksum.
-    """
+    values read whole are checked against their stored checksum (``ChecksumError``; ``CorruptStoreError``: a value of
+    the wrong length, a wrong overflow header, a short read, a damaged leaf)."""
     todo = []
     for h, table, idx, out, _ in parts:
         assert h.files is not None

@@ -57,12 +57,9 @@ def _options(config: WriterConfig) -> dict[str, Any]:
 
 
 def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig, page_size: int) -> StoreMeta:
-    """The metadata of a new, empty store; ``samples_per_value`` is chosen for ``page_size`` unless configured.
-
-    Raises:
-        ValueError: missing ``shape``/``dtype``/``classes``, a shape of other than 1..4 positive dimensions,
-            bad class names, or an unsupported dtype.
-    """
+    """The metadata of a new, empty store; ``samples_per_value`` is chosen for ``page_size`` unless configured
+    (``ValueError``: missing ``shape``/``dtype``/``classes``, a shape of other than 1..4 positive dimensions, bad
+    class names, or an unsupported dtype)."""
     if shape is None or dtype is None or classes is None:
         raise ValueError("shape, dtype and classes are required to create a store")
     shape_t = tuple(int(s) for s in shape)

@@ -82,12 +82,9 @@ class PositionTable:
 
     def ensure(self, values: np.ndarray, files: FileReader) -> None:
         """Read the leaves holding ``values`` (value numbers, in range) that were not read yet, and up to
-        :data:`EXTRA_LEAVES` more, by ``files`` (many reads in flight); afterwards each of ``values`` is located.
-
-        Raises:
-            CorruptStoreError: a leaf contradicts itself, the tree, the metadata or another owner of its pages (then
-                every later call raises it again), or the file could not be read.
-        """
+        :data:`EXTRA_LEAVES` more, by ``files`` (many reads in flight); afterwards each of ``values`` is located
+        (``CorruptStoreError``: a leaf contradicts itself, the tree, the metadata or another owner of its pages, and
+        every later call raises it again; or the file could not be read)."""
         if self.error is not None:
             raise self.error
         if not self.complete:

@@ -238,12 +238,9 @@ def read_labels(h: Handle) -> np.ndarray:
 
 
 def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
-    """The sample indices of class ``class_id`` in ascending order (int64), from the class-index table.
-
-    Raises:
-        CorruptStoreError: a chunk of the class's list is missing or of the wrong length, or the list is not
-            ascending sample indices of the store.
-    """
+    """The sample indices of class ``class_id`` in ascending order (int64), from the class-index table
+    (``CorruptStoreError``: a chunk of the class's list is missing or of the wrong length, or the list is not
+    ascending sample indices of the store)."""
     m, name = h.meta, h.meta.classes[class_id]
     out = np.empty(m.class_counts[class_id], np.int64)
     _read_chunks(h, DB_CLASSIDX, lambda pos: classidx_key(class_id, pos), out, f"class index of class {name!r}")
