@@ -69,12 +69,6 @@ class PositionTable:
     def samples_per_value(self) -> int:
         return self.layout[0]
 
-    def lengths(self, values: np.ndarray) -> np.ndarray:
-        """The stored length (payload and trailer) of each of ``values``: the last value holds the rest."""
-        spv, sb, _, count, vlen = self.layout
-        last = len(self.offsets) - 1
-        return np.where(values == last, (count - last * spv) * sb + vlen - spv * sb, vlen)
-
     @property
     def complete(self) -> bool:
         """Whether every leaf was read (every value located, the whole tree checked)."""
@@ -126,7 +120,7 @@ class PositionTable:
     def _fill(self, pages: PageReader, which: np.ndarray, arr: np.ndarray) -> None:
         """Locate the values of the leaves ``which`` (their pages ``arr``): each leaf must hold exactly the keys
         ``0, k, 2k, ...`` below the count that its separators send there."""
-        spv, nv, path = self.samples_per_value, len(self.offsets), pages.path
+        (spv, sb, _, count, vlen), nv, path = self.layout, len(self.offsets), pages.path
         vals, li = leaf_values(pages, self.tree, which, arr)
         end = np.uint64(nv * spv)
         lo = np.minimum(self.tree.lo[which], end).astype(np.int64)
@@ -147,8 +141,8 @@ class PositionTable:
             raise CorruptStoreError(
                 f"the samples B-tree holds no value keyed {key}", path=path, key=key, hint=DAMAGE_HINT
             )
-        v = want // spv
-        self.offsets[v] = np.where(vals.sizes == self.lengths(v), vals.pos, -1)
+        v, length = want // spv, np.minimum(spv, count - want) * sb + vlen - spv * sb  # the last value holds the rest
+        self.offsets[v] = np.where(vals.sizes == length, vals.pos, -1)
         self.checked[v] = ~vals.big
 
 

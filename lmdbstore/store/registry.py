@@ -107,9 +107,8 @@ class _Entry:
 class EnvLease:
     """A share of a process-wide environment: use :attr:`env` while :attr:`valid`, then :meth:`release`."""
 
-    def __init__(self, registry: EnvRegistry, key: str, entry: _Entry):
-        self._registry, self.key, self.entry = registry, key, entry
-        self.released = False
+    def __init__(self, registry: EnvRegistry, entry: _Entry):
+        self._registry, self.entry, self.released = registry, entry, False
 
     @property
     def env(self) -> lmdb.Environment:
@@ -118,7 +117,7 @@ class EnvLease:
     @property
     def valid(self) -> bool:
         """False after a fork, or once the environment was re-opened for a user that needed more."""
-        return self.entry.pid == os.getpid() and self._registry.current(self.key) is self.entry
+        return self.entry.pid == os.getpid() and self._registry.current(self.entry.key) is self.entry
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
@@ -203,11 +202,11 @@ class EnvRegistry:
                     raise
                 e = self._adopt(path, env, writable=writable, lock=lock)
                 if data_file is not None and e.data_file != data_file:
-                    self.release(EnvLease(self, key, e))
+                    self.release(EnvLease(self, e))
                     raise FileChanged(str(path))
             else:
                 e.refs += 1
-            return EnvLease(self, key, e)
+            return EnvLease(self, e)
 
     def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
         """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
