@@ -2,12 +2,9 @@
 :class:`~lmdbstore.store.reader.StoreReader` (private).
 
 It keeps the current snapshot (a :class:`~lmdbstore.store.handle.Handle`), runs every read under the snapshot rule
-(:mod:`lmdbstore.store.snapshot`: checked before and after; a lost snapshot is replaced and the read done again),
-and pins what it reads: the store (:meth:`StoreMeta.identity <lmdbstore.format.meta.StoreMeta.identity>`, no fewer
-samples, no older commit, at the same commit the same metadata record) and the data file (``st_dev``, ``st_ino``, on
-the machine it was opened on).  A new snapshot that contradicts the pin -- after a fork, in a spawned worker, on a
-re-open -- is :class:`~lmdbstore.errors.StoreReplacedError`, except on ``refresh()``.  Threads may share a reader: a
-handle is replaced under a lock and closed by the last read in progress on it.
+(:mod:`lmdbstore.store.snapshot`; a lost snapshot is replaced and the read done again), and pins the store (its
+identity, no fewer samples, no older commit, at one commit one record) and data file it reads: a new snapshot that
+contradicts the pin is :class:`~lmdbstore.errors.StoreReplacedError`, except on ``refresh()``.  Threads may share it.
 """
 
 from __future__ import annotations

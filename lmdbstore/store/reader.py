@@ -1,10 +1,8 @@
 """Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers, and its label table and per-class
-index lists (read whole, checked against the metadata).
-
-The reader opens in the process that first reads (again after a fork or unpickling: an environment never crosses
-one), lock-free while no writer holds the store and as a registered snapshot while one does (``lock=None``); every
-read follows the snapshot rule (:mod:`lmdbstore.store.snapshot`) on a snapshot of the store and data file it pinned
-(:mod:`lmdbstore.store.pinned`).  docs/design.md, "Readers and snapshots", says why.
+index lists (read whole, checked against the metadata).  The reader opens in the process that first reads (an
+environment never crosses a fork), and every read follows the snapshot rule (:mod:`lmdbstore.store.snapshot`) on a
+snapshot of the store and data file it pinned (:mod:`lmdbstore.store.pinned`; docs/design.md, "Readers and
+snapshots").
 """
 
 from __future__ import annotations

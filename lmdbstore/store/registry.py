@@ -1,12 +1,10 @@
-"""One LMDB environment per store path and process: :data:`ENVS`, the :class:`EnvRegistry` (docs/design.md,
-"Readers and snapshots", says why).
+"""One LMDB environment per store path and process (py-lmdb refuses a second): :data:`ENVS`, the
+:class:`EnvRegistry`, shared by the readers and the writer through leases (docs/design.md, "Readers and snapshots").
 
-py-lmdb refuses to open one path twice in a process, so the readers and the writer of a store share one
-environment, reference-counted, through leases (:class:`EnvLease`).  An entry is tied to the data file it opened
-(``st_dev``, ``st_ino``): a path now naming another file gets a new environment, and the old entry is *retired*
-(its leases turn invalid, its last user closes it).  Right after a fork the child makes every inherited reader table
-private (:func:`lmdbstore.util.forking.privatize`): closing an inherited environment then cannot touch the parent's
-reader slots or expose its snapshots to a writer.
+An entry is tied to the data file it opened: a path now naming another file gets a new environment, and the old
+entry is *retired* (its leases turn invalid, its last user closes it).  Right after a fork the child makes every
+inherited reader table private (:func:`lmdbstore.util.forking.privatize`), so closing an inherited environment
+cannot touch the parent's reader slots.
 """
 
 from __future__ import annotations

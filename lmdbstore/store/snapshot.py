@@ -7,11 +7,9 @@ A read transaction sees snapshot ``S``.  liblmdb keeps its pages from reuse only
     the snapshot is protected iff its transaction is registered and alive, or meta page ``S & 1`` still
     holds exactly the bytes it held when the transaction began.
 
-Checked after a read, a protected answer proves the bytes read were ``S``'s.  A data file whose meta pages this parser
-does not know falls back to LMDB's own view (``env.info()``) with the same ``S + 1`` bound.  Against another file
-rewritten in place (a byte-identical meta page; a registered transaction never looks at the file), every check also
-compares the snapshot's *record fingerprint* (:attr:`Snapshot.record`): the metadata record's bytes from its random
-``store_id`` on, read where the record lies in the file.
+Checked after a read, a protected answer proves the bytes read were ``S``'s (a layout this parser does not know: LMDB's
+``env.info()`` with the same bound).  Against another file rewritten in place, every check also compares the
+metadata record's bytes from its random ``store_id`` on, where the record lies (:attr:`Snapshot.record`).
 """
 
 from __future__ import annotations
