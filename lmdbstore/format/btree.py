@@ -1,10 +1,8 @@
 """Reading an LMDB 0.9 B-tree read-only: where each value of the ``samples`` sub-database lies in the file.
 
-The reader (:mod:`lmdbstore.store.positions`) opens the ``samples`` tree with :func:`open_tree` (its branch pages, and
-every page the snapshot reaches otherwise) and reads its leaves as batches need them (:func:`leaf_values`); ``verify``
-reads them all (:func:`samples_positions`).  What is checked -- at least what liblmdb's search relies on, so that every
-value located is the one liblmdb would return, and no page reachable twice -- is listed in docs/design.md, "Reads by
-file offset"; any contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`.
+The reader opens the ``samples`` tree with :func:`open_tree` and reads its leaves as batches need them
+(:func:`leaf_values`); ``verify`` reads them all (:func:`samples_positions`).  What is checked -- at least what
+liblmdb's search relies on, and no page reachable twice -- is listed in docs/design.md, "Reads by file offset".
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 :class:`Claims`, where a page claimed twice is damage.
 
 An overflow page number naming another owner's run (a class-index chunk: a valid header, enough pages) passes every
-check of the value itself, and liblmdb follows it too; what gives it away is a page reachable twice.  So the meta
-pages, the main tree, every other sub-database's tree and overflow runs and the free list (tree, runs, free pages) are
-claimed when the ``samples`` tree is opened, and its own pages as they are read.  Only page numbers are read (no key
-is interpreted), bounds-checked as in :mod:`~lmdbstore.format.pages`.
+check of the value itself, and liblmdb follows it too: only a page reachable twice gives it away.  Only page numbers
+are read (no key is interpreted), bounds-checked as in :mod:`~lmdbstore.format.pages`.
 """
 
 from __future__ import annotations

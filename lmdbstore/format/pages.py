@@ -1,11 +1,9 @@
 """LMDB 0.9 data-file pages, read-only (data version 1, as py-lmdb 3's ``lmdb/verify.py`` parses them): meta pages,
-bounded page reads, node offsets, overflow-page headers.  Walking B-trees is :mod:`lmdbstore.format.btree`'s and
-:mod:`lmdbstore.format.owners`'.
-
-Everything read is checked before it is used (page numbers and node offsets against the page and the file, headers
-against the page they claim to be) and no read leaves the file.  Meta pages this parser does not know (magic, data
-version, byte order, page size) raise :class:`UnsupportedLayout` (the caller falls back to liblmdb); anything else
-that contradicts itself, :class:`~lmdbstore.errors.CorruptStoreError`.
+bounded page reads, node offsets, overflow-page headers.  Everything read is checked before it is used (page numbers
+and node offsets against the page and the file, headers against the page they claim to be) and no read leaves the
+file.  Meta pages this parser does not know (magic, data version, byte order, page size) raise
+:class:`UnsupportedLayout` (the caller falls back to liblmdb); anything else that contradicts itself,
+:class:`~lmdbstore.errors.CorruptStoreError`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* lmdbstore.store.batchread: the compiled read path of lmdbstore (lmdbstore/store/fileread.py drives it; docs/design.md,
+/* lmdbstore.store.batchread: the compiled read path of lmdbstore (store/fileread.py drives it; docs/design.md,
  * "Reads by file offset" and "No SIGBUS", says what it does and why).
  *
  * read() does one whole batch with the GIL released: it cuts the batch into runs, copies the cached ones from the
@@ -147,8 +147,7 @@ static int enter(void) {
     return rc;
 }
 
-/* After a guarded copy or call: the last puts back the handler that was there, unless another was installed over
- * ours. */
+/* After a guarded copy or call: the last puts back the handler that was there, unless another was put over ours. */
 static void leave(void) {
     pthread_mutex_lock(&install_lock);
     if (--guards_running == 0) {
@@ -197,9 +196,8 @@ static PyObject *lmdb_begin(PyObject *self, PyObject *arg) {
 }
 
 /* lmdb_end(fd) -> bool: end the guard lmdb_begin() started (when it answered True); whether a page was replaced by
- * zeros meanwhile, by this call or another thread's (the file shrank under the call: what it returned may not be the
- * file's).  This call's such pages are mapped from the file `fd` again (the map goes on serving the file, which may
- * have grown back). */
+ * zeros meanwhile, by this call or another thread's (what it returned may not be the file's).  This call's such pages
+ * are mapped from the file `fd` again (the map goes on serving the file, which may have grown back). */
 static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
     int fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
@@ -283,8 +281,7 @@ static void mark(const batch_t *b, int s, int64_t from, int64_t to) { /* the byt
     if (b->map != NULL && to > from) memset(b->pages + (from >> s), 1, (size_t)(((to - 1) >> s) - (from >> s) + 1));
 }
 
-/* Read run i: first (where the map may be read) only what the page cache holds, then from the disk with what is
- * read along. */
+/* Read run i: first (where the map may be read) only what the page cache holds, then from the disk. */
 static void read_run(job_t *j, int64_t i) {
     const run_t *r = &j->runs[i];
     batch_t *b = r->b;
@@ -392,8 +389,7 @@ static void *worker(void *unused) {
     return NULL;
 }
 
-/* Make the pool hold at least `want` threads (made on first need in each process); under pool.mu.  Returns how
- * many it holds. */
+/* Make the pool hold at least `want` threads (on first need in each process), under pool.mu: how many it holds. */
 static int grow(int want) {
     if (pool.threads >= want) return pool.threads;
     pthread_attr_t attr;

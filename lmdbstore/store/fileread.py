@@ -76,8 +76,7 @@ def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
 
 class FileReader:
     """Reads of the data file ``fd`` (``size`` bytes when its positions were read) in one process, ``threads`` in
-    flight (default :data:`IO_THREADS`).  The map is made on first need; thread-safe (reads share the map, the page
-    map and the process's pool)."""
+    flight (default :data:`IO_THREADS`), by threads that share the map (made on first need) and the page map."""
 
     def __init__(self, fd: int, size: int, path: str | Path | None = None, threads: int | None = None):
         self.fd, self.size, self.path = fd, size, path
@@ -200,8 +199,7 @@ class FileReader:
         self.gather(np.asarray(pgnos, np.int64) * arr.shape[1], arr.shape[1], arr)
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
-        """Start reading byte ranges ``[s, e)`` into the page cache in the background (a thread of its own, which
-        ends when the kernel has the requests: only advice, never waited for)."""
+        """Start reading byte ranges ``[s, e)`` into the page cache on a thread of its own (advice, never waited for)."""
         fd = self.fd
 
         def run() -> None:

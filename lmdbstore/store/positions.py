@@ -2,9 +2,8 @@
 and a header-checked flag per value), filled as batches need it (docs/design.md, "Reads by file offset").
 
 :func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages; :meth:`PositionTable.ensure`
-the leaves a batch needs, and :data:`EXTRA_LEAVES` more until every leaf was read.  Each leaf must hold exactly the
-keys ``0, k, 2k, ...`` below the metadata's count that its separators send there; a value's overflow header is checked
-before its first read in a process until every page was claimed.  Any contradiction is a
+the leaves a batch needs, and :data:`EXTRA_LEAVES` more until every leaf was read; each leaf must hold exactly the keys
+``0, k, 2k, ...`` below the metadata's count that its separators send there.  A contradiction is a
 :class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.
 """
 
