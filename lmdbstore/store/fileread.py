@@ -1,10 +1,7 @@
 """Reading a batch by file offset, and guarding liblmdb's reads of its map (private; docs/design.md, "Reads by file
-offset" and "No SIGBUS").
-
-:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store.batchread`` (``batchread.c``,
-built by ``pip install``), or without it by ``os.preadv`` calls in turn: the same bytes and checks, several times
-slower.  :func:`lmdb_guard` guards liblmdb's reads of its map with the same SIGBUS handler: a call that met a page of
-a file shrunk under it is refused (:class:`MapPatched`) instead of killing the process.
+offset" and "No SIGBUS"): :class:`FileReader` reads a batch in one call of the compiled reader (``batchread.c``), or
+without it by ``os.preadv`` calls in turn (the same bytes and checks, slower); :func:`lmdb_guard` refuses a liblmdb
+call that met a page of a file shrunk under it (:class:`MapPatched`) instead of letting SIGBUS kill the process.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The per-process open state of a :class:`~lmdbstore.store.reader.StoreReader` (private): a :class:`Handle` is one
-snapshot -- a share of the process's environment of the store, one read transaction, its meta page as captured
-(:mod:`lmdbstore.store.snapshot`), the metadata and sub-databases read in it, and (opened on first use) its position
-table and file reader -- of one data file (its own descriptor, and an environment of the same ``st_dev``,
-``st_ino``), trusted only while :meth:`Handle.protected`.  liblmdb calls go through :meth:`Handle.lmdb` (guarded
-against SIGBUS, one thread at a time); threads share a handle, and the last read in progress closes a retired one.
+snapshot (a share of the environment, one read transaction, its meta page as captured, the metadata, and on first use
+its position table and file reader) of one data file (its own descriptor, an environment of the same ``st_dev``,
+``st_ino``), trusted only while :meth:`Handle.protected`.  liblmdb calls go through :meth:`Handle.lmdb`.
 """
 
 from __future__ import annotations

@@ -14,12 +14,8 @@ __all__ = ["MetaView", "check_in_range", "check_out", "range_bounds", "sample_in
 
 
 def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
-    """``indices`` as int64 sample numbers (flattened unless ``flat=False``); nothing is cast silently.
-
-    Raises:
-        ValueError: a boolean mask (``np.flatnonzero(mask)`` gives its indices) or indices that are not
-            integers (``1.7`` would read sample 1).
-    """
+    """``indices`` as int64 sample numbers (flattened unless ``flat=False``), nothing cast silently (``ValueError``: a
+    boolean mask, or indices that are not integers: ``1.7`` would read sample 1)."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iu":
         if arr.dtype == np.bool_:

@@ -1,10 +1,7 @@
-"""Many stores read as one, in place: :class:`StoreSet` (docs/api.md, "Many stores as one", states its rules).
-
-A set has a reader's interface over one index space (store ``i``'s samples follow store ``i - 1``'s), classes mapped
-by name (the union of the stores' in first-seen order, or ``classes=``), one shape and dtype, and one layout taken
-from the stores' metadata when it opens (a store that grows adds nothing until ``refresh()``); each store's reader
-pins its own store and data file.  A batch grouped by store (as :mod:`lmdbstore.loader.sets` makes them) is read
-straight into its rows, every store's part in one compiled call; any other order through one gather copy.
+"""Many stores read as one, in place: :class:`StoreSet` (docs/api.md, "Many stores as one", states its rules): a
+reader's interface over one index space, classes mapped by name, one shape and dtype, one layout taken when it opens
+(a store that grows adds nothing until ``refresh()``); each store's reader pins its own store and data file.  A batch
+grouped by store is read straight into its rows, every store's part in one compiled call.
 """
 
 from __future__ import annotations
