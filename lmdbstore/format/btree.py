@@ -1,19 +1,8 @@
 """Reading an LMDB 0.9 B-tree read-only: where each value of the ``samples`` sub-database lies in the file.
 
-The reader (:mod:`lmdbstore.store.positions`) opens the ``samples`` tree with :func:`open_tree` -- its branch
-pages, a few per million values, and every page the snapshot reaches otherwise -- and reads its leaf pages as
-batches need them (:func:`leaf_values`), so that a sample is fetched with one ``pread`` of exactly its bytes instead
-of a B-tree lookup that faults in every page of its value.  ``verify`` reads them all (:func:`samples_positions`).
-
-It checks at least what liblmdb relies on when it looks a key up, so that every value it locates is the one
-liblmdb would return for that key: page numbers inside the snapshot, page headers naming their own page and
-type, node offsets and sizes inside their page, separators strictly increasing in each branch page and every key
-inside the range liblmdb's search sends to its leaf (so that search reaches the leaf this one found), keys
-strictly increasing, node flags a plain sub-database can have, overflow runs inside the file, and no page of the
-snapshot reachable twice: the tree's pages, its overflow runs, the other sub-databases', the main tree's and the
-free list's (:class:`lmdbstore.format.owners.Claims`; the overflow runs as their leaves are read).  Any
-contradiction is a :class:`~lmdbstore.errors.CorruptStoreError`; what the headers of the overflow pages say is
-checked before a value is first read (:func:`lmdbstore.format.pages.bad_overflow_headers`).
+The reader opens the ``samples`` tree with :func:`open_tree` and reads its leaves as batches need them
+(:func:`leaf_values`); ``verify`` reads them all (:func:`samples_positions`).  What is checked -- at least what
+liblmdb's search relies on, and no page reachable twice -- is listed in docs/design.md, "Reads by file offset".
 """
 
 from __future__ import annotations
@@ -25,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from lmdbstore.format.owners import Claims, Runs, foreign_runs, walk_tree
+from lmdbstore.format.layout import KEY_BYTES
+from lmdbstore.format.owners import MAX_DEPTH, Claims, Runs, foreign_runs, walk_tree
 from lmdbstore.format.pages import (
     F_BIGDATA,
     NODESIZE,
@@ -36,11 +26,9 @@ from lmdbstore.format.pages import (
     LmdbMeta,
     PageReader,
     damaged,
-    overflow_pages,
 )
 
 __all__ = [
-    "MAX_DEPTH",
     "BTreeValues",
     "SamplesTree",
     "leaf_values",
@@ -50,12 +38,8 @@ __all__ = [
     "samples_positions",
 ]
 
-#: Deepest B-tree accepted (LMDB's cursor stack holds 32 levels).
-MAX_DEPTH = 32
 #: Leaf pages parsed per group (bounded memory however large the store).
 LEAF_GROUP = 1024
-#: Width of the keys this walker reads (the ``samples`` keys: 8-byte big-endian sample indices).
-KEY_BYTES = 8
 #: Above every key: the upper end of the last leaf's range.
 NO_KEY = np.uint64(2**64 - 1)
 
@@ -74,18 +58,9 @@ class BTreeValues:
     big: np.ndarray  # bool: the value lives in overflow pages
 
 
-@dataclass
-class _Level:
-    """One branch level of a walk: its pages, and per node (in order) the child page and separator key."""
-
-    pgnos: list[int]
-    per_page: np.ndarray  # nodes of each page
-    child: np.ndarray  # int64 page numbers
-    sep: np.ndarray  # uint64 separator keys (node 0 of a page has none; its entry is unused)
-
-
-def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
-    """Read one level of branch pages: children and 8-byte separators, bounds-checked."""
+def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read one level of branch pages: per node (in order) its page (a row of ``level``), child page (int64) and 8-byte
+    separator key (uint64; node 0 of a page has none, its entry is unused), bounds-checked."""
     arr = pages.read(level, P_BRANCH)
     row, ptr = pages.nodes_2d(arr, level)
     flat, ps = arr.reshape(-1), pages.psize
@@ -102,7 +77,7 @@ def _branch_level(pages: PageReader, level: Sequence[int], what: str) -> _Level:
     child = words[w].astype(np.int64) | words[w + 1].astype(np.int64) << 16 | words[w + 2].astype(np.int64) << 32
     idx = (base + NODESIZE)[:, None] + np.arange(KEY_BYTES)
     sep = flat[np.minimum(idx, flat.size - 1)].copy().view(">u8").reshape(-1).astype(np.uint64)
-    return _Level(list(level), np.bincount(row, minlength=len(level)), child, sep)
+    return row, child, sep
 
 
 @dataclass(frozen=True)
@@ -120,11 +95,8 @@ class SamplesTree:
 
 def open_tree(pages: PageReader, meta: LmdbMeta, name: bytes) -> SamplesTree:
     """Open the sub-database ``name`` of the snapshot ``meta``: claim every page the snapshot reaches otherwise
-    (:func:`~lmdbstore.format.owners.foreign_runs`), read its branch levels and claim its tree pages.
-
-    Raises:
-        CorruptStoreError: anything read contradicts itself or the file (see the module docstring).
-    """
+    (:func:`~lmdbstore.format.owners.foreign_runs`), read its branch levels and claim its tree pages
+    (``CorruptStoreError``: anything read contradicts itself or the file)."""
     db, claims = foreign_runs(pages, meta, name)
     what = name.decode()
     if db.flags & 0x7FFF:
@@ -138,17 +110,16 @@ def open_tree(pages: PageReader, meta: LmdbMeta, name: bytes) -> SamplesTree:
         raise damaged(f"{what} B-tree has depth {db.depth}", path=pages.path)
     level, lo, hi = np.array([db.root], np.int64), np.zeros(1, np.uint64), np.array([NO_KEY])
     for _ in range(db.depth - 1):
-        lv = _branch_level(pages, level.tolist(), what)
+        row, child, sep = _branch_level(pages, level.tolist(), what)
         claims.add(Runs.of(f"{what} B-tree", level))
-        row = np.repeat(np.arange(len(level)), lv.per_page)
         first = np.r_[True, row[1:] != row[:-1]]
         last = np.r_[row[1:] != row[:-1], True]
-        if ((lv.sep[1:] <= lv.sep[:-1]) & ~first[1:] & ~first[:-1]).any():  # node 0's key is none
+        if ((sep[1:] <= sep[:-1]) & ~first[1:] & ~first[:-1]).any():  # node 0's key is none
             raise damaged(f"{what} B-tree: the separator keys of a branch page are out of order", path=pages.path)
         # liblmdb's search takes the last node whose separator is at most the key (node 0: any key)
-        lo_n = np.where(first, lo[row], np.maximum(lo[row], lv.sep))
-        hi_n = np.where(last, hi[row], np.minimum(hi[row], np.r_[lv.sep[1:], NO_KEY]))
-        level, lo, hi = lv.child, lo_n, np.maximum(hi_n, lo_n)
+        lo_n = np.where(first, lo[row], np.maximum(lo[row], sep))
+        hi_n = np.where(last, hi[row], np.minimum(hi[row], np.r_[sep[1:], NO_KEY]))
+        level, lo, hi = child, lo_n, np.maximum(hi_n, lo_n)
         if len(level) > pages.n_pages:
             raise damaged(f"{what} B-tree reaches more pages than the file holds", path=pages.path)
     pages.check_pgnos(level.tolist())
@@ -160,12 +131,9 @@ def leaf_values(
     pages: PageReader, tree: SamplesTree, which: np.ndarray, arr: np.ndarray
 ) -> tuple[BTreeValues, np.ndarray]:
     """The values of the leaves ``which`` (indices into ``tree.leaves``), whose pages ``arr`` holds (as read), and
-    the row of ``arr`` each value is in; their overflow runs are claimed.
-
-    Raises:
-        CorruptStoreError: a page is not a leaf or contradicts itself, a key lies outside what its leaf's separators
-            send there or out of order, a value outside its page or the file, a page reachable twice.
-    """
+    the row of ``arr`` each value is in; their overflow runs are claimed (``CorruptStoreError``: a page is not a leaf
+    or contradicts itself, a key lies outside what its leaf's separators send there or out of order, a value outside
+    its page or the file, a page reachable twice)."""
     pgnos = tree.leaves[which].tolist()
     ps, path, what = pages.psize, pages.path, tree.name
     pages.check(arr, pgnos, P_LEAF)
@@ -211,11 +179,8 @@ def samples_positions(
     fd: int, file_size: int, meta: LmdbMeta, name: bytes, *, path: str | Path | None = None
 ) -> BTreeValues:
     """Keys, sizes and file positions of every value of sub-database ``name`` in the snapshot ``meta``: the tree
-    opened (:func:`open_tree`) and every leaf read (``verify``'s value table).
-
-    Raises:
-        CorruptStoreError: anything in the tree that contradicts itself or the file (see the module docstring).
-    """
+    opened (:func:`open_tree`) and every leaf read (``verify``'s value table).  Raises ``CorruptStoreError``: anything
+    in the tree that contradicts itself or the file."""
     pages = PageReader(fd, file_size, meta, path, None)
     tree = open_tree(pages, meta, name)
     parts = []
@@ -234,60 +199,18 @@ def samples_positions(
 
 
 def main_db_entry(pages: PageReader, main: LmdbDb, name: bytes) -> LmdbDb:
-    """The ``MDB_db`` record of the named sub-database ``name`` in the main B-tree.
-
-    Raises:
-        CorruptStoreError: the main B-tree is damaged, or holds no sub-database ``name``.
-    """
+    """The ``MDB_db`` record of the named sub-database ``name`` in the main B-tree (``CorruptStoreError``: the main
+    B-tree is damaged, or holds no sub-database ``name``)."""
     subdbs = walk_tree(pages, main, "main")[1].subdbs
     if name not in subdbs:
         raise damaged(f"no sub-database {name.decode()!r}", path=pages.path)
     return subdbs[name]
 
 
-def _node_key(page: np.ndarray, words: np.ndarray, o: int, pgno: int, pages: PageReader) -> tuple[bytes, int]:
-    """The key of the node at offset ``o`` of ``page`` and the offset just past it (bounds-checked)."""
-    ksize = int(words[o // 2 + 3])
-    if o + NODESIZE + ksize > pages.psize:
-        raise damaged(f"page {pgno} has a node outside its page", path=pages.path)
-    return page[o + NODESIZE : o + NODESIZE + ksize].tobytes(), o + NODESIZE + ksize
-
-
 def record_position(pages: PageReader, main: LmdbDb, name: bytes, key: bytes) -> tuple[int, int]:
-    """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata
-    record), found the way liblmdb's search finds it (keys compared as bytes, shorter first).
-
-    Raises:
-        CorruptStoreError: the tree is damaged, or holds no such key.
-    """
-    db = main_db_entry(pages, main, name)
-    if not 1 <= db.depth <= MAX_DEPTH:
-        raise damaged(f"{name.decode()} B-tree has depth {db.depth}", path=pages.path)
-    pgno = db.root
-    for _ in range(db.depth - 1):
-        page = pages.read([pgno], P_BRANCH)[0]
-        ptr, words = pages.nodes(page, pgno)
-        child = None
-        for i, o in enumerate(ptr.tolist()):
-            if i == 0 or _node_key(page, words, o, pgno, pages)[0] <= key:
-                w = o // 2
-                child = int(words[w]) | int(words[w + 1]) << 16 | int(words[w + 2]) << 32
-        assert child is not None  # a branch page has nodes (checked by nodes())
-        pgno = child
-    page = pages.read([pgno], P_LEAF)[0]
-    ptr, words = pages.nodes(page, pgno)
-    for o in ptr.tolist():
-        k, data = _node_key(page, words, o, pgno, pages)
-        if k != key:
-            continue
-        w, ps = o // 2, pages.psize
-        dsize, flags = int(words[w]) | int(words[w + 1]) << 16, int(words[w + 2])
-        if flags & F_BIGDATA:
-            ov = int(np.frombuffer(page[data : data + 8].tobytes(), "<u8")[0]) if data + 8 <= ps else -1
-            if not 2 <= ov < pages.n_pages or ov + overflow_pages(dsize, ps) > pages.n_pages:
-                raise damaged(f"the {name.decode()} record points at overflow pages outside the file", path=pages.path)
-            return ov * ps + 16, dsize
-        if flags or data + dsize > ps:
-            raise damaged(f"page {pgno} has a {name.decode()} record outside its page", path=pages.path)
-        return pgno * ps + data, dsize
+    """File offset and length of the value of ``key`` in the small sub-database ``name`` (e.g. the metadata record).
+    Raises ``CorruptStoreError``: the tree is damaged, or holds no such key."""
+    for k, offset, size in walk_tree(pages, main_db_entry(pages, main, name), name.decode(), values=True)[1].values:
+        if k == key:
+            return offset, size
     raise damaged(f"no {key!r} record in the {name.decode()} sub-database", path=pages.path)

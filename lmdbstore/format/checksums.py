@@ -1,20 +1,13 @@
-"""The per-value checksums, in one table: each kind's name, trailer size and function.
-
-Every value of ``samples`` ends with a trailer of the store's checksum kind over the value's payload
-(little-endian, like crc32's natural byte order).  ``xxh64`` needs the optional ``xxhash`` package.
-
-Each kind is computed by the fastest library at hand, chosen here once: ``crc32`` (the zlib/gzip CRC-32)
-by ISA-L's (the optional ``isal`` package, ``pip install 'lmdbstore[fast]'``: 12-15 GB/s a core with
-carry-less multiply, measured on the development machine) where it is installed, else by the standard
-library's ``zlib.crc32`` (about 2.2 GB/s there); both give the same number (tested).  ``xxh64`` by ``xxhash``.
-:func:`checksum_int` gives the checksum as an integer equal to the trailer read as a little-endian integer
-(:func:`trailer_dtype`), so that a verifier compares a whole batch of trailers at once.
+"""The per-value checksums, in one table: each kind's trailer size and function.  Every value of ``samples`` ends with
+a little-endian trailer of the store's kind over its payload.  ``crc32`` is computed by ISA-L where the optional
+``isal`` package is installed (``lmdbstore[fast]``: 12-15 GB/s a core against zlib's ~2.2, the same numbers), else by
+``zlib``; ``xxh64`` needs ``xxhash``.  :func:`checksum_int` equals the trailer read as :func:`trailer_dtype`, so a
+verifier compares a whole batch of trailers at once.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 import zlib
 from collections.abc import Callable
 from typing import Literal
@@ -23,32 +16,28 @@ import numpy as np
 
 from lmdbstore.errors import LmdbStoreError
 
-__all__ = [
-    "CHECKSUM_KINDS",
-    "ChecksumKind",
-    "checksum_int",
-    "checksum_library",
-    "checksum_size",
-    "compute_checksum",
-    "trailer_dtype",
-]
+__all__ = ["CHECKSUM_KINDS", "ChecksumKind", "checksum_int", "checksum_size", "compute_checksum", "trailer_dtype"]
 
 ChecksumKind = Literal["none", "crc32", "xxh64"]
 #: A checksum as an integer: ``fn(payload) -> int`` (the trailer read as a little-endian integer).
 IntChecksum = Callable[[bytes | memoryview], int]
+#: The checksum kinds a store may use.
+CHECKSUM_KINDS: tuple[ChecksumKind, ...] = ("none", "crc32", "xxh64")
+#: Each kind's trailer bytes.
+_SIZES = dict(zip(CHECKSUM_KINDS, (0, 4, 8), strict=True))
 
 
 @functools.cache
-def _crc32_impl() -> tuple[IntChecksum, str]:
-    """The fastest CRC-32 at hand and its library's name: ISA-L's where ``isal`` is installed, else zlib's."""
+def _crc32() -> IntChecksum:
+    """The fastest CRC-32 at hand: ISA-L's where ``isal`` is installed, else zlib's."""
     try:
-        from isal.isal_zlib import crc32 as isal_crc32
+        from isal.isal_zlib import crc32
     except ImportError:
-        return zlib.crc32, "zlib"
-    return isal_crc32, "isal"
+        return zlib.crc32
+    return crc32  # type: ignore[no-any-return]
 
 
-def _xxh64_int(data: bytes | memoryview) -> int:
+def _xxh64(data: bytes | memoryview) -> int:
     try:
         import xxhash
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -59,77 +48,30 @@ def _xxh64_int(data: bytes | memoryview) -> int:
     return int(xxhash.xxh64_intdigest(data))
 
 
-def _crc32_int(data: bytes | memoryview) -> int:
-    return int(_crc32_impl()[0](data))
-
-
-def _xxh64(data: bytes | memoryview) -> bytes:
-    return _xxh64_int(data).to_bytes(8, "little")  # little-endian like crc32
-
-
-def _crc32(data: bytes | memoryview) -> bytes:
-    return struct.pack("<I", _crc32_int(data))
-
-
-#: kind -> (trailer bytes, function of the payload returning the trailer, the same as an integer; ``None`` for
-#: no checksum)
-_TABLE: dict[str, tuple[int, Callable[[bytes | memoryview], bytes] | None, IntChecksum | None]] = {
-    "none": (0, None, None),
-    "crc32": (4, _crc32, _crc32_int),
-    "xxh64": (8, _xxh64, _xxh64_int),
-}
-#: The checksum kinds a store may use.
-CHECKSUM_KINDS: tuple[ChecksumKind, ...] = ("none", "crc32", "xxh64")
-assert set(CHECKSUM_KINDS) == set(_TABLE)
-
-
-def _entry(kind: str) -> tuple[int, Callable[[bytes | memoryview], bytes] | None, IntChecksum | None]:
-    if kind not in _TABLE:
-        raise ValueError(f"unknown checksum kind {kind!r}")
-    return _TABLE[kind]
-
-
 def checksum_size(kind: str) -> int:
-    """Bytes of the checksum trailer appended to every value for checksum ``kind``."""
-    return _TABLE[kind][0]
-
-
-def compute_checksum(kind: str) -> Callable[[bytes | memoryview], bytes] | None:
-    """The function that computes the trailer for checksum ``kind``, or ``None`` for ``"none"``.
-
-    Raises:
-        ValueError: an unknown kind.
-    """
-    return _entry(kind)[1]
+    """Bytes of the checksum trailer appended to every value for checksum ``kind`` (``ValueError``: an unknown kind)."""
+    if kind not in _SIZES:
+        raise ValueError(f"unknown checksum kind {kind!r}")
+    return _SIZES[kind]
 
 
 def checksum_int(kind: str) -> IntChecksum | None:
-    """The checksum of kind ``kind`` as an integer, equal to its trailer read as :func:`trailer_dtype`
-    (``None`` for ``"none"``).  For ``crc32`` it is the library's own function (no wrapper per call).
+    """The checksum of kind ``kind`` as an integer, equal to its trailer read as :func:`trailer_dtype` (``None`` for
+    ``"none"``). For ``crc32`` it is the library's own function (no wrapper per call).  Raises ``ValueError``: an
+    unknown kind."""
+    checksum_size(kind)
+    return {"crc32": _crc32(), "xxh64": _xxh64}.get(kind)
 
-    Raises:
-        ValueError: an unknown kind.
-    """
-    _entry(kind)
-    return _crc32_impl()[0] if kind == "crc32" else _TABLE[kind][2]
+
+def compute_checksum(kind: str) -> Callable[[bytes | memoryview], bytes] | None:
+    """The function that computes the trailer for checksum ``kind``, or ``None`` for ``"none"`` (``ValueError``: an
+    unknown kind)."""
+    fn, size = checksum_int(kind), checksum_size(kind)
+    return None if fn is None else lambda data: fn(data).to_bytes(size, "little")
 
 
 def trailer_dtype(kind: str) -> np.dtype:
-    """The trailer of kind ``kind`` as one little-endian unsigned integer (``<u4``, ``<u8``; ``kind`` "none":
-    a zero-width ``V0``).
-
-    Raises:
-        ValueError: an unknown kind.
-    """
-    size = _entry(kind)[0]
+    """The trailer of kind ``kind`` as one little-endian unsigned integer (``<u4``, ``<u8``; ``kind`` "none": a
+    zero-width ``V0``).  Raises ``ValueError``: an unknown kind."""
+    size = checksum_size(kind)
     return np.dtype(f"<u{size}") if size else np.dtype("V0")
-
-
-def checksum_library(kind: str) -> str:
-    """Which library computes checksum ``kind`` here (``"isal"``, ``"zlib"``, ``"xxhash"``, ``"none"``).
-
-    Raises:
-        ValueError: an unknown kind.
-    """
-    _entry(kind)
-    return {"crc32": _crc32_impl()[1], "xxh64": "xxhash"}.get(kind, "none")

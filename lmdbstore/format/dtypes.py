@@ -1,8 +1,5 @@
-"""The sample dtypes a store may declare, and the label dtype, in one table.
-
-Samples are stored as raw little-endian bytes of the declared dtype; :data:`DTYPES` maps each allowed
-dtype string to the name of the torch dtype the loader hands out (looked up with ``getattr(torch, name)``,
-so this module never imports torch).
+"""The sample dtypes a store may declare (stored as raw little-endian bytes), each with the name of the torch dtype
+the loader hands out (this module never imports torch), and the label dtype.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ ALLOWED_DTYPES = tuple(DTYPES)
 
 
 def normalize_dtype(dtype: Any) -> str:
-    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``).
-
-    Raises:
-        ValueError: ``dtype`` is not one a store may hold (see :data:`ALLOWED_DTYPES`).
-    """
+    """The little-endian dtype string a store declares for ``dtype`` (``float32`` -> ``'<f4'``). Raises
+    ``ValueError``: ``dtype`` is not one a store may hold (see :data:`ALLOWED_DTYPES`)."""
     try:
         dt = np.dtype(dtype).newbyteorder("<")
     except TypeError as exc:

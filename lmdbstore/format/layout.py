@@ -1,9 +1,5 @@
-"""Where every byte of a store lives: the format's name and version, the sub-databases, and their key
-encodings.
-
-A store is one LMDB environment with these named sub-databases (``docs/FORMAT.md`` describes each):
-``samples`` (packed values keyed by their first sample index), ``labels`` (label chunks), ``classidx``
-(per-class index chunks), ``meta`` (the JSON metadata) and ``progress`` (the resume ledger).
+"""Where every byte of a store lives (docs/FORMAT.md): the format's name and version, the sub-databases of its one
+LMDB environment, and their key encodings.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The resume ledger (sub-database ``progress``): its key schemes and its entries, in one place.
-
-Each entry says how far one producer got: key = the producer's name (UTF-8), value = JSON
-``{"done": int, "total": int | null}``, committed in the same transaction as the samples it counts, so a
-rerun resumes exactly.  The producers' names:
-
-* a source file or store: ``KIND:<sha256 prefix of what identifies its content>:<file name>``;
-* ``write_parallel``: ``parallel:<run name>:c1-<32 hex digits>``, the digest of the tasks' canonical encoding
-  (:mod:`lmdbstore.ingestion.task_identity`; ``done`` counts tasks, not samples); stores written before it
-  hold ``parallel:<run name>:<16 hex digits>``, a digest of the tasks' reprs, still resumed where the reprs
-  identify the tasks (:mod:`lmdbstore.ingestion.parallel_runs`);
-* the built-in synthetic data: ``synthetic:n=<count>:seed=<seed>``.
-
-Entries are JSON, never pickled; a malformed one is a :class:`~lmdbstore.errors.CorruptStoreError`.
+"""The resume ledger (sub-database ``progress``, docs/FORMAT.md): its key schemes and its entries, in one place.  An
+entry (key: the producer's UTF-8 name; value: JSON ``{"done": int, "total": int | null}``, never pickled) is committed
+with the samples it counts.  Names: ``KIND:<content digest>:<file name>`` for a source,
+``parallel:<run>:c1-<tasks digest>`` for ``write_parallel`` (``done`` counts tasks), ``synthetic:n=<n>:seed=<seed>``.
 """
 
 from __future__ import annotations
@@ -54,13 +44,10 @@ def _is_count(value: object) -> bool:
 
 
 def check_entry(name: object, done: object, total: object) -> tuple[str, int, int | None]:
-    """An entry about to be recorded, checked: ``name`` a non-empty string of at most
-    :data:`MAX_NAME_KEY_BYTES` UTF-8 bytes, ``done`` and ``total`` (or ``None``) integers in
-    ``0..MAX_POSITION`` (not bools, floats or strings: ``2.5``, ``"7"``, ``True`` are refused, not cast).
-
-    Raises:
-        ValueError: naming ``progress`` (the name and position) or ``progress_total``.
-    """
+    """An entry about to be recorded, checked: ``name`` a non-empty string of at most :data:`MAX_NAME_KEY_BYTES`
+    UTF-8 bytes, ``done`` and ``total`` (or ``None``) integers in ``0..MAX_POSITION`` (not bools, floats or strings:
+    ``2.5``, ``"7"``, ``True`` are refused, not cast).  Raises ``ValueError``: naming ``progress`` (the name and
+    position) or ``progress_total``."""
     try:
         size = len(name.encode("utf-8")) if isinstance(name, str) else -1  # a lone surrogate cannot be stored
     except UnicodeEncodeError:
@@ -105,11 +92,8 @@ def encode_entry(done: int, total: int | None) -> bytes:
 
 
 def parse_entry(raw: bytes | memoryview, path: str | Path | None, name: str) -> dict[str, Any]:
-    """Decode one entry (JSON ``{"done": int >= 0, "total": int | None}``).
-
-    Raises:
-        CorruptStoreError: the entry is not such JSON (damaged or foreign data; never unpickled).
-    """
+    """Decode one entry (JSON ``{"done": int >= 0, "total": int | None}``).  Raises ``CorruptStoreError``: the entry
+    is not such JSON (damaged or foreign data; never unpickled)."""
     try:
         entry = json.loads(bytes(raw).decode("utf-8"))
         done = entry["done"]

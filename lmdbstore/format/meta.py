@@ -1,7 +1,6 @@
-"""The JSON metadata record of a store (:class:`StoreMeta`) and the rules for a new store's class list.
-
-Metadata is JSON (never pickled), parsed strictly: anything unexpected is a one-line
-:class:`~lmdbstore.errors.CorruptStoreError` before any value in it sizes an allocation.
+"""The JSON metadata record of a store (:class:`StoreMeta`; never pickled, parsed strictly: anything unexpected is a
+one-line :class:`~lmdbstore.errors.CorruptStoreError` before any value sizes an allocation), and the rules for class
+names.
 """
 
 from __future__ import annotations
@@ -37,14 +36,9 @@ def new_store_id() -> str:
 
 
 def controlled_name(names: Iterable[object]) -> str | None:
-    """The first of ``names`` (``str``, or ``bytes`` read as latin-1: every byte counts) holding a control
-    character (C0, DEL or C1: NUL, newline, escape...), or ``None``.
-
-    The one check of class names wherever they enter (classes of a store, labels given as names, the names in
-    files: TFRecord, HDF5 and npz labels and ``class_names``, class directories), made on the Python strings:
-    numpy drops trailing NULs from strings, so ``"a\\0"`` would silently become ``"a"``, and the other control
-    characters garble every listing and message that shows the name.
-    """
+    """The first of ``names`` (``str``, or ``bytes`` read as latin-1) holding a control character (C0, DEL, C1), or
+    ``None``: the one check of class names wherever they enter, made on the Python strings (numpy drops trailing
+    NULs: ``"a\\0"`` would become ``"a"``; the others garble every message that shows the name)."""
     for name in names:
         text = name.decode("latin-1") if isinstance(name, bytes) else str(name)
         if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text):
@@ -53,12 +47,9 @@ def controlled_name(names: Iterable[object]) -> str | None:
 
 
 def check_classes(classes: Sequence[object]) -> list[str]:
-    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank,
-    none holding a control character (:func:`controlled_name`).
-
-    Raises:
-        ValueError: naming ``classes``, with at most a few of the offending names.
-    """
+    """The class list of a new store as strings: 1..``MAX_CLASSES`` distinct names, none empty or blank, none holding
+    a control character (:func:`controlled_name`).  Raises ``ValueError``: naming ``classes``, with at most a few of
+    the offending names."""
     if isinstance(classes, (str, bytes)) or not 1 <= len(classes) <= MAX_CLASSES:
         got = repr(classes[:20]) if isinstance(classes, (str, bytes)) else f"{len(classes)} names"
         raise ValueError(f"classes must be a list of 1..{MAX_CLASSES} class names, got {got}")
@@ -84,13 +75,11 @@ def _refuse_constant(name: str) -> Any:
 
 @dataclass
 class StoreMeta:
-    """The JSON metadata record of a store (sub-database ``meta``, key ``meta``).
+    """The JSON metadata record of a store (sub-database ``meta``, key ``meta``; docs/FORMAT.md lists the fields).
 
-    ``count`` and ``class_counts`` are rewritten in the same transaction as the samples they describe,
-    so after any crash they agree with what is committed.  ``store_id`` is a random id written when the
-    store is created (and anew for a copy): readers use it to tell a store replaced at the same path from
-    the one they opened.  It is optional (``""``: a store written before it existed) and left out of the
-    JSON when empty.
+    ``count`` and ``class_counts`` are rewritten in the transaction of the samples they describe.  ``store_id``: a
+    random id written at creation (and anew for a copy), which tells a store replaced at the same path from the one a
+    reader opened (``""``, left out of the JSON: a store written before it existed).
     """
 
     shape: tuple[int, ...]
@@ -138,10 +127,6 @@ class StoreMeta:
     @property
     def n_values(self) -> int:
         return -(-self.count // self.samples_per_value)
-
-    def value_key(self, index: int) -> int:
-        """Index of the first sample of the value holding sample ``index``."""
-        return index - index % self.samples_per_value
 
     def expected_value_len(self, first: int) -> int:
         """Length in bytes (with trailer) the value starting at sample ``first`` must have."""

@@ -1,16 +1,9 @@
-"""Which pages of a snapshot belong to whom (issue 34 #1): every page but one sub-database's, and :class:`Claims`.
+"""Which pages of a snapshot belong to whom: every page but one sub-database's (:func:`foreign_runs`), and
+:class:`Claims`, where a page claimed twice is damage.
 
-A value's overflow page number that names the first page of *another* sub-database's overflow run (a class-index
-chunk: a valid overflow header, enough pages) passes every check of the value itself, and liblmdb follows it too.
-What gives it away is that the page is reachable twice.  So every page the snapshot reaches besides the ``samples``
-tree -- the two meta pages, the main B-tree, every other sub-database's tree and overflow runs, the free list (its
-tree, its overflow runs and the free pages it lists) -- is claimed when the ``samples`` tree is opened
-(:func:`lmdbstore.format.btree.open_tree`), and the ``samples`` pages as they are read: a page claimed twice, by any
-two owners, is a :class:`~lmdbstore.errors.CorruptStoreError`.  The other trees are small next to ``samples`` (a
-label chunk and a class-index chunk hold 65,536 entries each), so this reads a few pages once per snapshot.
-
-Only page numbers are read: no key is interpreted (their order is liblmdb's business and ``verify``'s), so any
-sub-database of an LMDB 0.9 file can be walked.  Everything read is bounds-checked as in :mod:`~lmdbstore.format.pages`.
+An overflow page number naming another owner's run (a class-index chunk: a valid header, enough pages) passes every
+check of the value itself, and liblmdb follows it too: only a page reachable twice gives it away.  Only page numbers
+are read (no key is interpreted), bounds-checked as in :mod:`~lmdbstore.format.pages`.
 """
 
 from __future__ import annotations
@@ -70,11 +63,8 @@ class Claims:
         self.path = path
 
     def add(self, runs: Runs) -> None:
-        """Claim the pages of ``runs``.
-
-        Raises:
-            CorruptStoreError: a page of ``runs`` is claimed twice by them, or was claimed before.
-        """
+        """Claim the pages of ``runs`` (``CorruptStoreError``: a page of ``runs`` is claimed twice by them, or was
+        claimed before)."""
         if not len(runs.start):
             return
         s, e = runs.start, runs.start + runs.count
@@ -112,11 +102,12 @@ class Claims:
 
 @dataclass(frozen=True)
 class _Leaves:
-    """What a walk found in its leaves: overflow runs, sub-database records (main B-tree), values (free list)."""
+    """What a walk found in its leaves: overflow runs, sub-database records (main B-tree), and with ``values`` each
+    value's key, file offset and length."""
 
     runs: Runs
     subdbs: dict[bytes, LmdbDb]
-    values: list[bytes]
+    values: list[tuple[bytes, int, int]]
 
 
 def _pgno(words: np.ndarray, w: int) -> int:
@@ -125,12 +116,10 @@ def _pgno(words: np.ndarray, w: int) -> int:
 
 def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False) -> tuple[Runs, _Leaves]:
     """The pages of the B-tree ``db`` (its branch and leaf pages, one run each) and what its leaves hold: the
-    overflow runs of its values, its sub-database records (by key), and with ``values`` every value's bytes.
-
-    Raises:
-        CorruptStoreError: a page number outside the snapshot, a page that is not what its parent says, a node
-            outside its page, a tree deeper than :data:`MAX_DEPTH` or reaching more pages than the file holds.
-    """
+    overflow runs of its values, its sub-database records (by key), and with ``values`` where every value lies
+    (``CorruptStoreError``: a page number outside the snapshot, a page that is not what its parent says, a node
+    outside its page, an overflow run that is not one or is shorter than its value, a tree deeper than
+    :data:`MAX_DEPTH` or reaching more pages than the file holds)."""
     if db.depth == 0:
         return Runs.of(f"{what} B-tree"), _Leaves(Runs.of(f"{what} value"), {}, [])
     if not 1 <= db.depth <= MAX_DEPTH:
@@ -149,7 +138,7 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
     ov_start: list[int] = []
     ov_count: list[int] = []
     subdbs: dict[bytes, LmdbDb] = {}
-    found: list[bytes] = []
+    found: list[tuple[bytes, int, int]] = []
     ps = pages.psize
     for pgno, page in zip(level, pages.read(level, P_LEAF), strict=True):
         ptr, words = pages.nodes(page, pgno)
@@ -168,8 +157,10 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
                     )
                 ov_start.append(ov)
                 ov_count.append(n)
+                if values and int(pages.read([ov], P_OVERFLOW)[0][12:16].view("<u4")[0]) < n:
+                    raise damaged(f"an overflow run of the {what} B-tree is shorter than its value", path=pages.path)
                 if values:
-                    found.append(_overflow_value(pages, ov, dsize, what))
+                    found.append((page[o + NODESIZE : data].tobytes(), ov * ps + PAGEHDRSZ, dsize))
             elif flags & F_SUBDATA:
                 if dsize != MDB_DB_SIZE:
                     raise damaged(
@@ -177,24 +168,16 @@ def walk_tree(pages: PageReader, db: LmdbDb, what: str, *, values: bool = False)
                     )
                 subdbs[page[o + NODESIZE : data].tobytes()] = LmdbDb.parse(page[data : data + MDB_DB_SIZE].tobytes())
             elif values:
-                found.append(page[data : data + dsize].tobytes())
+                found.append((page[o + NODESIZE : data].tobytes(), pgno * ps + data, dsize))
     return Runs.of(f"{what} B-tree", tree), _Leaves(Runs.of(f"{what} value", ov_start, ov_count), subdbs, found)
 
 
-def _overflow_value(pages: PageReader, pgno: int, size: int, what: str) -> bytes:
-    """The ``size`` bytes of the value in the overflow run at ``pgno`` (its header checked)."""
-    head = pages.read([pgno], P_OVERFLOW)[0]
-    if int(head[12:16].view("<u4")[0]) < int(overflow_pages(size, pages.psize)):
-        raise damaged(f"an overflow run of the {what} B-tree is shorter than its value", path=pages.path)
-    raw = pages.read_bytes(pgno * pages.psize + PAGEHDRSZ, size, f"a {what} value")
-    return raw
-
-
-def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
+def _free_pages(pages: PageReader, values: list[tuple[bytes, int, int]]) -> Runs:
     """The pages the free list's values (``MDB_IDL``: a count, then that many page numbers) list, within the file
     (a free page past its end is never read)."""
-    lists = []
-    for raw in values:
+    lists, path = [], pages.path
+    for _, off, n in values:
+        raw = pages.read_bytes(off, n, "a free-list value")
         if len(raw) < 8 or len(raw) % 8:
             raise damaged("a free-list record is not a list of page numbers", path=path)  # type: ignore[arg-type]
         ids = np.frombuffer(raw, "<u8")
@@ -202,18 +185,15 @@ def _free_pages(values: list[bytes], n_pages: int, path: object) -> Runs:
             raise damaged("a free-list record's count contradicts its length", path=path)  # type: ignore[arg-type]
         lists.append(ids[1:].astype(np.int64))
     free = np.concatenate(lists) if lists else np.zeros(0, np.int64)
-    return Runs.of("free page", free[(free >= 0) & (free < n_pages)])
+    return Runs.of("free page", free[(free >= 0) & (free < pages.n_pages)])
 
 
 def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb, Claims]:
     """The record of the sub-database ``mine``, and every page of the snapshot that is *not* its own, claimed: the
     meta pages, the main B-tree, the other sub-databases (trees and overflow runs), the free list (tree, overflow
-    runs and the free pages it lists).  No two of them may share a page, nor any with ``mine``'s pages claimed later.
-
-    Raises:
-        CorruptStoreError: any tree contradicts itself or the file (see :func:`walk_tree`), a page is claimed twice,
-            or ``mine`` is missing.
-    """
+    runs and the free pages it lists). No two of them may share a page, nor any with ``mine``'s pages claimed later
+    (``CorruptStoreError``: any tree contradicts itself or the file, as :func:`walk_tree` checks, a page is claimed
+    twice, or ``mine`` is missing)."""
     claims = Claims(pages.path)
     claims.add(Runs.of("meta page", range(META_PAGES)))
     main_tree, main = walk_tree(pages, meta.main, "main")
@@ -227,6 +207,6 @@ def foreign_runs(pages: PageReader, meta: LmdbMeta, mine: bytes) -> tuple[LmdbDb
             claims.add(tree)
             claims.add(leaves.runs)
     free_tree, free = walk_tree(pages, meta.free, "free-list", values=True)
-    for runs in (free_tree, free.runs, _free_pages(free.values, pages.n_pages, pages.path)):
+    for runs in (free_tree, free.runs, _free_pages(pages, free.values)):
         claims.add(runs)
     return main.subdbs[mine], claims

@@ -1,17 +1,9 @@
-"""LMDB 0.9 data-file pages, read-only: meta pages, bounded page reads, node offsets, overflow-page headers.
-
-LMDB's on-disk page format is fixed for the 0.9 series (data version 1; py-lmdb 3's offline verifier,
-``lmdb/verify.py``, parses the same layout in pure Python).  This module knows single pages; walking a
-B-tree of them is :mod:`lmdbstore.format.btree`'s.  The reader uses both to find where the ``samples`` values
-lie in the file (see :mod:`lmdbstore.store.positions`), and reads the meta pages to tell whether its snapshot is
-still the file's (:mod:`lmdbstore.store.snapshot`).
-
-Everything read from the file is checked before it is used: page numbers and node offsets against the page
-and the file size, page headers against the page they claim to be.  A file whose *meta pages* this parser
-does not recognise (another magic, data version, byte order or page size) raises :class:`UnsupportedLayout`
-and the caller falls back to liblmdb; anything else that contradicts itself raises
-:class:`~lmdbstore.errors.CorruptStoreError`.  Nothing here ever reads outside the file: every read is a
-bounded ``os.pread``.
+"""LMDB 0.9 data-file pages, read-only (data version 1, as py-lmdb 3's ``lmdb/verify.py`` parses them): meta pages,
+bounded page reads, node offsets, overflow-page headers.  Everything read is checked before it is used (page numbers
+and node offsets against the page and the file, headers against the page they claim to be) and no read leaves the
+file.  Meta pages this parser does not know (magic, data version, byte order, page size) raise
+:class:`UnsupportedLayout` (the caller falls back to liblmdb); anything else that contradicts itself,
+:class:`~lmdbstore.errors.CorruptStoreError`.
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ from lmdbstore.errors import CorruptStoreError
 
 __all__ = [
     "DAMAGE_HINT",
+    "RESTORE_HINT",
     "META_BYTES",
     "P_BRANCH",
     "P_LEAF",
@@ -60,8 +53,9 @@ META_BYTES = PAGEHDRSZ + META_STRUCT_BYTES
 _DB = struct.Struct("<IHHQQQQQ")  # md_pad, md_flags, md_depth, branch, leaf, overflow pages, entries, root
 
 
-#: What to do about a data file that contradicts itself.
+#: What to do about a data file that contradicts itself, and about one truncated.
 DAMAGE_HINT = "run `lmdbstore verify` on the store"
+RESTORE_HINT = "restore the store from a copy"
 
 
 def damaged(message: str, *, path: str | Path | None = None, key: object = None) -> CorruptStoreError:
@@ -115,11 +109,8 @@ def _pread_exact(fd: int, n: int, off: int, file_size: int, what: str, path: str
 
 
 def parse_meta(buf: bytes, which: int, psize: int | None = None) -> LmdbMeta:
-    """Parse the :data:`META_BYTES` bytes of meta page ``which`` (0 or 1); ``psize`` as page 0 says.
-
-    Raises:
-        UnsupportedLayout: not little-endian LMDB 0.9 (flags, magic, data version, page size).
-    """
+    """Parse the :data:`META_BYTES` bytes of meta page ``which`` (0 or 1); ``psize`` as page 0 says
+    (``UnsupportedLayout``: not little-endian LMDB 0.9: flags, magic, data version, page size)."""
     if sys.byteorder != "little":
         raise UnsupportedLayout("big-endian host")
     if len(buf) < META_BYTES:
@@ -140,12 +131,8 @@ def parse_meta(buf: bytes, which: int, psize: int | None = None) -> LmdbMeta:
 
 
 def read_meta_page(fd: int, file_size: int, which: int, path: str | Path | None = None) -> LmdbMeta:
-    """Parse meta page ``which`` (0 or 1) of the data file ``fd``.
-
-    Raises:
-        UnsupportedLayout: not little-endian LMDB 0.9 (magic, data version, page size).
-        CorruptStoreError: the file is shorter than the page.
-    """
+    """Parse meta page ``which`` (0 or 1) of the data file ``fd`` (``UnsupportedLayout``: not little-endian LMDB 0.9;
+    ``CorruptStoreError``: the file is shorter than the page)."""
     head = _pread_exact(fd, META_BYTES, 0, file_size, "meta page 0", path)
     page0 = parse_meta(head, 0)
     if which == 0:
@@ -166,21 +153,15 @@ class PageReader:
         self.fill = fill
 
     def check_pgnos(self, pgnos: Sequence[int]) -> None:
-        """Refuse a page number outside the snapshot's pages (the meta pages are no tree's).
-
-        Raises:
-            CorruptStoreError: naming the first.
-        """
+        """Refuse (``CorruptStoreError`` naming the first) a page number outside the snapshot's pages but the meta
+        pages."""
         for p in pgnos:
             if not 2 <= p < self.n_pages:
                 raise damaged(f"B-tree points at page {p}, outside pages 2..{self.n_pages - 1}", path=self.path)
 
     def read(self, pgnos: Sequence[int], want: int) -> np.ndarray:
-        """Pages ``pgnos`` as an ``(n, psize)`` uint8 array, each checked for its number and type ``want``.
-
-        Raises:
-            CorruptStoreError: a page number outside the snapshot, or a page whose header is not itself.
-        """
+        """Pages ``pgnos`` as an ``(n, psize)`` uint8 array, each checked for its number and type ``want``
+        (``CorruptStoreError``: a page number outside the snapshot, or a page whose header is not itself)."""
         self.check_pgnos(pgnos)
         ps = self.psize
         arr = np.empty((len(pgnos), ps), np.uint8)
@@ -194,11 +175,8 @@ class PageReader:
         return arr
 
     def check(self, arr: np.ndarray, pgnos: Sequence[int], want: int) -> None:
-        """Refuse a page of ``arr`` (pages ``pgnos`` as read) whose header names another page or type than ``want``.
-
-        Raises:
-            CorruptStoreError: naming the first.
-        """
+        """Refuse (``CorruptStoreError`` naming the first) a page of ``arr`` (pages ``pgnos`` as read) whose header
+        names another page or type than ``want``."""
         hdr_pgno = arr[:, :8].copy().view("<u8").reshape(-1)
         flags = arr[:, 10:12].copy().view("<u2").reshape(-1) & TYPE_MASK
         bad = np.flatnonzero((hdr_pgno != np.asarray(pgnos, np.uint64)) | (flags != want))
@@ -210,29 +188,17 @@ class PageReader:
             )
 
     def read_bytes(self, offset: int, n: int, what: str) -> bytes:
-        """``n`` bytes at ``offset`` of the snapshot's pages (a value in an overflow run).
-
-        Raises:
-            CorruptStoreError: the range lies outside the snapshot's pages or the file is shorter.
-        """
+        """``n`` bytes at ``offset`` of the snapshot's pages (``CorruptStoreError`` outside them or the file)."""
         return _pread_exact(self.fd, n, offset, min(self.file_size, self.n_pages * self.psize), what, self.path)
 
     def nodes(self, page: np.ndarray, pgno: int) -> tuple[np.ndarray, np.ndarray]:
-        """Node offsets of one B-tree page and its 16-bit words, bounds-checked."""
-        ps = self.psize
-        words = page.view("<u2")
-        lower, upper = int(words[6]), int(words[7])
-        if not PAGEHDRSZ <= lower <= upper <= ps or lower % 2:
-            raise damaged(f"page {pgno} has bad bounds lower={lower} upper={upper}", path=self.path)
-        ptr = words[PAGEHDRSZ // 2 : lower // 2].astype(np.int64)
-        if ptr.size == 0:
-            raise damaged(f"page {pgno} is an empty B-tree page", path=self.path)
-        if int(ptr.min()) < upper or int(ptr.max()) + NODESIZE > ps or (ptr % 2).any():
-            raise damaged(f"page {pgno} has a node outside its page", path=self.path)
-        return ptr, words
+        """Node offsets of one B-tree page and its 16-bit words, bounds-checked (:meth:`nodes_2d`)."""
+        return self.nodes_2d(page[None], [pgno])[1], page.view("<u2")
 
     def nodes_2d(self, arr: np.ndarray, pgnos: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked."""
+        """Node offsets of many B-tree pages at once: ``(page row, node offset)`` per node, bounds-checked (a page
+        without nodes has bad bounds).  Raises ``CorruptStoreError``: naming the first page with bad bounds or a node
+        outside it."""
         ps = self.psize
         words = arr.view("<u2")
         lower, upper = words[:, 6].astype(np.int64), words[:, 7].astype(np.int64)
@@ -258,16 +224,8 @@ def overflow_pages(value_bytes: np.ndarray | int, psize: int) -> np.ndarray | in
 
 
 def bad_overflow_headers(heads: np.ndarray, pgnos: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """Which overflow-page headers contradict the node that points at them.
-
-    Args:
-        heads: ``(n, 16)`` uint8, the first 16 bytes of each run's first page.
-        pgnos: the page number each run must start at (where its node points).
-        need: the pages each run must have at least (its value's length).
-
-    Returns:
-        A boolean mask: the header is not an overflow page, names another page, or is too short.
-    """
+    """Which overflow-page headers ``heads`` (``(n, 16)`` uint8) contradict the node that points at them: not an
+    overflow page, not page ``pgnos[i]`` (where the node points), or fewer than ``need[i]`` pages (its value's)."""
     h = np.ascontiguousarray(heads, np.uint8).reshape(-1, PAGEHDRSZ)
     own = h[:, :8].copy().view("<u8").reshape(-1)
     flags = h[:, 10:12].copy().view("<u2").reshape(-1) & TYPE_MASK

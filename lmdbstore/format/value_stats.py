@@ -129,19 +129,17 @@ class ValueStats:
 
     def validated(self) -> ValueStats:
         """These statistics with finite float moments, or ``ValueError`` saying which field is bad."""
-        ints = {"n": self.n, "nonfinite": self.nonfinite, "scale": self.scale}
-        for name, v in ints.items():
-            if not isinstance(v, int) or isinstance(v, bool):
+        for name in ("n", "nonfinite", "scale"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"value_stats {name} must be an integer")
         if not (0 <= self.n <= 1 << 63 and 0 <= self.nonfinite <= 1 << 63):
             raise ValueError("value_stats counts must be non-negative integers below 2**63")
         if not 0 <= self.scale <= MAX_STATS_SCALE:
             raise ValueError(f"value_stats scale must be in 0..{MAX_STATS_SCALE}")
-        floats: dict[str, float | None] = {}
+        floats: dict[str, float | None] = {"min": None, "max": None}
         for name in ("sum", "sumsq", "min", "max"):
             v = getattr(self, name)
             if v is None and name in ("min", "max"):
-                floats[name] = None
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise ValueError(f"value_stats {name} must be a number{' or null' if name in ('min', 'max') else ''}")

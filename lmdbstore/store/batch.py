@@ -1,10 +1,6 @@
-"""Reading one batch of samples from one snapshot: by file offset, or through liblmdb lookups (private).
-
-:class:`~lmdbstore.store.reader.StoreReader` decides which path a batch takes and checks, before and after,
-that the snapshot is still the file's; the functions here only read.  By file offset, the whole batch is one call
-of :meth:`~lmdbstore.store.fileread.FileReader.read` (runs cut, cached ones copied, the others read with many in
-flight, headers checked); through liblmdb, the batch is cut into *runs* (consecutive samples of one value whose
-rows in the output are consecutive too) and each run is one slice of liblmdb's value.
+"""Reading one batch of samples from one snapshot (the caller checks the snapshot rule): by file offset, every store's
+part in one compiled call (:func:`~lmdbstore.store.fileread.read_together`), or through liblmdb, one slice of a
+value per *run* (consecutive samples of one value whose rows in the output are consecutive too).
 """
 
 from __future__ import annotations
@@ -22,16 +18,7 @@ from lmdbstore.store.fileread import EXTEND_RUN_SAMPLES, OK, read_together
 from lmdbstore.store.handle import Handle
 from lmdbstore.store.positions import PositionTable
 
-__all__ = [
-    "Runs",
-    "plan_runs",
-    "read_by_lmdb",
-    "read_by_offset",
-    "read_parts",
-    "read_samples",
-    "value",
-    "whole_value_runs",
-]
+__all__ = ["Runs", "plan_runs", "read_parts", "read_samples"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +33,7 @@ class Runs:
 
 
 def plan_runs(idx: np.ndarray, spv: int) -> Runs:
-    """Cut the sample indices ``idx`` (any order, repeats allowed) into runs (see the module docstring)."""
+    """Cut the sample indices ``idx`` (any order, repeats allowed) into runs."""
     n = len(idx)
     step = idx[1:] - idx[:-1]
     if (step >= 0).all():  # sorted already (block and window batches): rows keep their order
@@ -62,13 +49,6 @@ def plan_runs(idx: np.ndarray, spv: int) -> Runs:
     return Runs(firsts[brk], sidx[brk] - firsts[brk], order[brk], np.diff(np.append(brk, n)))
 
 
-def whole_value_runs(runs: Runs, h: Handle) -> np.ndarray:
-    """Indices of the runs that copy a whole value (block and window orders read most values whole)."""
-    m = h.meta
-    full = np.minimum(m.samples_per_value, m.count - runs.first)
-    return np.flatnonzero((runs.skip == 0) & (runs.rows == full))
-
-
 def read_samples(
     h: Handle,
     table: PositionTable | None,
@@ -78,18 +58,15 @@ def read_samples(
     verify: bool,
     whole: bool,
 ) -> np.ndarray:
-    """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset (:func:`read_by_offset`), or with
+    """The samples at ``idx`` (in range) in ``out`` or a new array: by file offset (:func:`read_parts`), or with
     ``lmdb`` through liblmdb (``verify``: every value's checksum) once the ``table`` located them (its checks: no
-    page of theirs another owner's).  ``whole``: check the checksums of values read whole by offset.
-
-    Raises:
-        CorruptStoreError / ChecksumError: as :func:`read_by_offset` and :func:`read_by_lmdb`.
-    """
+    page of theirs another owner's). ``whole``: check the checksums of values read whole by offset
+    (``CorruptStoreError`` / ``ChecksumError``: as :func:`read_parts` and :func:`read_by_lmdb`)."""
     m = h.meta
     if out is None:
         out = np.empty((len(idx), *m.shape), m.np_dtype)
     if table is not None and not lmdb:
-        read_by_offset(h, table, idx, out, whole)
+        read_parts([(h, table, idx, out, whole)])
         return out
     if table is not None and h.files is not None:
         table.ensure(idx // m.samples_per_value, h.files)
@@ -97,29 +74,11 @@ def read_samples(
     return out
 
 
-def read_by_offset(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray, checksums: bool) -> None:
-    """Fill ``out`` from the file at the table's offsets, in one call of the compiled reader (or its fallback): see
-    :func:`read_parts`.
-
-    Raises:
-        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
-        ChecksumError: a whole value does not match its checksum.
-    """
-    read_parts([(h, table, idx, out, checksums)])
-
-
 def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, bool]]) -> None:
-    """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call.
-
-    The leaves of values not located yet are read first (:meth:`PositionTable.ensure`); every value's overflow-page
-    header is checked the first time the value is read in this process (in the same read); a run of
-    :data:`~lmdbstore.store.fileread.EXTEND_RUN_SAMPLES` samples or more that is not cached is read with the rest
-    of its value; with a part's ``checksums``, values read whole are checked against their stored checksum.
-
-    Raises:
-        CorruptStoreError: a value of the wrong length, a wrong overflow header, a short read, a damaged leaf.
-        ChecksumError: a whole value does not match its checksum.
-    """
+    """Fill each part's ``out`` with its samples by file offset, all parts (stores of a set) in one compiled call,
+    once the leaves of values not located yet were read (:meth:`PositionTable.ensure`); with a part's ``checksums``,
+    values read whole are checked against their stored checksum (``ChecksumError``; ``CorruptStoreError``: a value of
+    the wrong length, a wrong overflow header, a short read, a damaged leaf)."""
     todo = []
     for h, table, idx, out, _ in parts:
         assert h.files is not None
@@ -132,35 +91,31 @@ def read_parts(parts: list[tuple[Handle, PositionTable, np.ndarray, np.ndarray, 
         if status != OK:  # (NEED: every value was located above)
             raise h.files.fail(status, detail, key=detail * table.samples_per_value)
         if checksums and h.meta.trailer_bytes:
-            spv, sb = table.samples_per_value, h.meta.sample_bytes
-            runs = plan_runs(idx, spv)
-            w = whole_value_runs(runs, h)
-            if w.size:
-                d0 = runs.dst[w] * sb
-                view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-                _check_whole(h, view, table.offsets[runs.first[w] // spv], d0, d0 + runs.rows[w] * sb, runs.first[w])
+            _check_whole(h, table, idx, out)
 
 
-def _check_whole(h: Handle, view: memoryview, voffs: np.ndarray, d0: np.ndarray, ends: np.ndarray, keys: Any) -> None:
-    """Compare each whole value read into ``view[d0:end]`` with its stored checksum (the trailer after it)."""
-    m, files = h.meta, h.files
-    assert files is not None
-    fn = compute_checksum(m.checksum)
-    assert fn is not None
-    t = m.trailer_bytes
-    trailers = files.gather(voffs + (ends - d0), t)
-    for i, (d, e) in enumerate(zip(d0.tolist(), ends.tolist(), strict=True)):
+def _check_whole(h: Handle, table: PositionTable, idx: np.ndarray, out: np.ndarray) -> None:
+    """Compare each value read whole (block and window orders read most values whole) into ``out`` with its stored
+    checksum (the trailer after it).  Raises ``ChecksumError``: naming the first value that does not match."""
+    m, files, fn = h.meta, h.files, compute_checksum(h.meta.checksum)
+    assert files is not None and fn is not None
+    spv, sb = m.samples_per_value, m.sample_bytes
+    runs = plan_runs(idx, spv)
+    w = np.flatnonzero((runs.skip == 0) & (runs.rows == np.minimum(spv, m.count - runs.first)))
+    if not w.size:
+        return
+    d0, n, first = runs.dst[w] * sb, runs.rows[w] * sb, runs.first[w]
+    trailers = files.gather(table.offsets[first // spv] + n, m.trailer_bytes)
+    view = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    for i, (d, e) in enumerate(zip(d0.tolist(), (d0 + n).tolist(), strict=True)):
         if fn(view[d:e]) != trailers[i].tobytes():
-            raise ChecksumError("checksum mismatch", path=h.path, key=int(keys[i]), hint=DAMAGE_HINT)
+            raise ChecksumError("checksum mismatch", path=h.path, key=int(first[i]), hint=DAMAGE_HINT)
 
 
 def value(h: Handle, first: int, verify: bool) -> memoryview:
-    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed), a view of the
-    map: call and use it under ``h.lmdb()``.
-
-    Raises:
-        CorruptStoreError: the value is missing or of the wrong length.  ChecksumError: with ``verify``.
-    """
+    """The payload of the value keyed ``first`` through liblmdb (length checked, trailer removed), a view of the map:
+    call and use it under ``h.lmdb()`` (``CorruptStoreError``: the value is missing or of the wrong length;
+    ``ChecksumError``: with ``verify``)."""
     m = h.meta
     buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
     if buf is None:
@@ -178,36 +133,21 @@ def value(h: Handle, first: int, verify: bool) -> memoryview:
 
 
 def read_by_lmdb(h: Handle, runs: Runs, out: np.ndarray, verify: bool) -> None:
-    """Fill ``out`` through liblmdb lookups: each value looked up once per run of samples that share it.
-
-    This is the hot path of ``positions=False`` readers in random order: numpy prepares every per-run input
-    up front (one 8-byte key object per run), so the loop does no slicing or arithmetic of its own.
-
-    Raises:
-        CorruptStoreError: a missing or wrong-length value.  ChecksumError: with ``verify``.
-    """
+    """Fill ``out`` through liblmdb lookups, each value looked up once per run of samples that share it (numpy
+    prepares every per-run input: the loop of ``positions=False`` readers does no arithmetic of its own). Raises
+    ``CorruptStoreError``: a missing or wrong-length value; ``ChecksumError``: with ``verify``."""
     m = h.meta
-    sb, spv = m.sample_bytes, m.samples_per_value
+    sb = m.sample_bytes
     keys = runs.first.astype(">u8").view("V8").tolist()
-    offs = (runs.skip * sb).tolist()
-    dsts = (runs.dst * sb).tolist()
-    ends = (runs.dst * sb + runs.rows * sb).tolist()
+    want = (np.minimum(m.samples_per_value, m.count - runs.first) * sb + m.trailer_bytes).tolist()
+    offs, dsts, ends = (runs.skip * sb).tolist(), (runs.dst * sb).tolist(), ((runs.dst + runs.rows) * sb).tolist()
     ov = memoryview(out.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # numpy arrays are buffers
-    get, db = h.txn.get, h.dbs[DB_SAMPLES]
-    # unchecked fast path: still refuse a value of the wrong length (the last value is shorter)
-    full_len, tail_first = spv * sb + m.trailer_bytes, m.count - m.count % spv
-    tail_len = m.expected_value_len(tail_first) if tail_first < m.count else full_len
-    tail_key = encode_key(tail_first)
-    last: Any = None
+    get, db, last = h.txn.get, h.dbs[DB_SAMPLES], None
     buf: Any = None
     with h.lmdb():  # liblmdb's map: kept from shrinking, one thread at a time
-        for k, o, d, e in zip(keys, offs, dsts, ends, strict=True):
+        for k, n, o, d, e in zip(keys, want, offs, dsts, ends, strict=True):
             if k != last:
-                last = k
-                if verify:
-                    buf = value(h, int.from_bytes(k, "big"), True)
-                else:
-                    buf = get(k, db=db)
-                    if buf is None or len(buf) != (tail_len if k == tail_key else full_len):
-                        buf = value(h, int.from_bytes(k, "big"), False)  # raises the precise error
+                last, buf = k, None if verify else get(k, db=db)
+                if buf is None or len(buf) != n:  # checked, or missing or of the wrong length: the precise error
+                    buf = value(h, int.from_bytes(k, "big"), verify)
             ov[d:e] = buf[o : o + e - d]

@@ -1,27 +1,16 @@
-/* lmdbstore.store.batchread: the compiled read path of lmdbstore (lmdbstore/store/fileread.py drives it).
+/* lmdbstore.store.batchread: the compiled read path of lmdbstore (store/fileread.py drives it; docs/design.md,
+ * "Reads by file offset" and "No SIGBUS", says what it does and why).
  *
- * read() does one whole batch with the GIL released: from the sample indices and the position table it cuts the
- * batch into runs (consecutive samples of one value whose rows are consecutive), copies the runs whose pages are
- * cached from the read-only map of the data file, and reads the others with preadv on a pool of threads of its own
- * (`threads` reads in flight).  A value read for the first time is read from its overflow header on, in the same
- * read, and the header is checked before the batch returns; a run of at least `extend` samples that is not cached
- * is read with the rest of its value (thrown away, but cached for the value's next pieces).  Which pages are
- * cached, the kernel says: a page map (one byte per page) trusted without a system call until a copy from the map
- * takes a major fault, the runs read otherwise (first by preadv2(RWF_NOWAIT): only what the page cache holds), and
- * trusted again after one mincore() over the whole file once a batch was wholly cached and the probes since cost as
- * much (a ski-rental rule).  Only speed depends on those answers: a page that left the cache costs a fault.
+ * read() does one whole batch with the GIL released: it cuts the batch into runs, copies the cached ones from the
+ * read-only map of the data file and reads the others with preadv on a pool of threads of its own (made on first
+ * need in each process, every asynchronous signal blocked), checking the overflow header of each value read for
+ * the first time.  Which pages are cached, a page map says (trusted until a copy takes a major fault; then runs are
+ * probed by preadv2(RWF_NOWAIT) until one mincore() over the file is worth it): only speed depends on it.
  *
- * SIGBUS: a page of a map past the end of a file shrunk under it faults.  A copy from the map catches it
- * (sigsetjmp) and read() says whose page it was by the fault's address (SOURCE: the map's; DEST: the destination's).
- * liblmdb's own reads of its map are guarded too (lmdb_begin/lmdb_end around them): a fault there gets a page of
- * zeros mapped over it, the call goes on, lmdb_end() says so and maps the file's page back.  The handler is
- * installed only while a guarded copy or call runs (the first installs it, the last puts back exactly the
- * disposition it found); a SIGBUS that is not ours goes to that disposition (the program's handler, or the default
- * action).  It never installs itself over a handler installed over it meanwhile (faulthandler.enable() during a copy
- * chains back to it): until that handler is gone, batches are read by preadv and liblmdb's reads are unguarded.
- *
- * The pool's threads are made on first need in each process (a fork handler starts a child's pool afresh), block
- * every asynchronous signal, and read with preadv and copy from the map.
+ * SIGBUS: copies from the map and liblmdb's reads of its map (lmdb_begin/lmdb_end) are guarded by one handler,
+ * installed only while a guarded copy or call runs; it puts back exactly the disposition it found, sends a SIGBUS
+ * not ours there, and never installs itself over a handler installed over it meanwhile.  Linux on x86-64 or
+ * aarch64 only (the kernel's struct sigaction below); elsewhere the build fails and lmdbstore reads by os.preadv.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -50,9 +39,11 @@ enum { TRUSTED, SPENT, COPIED, PREAD, STATE_N }; /* the state array's entries (C
 #define SPLIT_RUN (16 << 10)  /* runs shorter than this on average (random order) are short */
 
 /* ------------------------------------------------------------------------------------------------ SIGBUS */
-/* A signal's disposition exactly as the kernel holds it (x86-64, aarch64): saved and put back with the raw system
- * call, so that the program finds every field as it left it.  Elsewhere libc's struct sigaction. */
-#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+/* A signal's disposition exactly as the kernel holds it: saved and put back with the raw system call, so that the
+ * program finds every field as it left it. */
+#if !defined(__linux__) || !(defined(__x86_64__) || defined(__aarch64__))
+#error "the kernel's struct sigaction of x86-64 and aarch64 only"
+#endif
 typedef struct {
     void *handler;
     unsigned long flags;
@@ -61,17 +52,6 @@ typedef struct {
 } disp_t;
 static int get_disp(disp_t *d) { return (int)syscall(SYS_rt_sigaction, SIGBUS, NULL, d, sizeof d->mask); }
 static int set_disp(const disp_t *d) { return (int)syscall(SYS_rt_sigaction, SIGBUS, d, NULL, sizeof d->mask); }
-static void *disp_handler(const disp_t *d) { return d->handler; }
-static int disp_siginfo(const disp_t *d) { return (d->flags & SA_SIGINFO) != 0; }
-#else
-typedef struct sigaction disp_t;
-static int get_disp(disp_t *d) { return sigaction(SIGBUS, NULL, d); }
-static int set_disp(const disp_t *d) { return sigaction(SIGBUS, d, NULL); }
-static void *disp_handler(const disp_t *d) {
-    return (d->sa_flags & SA_SIGINFO) ? (void *)d->sa_sigaction : (void *)d->sa_handler;
-}
-static int disp_siginfo(const disp_t *d) { return (d->sa_flags & SA_SIGINFO) != 0; }
-#endif
 
 #define TLS static __thread __attribute__((tls_model("initial-exec")))
 TLS sigjmp_buf *volatile current_jump; /* a copy from the map runs on this thread */
@@ -89,20 +69,11 @@ static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
 static long page_bytes = 4096;
 static int cpus = 1; /* online, for sharing warm copies */
 
-static void on_sigbus(int sig, siginfo_t *info, void *ctx);
-static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t item, int writable, const char *name);
-
-static int is_ours(const disp_t *d) { return disp_siginfo(d) && disp_handler(d) == (void *)on_sigbus; }
-
-static int is_plain(const disp_t *d) { /* SIG_DFL or SIG_IGN: chains to nobody */
-    return !disp_siginfo(d) && (disp_handler(d) == (void *)SIG_DFL || disp_handler(d) == (void *)SIG_IGN);
-}
-
 /* What would have happened without our handler: the previous handler runs, or the default action. */
 static void chain(int sig, siginfo_t *info, void *ctx) {
-    void *h = disp_handler(&previous);
+    void *h = previous.handler;
     int sent = info != NULL && info->si_code <= 0; /* kill(), sigqueue(), tgkill(): not a fault */
-    if (disp_siginfo(&previous)) {
+    if (previous.flags & SA_SIGINFO) {
         ((void (*)(int, siginfo_t *, void *))h)(sig, info, ctx);
         return;
     }
@@ -140,6 +111,12 @@ static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
     chain(sig, info, ctx); /* not one of ours */
 }
 
+static int is_ours(const disp_t *d) { return (d->flags & SA_SIGINFO) && d->handler == (void *)on_sigbus; }
+
+static int is_plain(const disp_t *d) { /* SIG_DFL or SIG_IGN: chains to nobody */
+    return !(d->flags & SA_SIGINFO) && (d->handler == (void *)SIG_DFL || d->handler == (void *)SIG_IGN);
+}
+
 /* Before a guarded copy or call: 0 with our handler installed (the first installs it), 1 when it must not be (see
  * the top), -1 on error (errno). */
 static int enter(void) {
@@ -170,8 +147,7 @@ static int enter(void) {
     return rc;
 }
 
-/* After a guarded copy or call: the last puts back the handler that was there, unless another was installed over
- * ours. */
+/* After a guarded copy or call: the last puts back the handler that was there, unless another was put over ours. */
 static void leave(void) {
     pthread_mutex_lock(&install_lock);
     if (--guards_running == 0) {
@@ -184,6 +160,17 @@ static void leave(void) {
         }
     }
     pthread_mutex_unlock(&install_lock);
+}
+
+/* A contiguous buffer of `item`-byte items (any format), `writable` or not. */
+static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t item, int writable, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
+    if (view->itemsize != item) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous array of %zd-byte items", name, item);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
 }
 
 /* lmdb_begin(spans) -> bool: guard liblmdb's reads of the maps of its data file (spans: int64 pairs, start and end
@@ -209,9 +196,8 @@ static PyObject *lmdb_begin(PyObject *self, PyObject *arg) {
 }
 
 /* lmdb_end(fd) -> bool: end the guard lmdb_begin() started (when it answered True); whether a page was replaced by
- * zeros meanwhile, by this call or another thread's (the file shrank under the call: what it returned may not be the
- * file's).  This call's such pages are mapped from the file `fd` again (the map goes on serving the file, which may
- * have grown back). */
+ * zeros meanwhile, by this call or another thread's (what it returned may not be the file's).  This call's such pages
+ * are mapped from the file `fd` again (the map goes on serving the file, which may have grown back). */
 static PyObject *lmdb_end(PyObject *self, PyObject *arg) {
     int fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
@@ -295,8 +281,7 @@ static void mark(const batch_t *b, int s, int64_t from, int64_t to) { /* the byt
     if (b->map != NULL && to > from) memset(b->pages + (from >> s), 1, (size_t)(((to - 1) >> s) - (from >> s) + 1));
 }
 
-/* Read run i: first (where the map may be read) only what the page cache holds, then from the disk with what is
- * read along. */
+/* Read run i: first (where the map may be read) only what the page cache holds, then from the disk. */
 static void read_run(job_t *j, int64_t i) {
     const run_t *r = &j->runs[i];
     batch_t *b = r->b;
@@ -404,8 +389,7 @@ static void *worker(void *unused) {
     return NULL;
 }
 
-/* Make the pool hold at least `want` threads (made on first need in each process); under pool.mu.  Returns how
- * many it holds. */
+/* Make the pool hold at least `want` threads (on first need in each process), under pool.mu: how many it holds. */
 static int grow(int want) {
     if (pool.threads >= want) return pool.threads;
     pthread_attr_t attr;
@@ -452,17 +436,6 @@ static int marked(const unsigned char *pages, int shift, int64_t from, int64_t t
     for (int64_t p = from >> shift; p <= (to - 1) >> shift; p++)
         if (!pages[p]) return 0;
     return 1;
-}
-
-/* A contiguous buffer of `item`-byte items (any format), `writable` or not. */
-static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t item, int writable, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) != 0) return -1;
-    if (view->itemsize != item) {
-        PyErr_Format(PyExc_TypeError, "%s must be a contiguous array of %zd-byte items", name, item);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
 }
 
 /* Cut the store's batch into runs from runs[b->first] on (see the top); NEED/WRONG_LENGTH/SHORT with the sample,
@@ -517,7 +490,7 @@ static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
     Py_ssize_t n = 1, m = 0, nwarm = 0, ncold = 0;
     for (Py_ssize_t k = 0; k < nb; k++) n += bs[k].n;
     run_t *runs = PyMem_RawMalloc(sizeof(run_t) * (size_t)n);
-    int64_t *order = PyMem_RawMalloc(sizeof(int64_t) * (size_t)n);
+    int64_t *order = PyMem_RawMalloc(2 * sizeof(int64_t) * (size_t)n); /* the warm runs, then from n on the cold */
     char *heads = PyMem_RawMalloc((size_t)HEAD * (size_t)n), *junk = NULL;
     int guarded = 1, shift = __builtin_ctzl((unsigned long)page_bytes);
     int64_t extra = 0, warm_bytes = 0;
@@ -534,17 +507,13 @@ static void run_batches(batch_t *bs, Py_ssize_t nb, int threads) {
             int warm = b->map != NULL && b->state[TRUSTED] &&
                        marked(b->pages, shift, r->start + r->skip, r->start + r->skip + r->len) &&
                        (r->value < 0 || marked(b->pages, shift, r->start, r->start + HEAD));
-            order[warm ? nwarm++ : n - 1 - ncold++] = i;
+            order[warm ? nwarm++ : n + ncold++] = i;
             warm_bytes += warm ? r->len : 0;
             if (r->before + r->skip + r->after > extra) extra = r->before + r->skip + r->after;
         }
         m += b->nruns;
     }
-    for (Py_ssize_t a = n - ncold, z = n - 1; a < z; a++, z--) { /* the cold ones in batch order */
-        int64_t t = order[a];
-        order[a] = order[z], order[z] = t;
-    }
-    job_t j = {.runs = runs, .warm = order, .cold = order + n - ncold, .nwarm = nwarm, .ncold = ncold,
+    job_t j = {.runs = runs, .warm = order, .cold = order + n, .nwarm = nwarm, .ncold = ncold,
                .page_shift = shift, .heads = heads};
     atomic_init(&j.next_warm, 0), atomic_init(&j.next_cold, 0);
     j.chunk = nwarm > 0 && warm_bytes / nwarm < CHUNK_BYTES ? (int)(CHUNK_BYTES / (warm_bytes / nwarm + 1)) : 1;
@@ -647,9 +616,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "batchread", "The com
 PyMODINIT_FUNC PyInit_batchread(void) {
     page_bytes = sysconf(_SC_PAGESIZE), cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 1;
     if (pthread_atfork(NULL, NULL, after_fork) != 0) return PyErr_NoMemory();
-    PyObject *m = PyModule_Create(&module);
-    const char *names[] = {"OK", "NEED", "WRONG_LENGTH", "BAD_HEADER", "SHORT", "SOURCE", "DEST", "IO_ERROR"};
-    for (int i = 0; m != NULL && i < 8; i++)
-        if (PyModule_AddIntConstant(m, names[i], i) != 0) Py_CLEAR(m);
-    return m;
+    return PyModule_Create(&module);
 }

@@ -1,9 +1,6 @@
-"""Opening LMDB environments of a store, with the checks that turn hostile paths into clear errors.
-
-The writer, the reader, ``verify`` and ``copy_store`` share these helpers so all see the same store layout:
-what a store directory is (and one whose creation was interrupted), opening its environment, beginning
-a read transaction, and reading its metadata.  Sharing one environment per process is
-:mod:`lmdbstore.store.registry`'s; the writer lock is :mod:`lmdbstore.store.locks`'.
+"""What a store directory is (and one whose creation was interrupted), opening its LMDB environment, beginning a read
+transaction and reading its metadata, with the checks that turn hostile paths into one-line errors: shared by the
+writer, the reader, ``verify`` and ``copy_store``.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from lmdbstore.errors import (
 from lmdbstore.format.layout import DB_META, MAX_DBS, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.meta import StoreMeta
-from lmdbstore.format.pages import UnsupportedLayout, read_meta_page
+from lmdbstore.format.pages import RESTORE_HINT, UnsupportedLayout, read_meta_page
 from lmdbstore.store.locks import LOCK_FILE, WRITER_LOCK_FILE
 
 __all__ = [
@@ -33,13 +30,11 @@ __all__ = [
     "DATA_FILE",
     "begin_read",
     "check_count_fits",
-    "check_file_size",
     "check_store_dir",
     "open_env",
     "open_reader_env",
     "raise_if_unborn",
     "read_meta",
-    "read_meta_record",
     "to_be_created",
     "unborn_reason",
 ]
@@ -53,14 +48,9 @@ CREATION_FILES = frozenset({WRITER_LOCK_FILE, DATA_FILE, LOCK_FILE})
 def unborn_reason(path: Path) -> str | None:
     """Why ``path`` is a store whose creation was interrupted before its first commit; ``None`` if it is not.
 
-    Creating a store takes the writer lock (``writer.lock``), lets LMDB create ``lock.mdb`` and
-    ``data.mdb`` (empty, then its two meta pages), and commits one transaction with the sub-databases and
-    the metadata.  A directory killed before that commit holds regular files among those three only, and
-    ``data.mdb`` is missing, empty, or an LMDB file whose two meta pages both record an empty main
-    database (no sub-database, no key: nothing was ever committed).  Such a directory holds no data, so a
-    writer may create the store in it.  Anything else (another file, a data file with any committed
-    entry, one LMDB's layout we do not recognise or one shorter than its two meta pages) is not unborn.
-    Reads only the directory listing and the two meta pages; writes nothing.
+    Such a directory holds regular files among ``writer.lock``, ``lock.mdb`` and ``data.mdb`` only, and ``data.mdb``
+    is missing, empty, or an LMDB file whose two meta pages both record an empty main database: it holds no data,
+    and a writer may create the store in it.  Reads only the directory listing and the two meta pages.
     """
     try:
         entries = {e.name: e for e in os.scandir(path)}
@@ -86,8 +76,7 @@ def unborn_reason(path: Path) -> str | None:
 
 
 def raise_if_unborn(path: Path) -> None:
-    """Raise :class:`NotAStoreError` (one line, with a hint) if ``path`` is a store whose creation was
-    interrupted (see :func:`unborn_reason`)."""
+    """Raise :class:`NotAStoreError` if ``path`` is a store whose creation was interrupted (:func:`unborn_reason`)."""
     why = unborn_reason(path)
     if why is not None:
         raise NotAStoreError(
@@ -131,25 +120,7 @@ def check_store_dir(path: Path) -> None:
         raise CorruptStoreError(
             f"data file is truncated: {size} bytes, shorter than LMDB's two meta pages",
             path=path,
-            hint="restore the store from a copy",
-        )
-
-
-def check_file_size(env: lmdb.Environment, path: Path) -> None:
-    """Refuse a data file shorter than the pages LMDB believes it has.
-
-    Reading a page past the end of a memory-mapped file kills the process with SIGBUS, so a
-    truncated file must be caught before any lookup.
-    """
-    info = env.info()
-    psize = env.stat()["psize"]
-    needed = (info["last_pgno"] + 1) * psize
-    actual = os.path.getsize(path / DATA_FILE)
-    if actual < needed:
-        raise CorruptStoreError(
-            f"data file is truncated: {actual} bytes, LMDB needs {needed}",
-            path=path,
-            hint="restore the store from a copy",
+            hint=RESTORE_HINT,
         )
 
 
@@ -159,12 +130,12 @@ ENV_OPTIONS: dict[str, Any] = {"subdir": True, "max_dbs": MAX_DBS, "readahead": 
 
 
 def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) -> lmdb.Environment:
-    """Open the store's LMDB environment (a directory) with our sub-database count.
+    """Open the store's LMDB environment (extra keyword arguments go to ``lmdb.open``; errors are translated), again
+    on MDB_MAP_RESIZED (py-lmdb begins a transaction while opening: see :func:`begin_read`).
 
-    Extra keyword arguments go to ``lmdb.open``.  Errors are translated into ``LmdbStoreError``s.
-    Opening retries a few times on MDB_MAP_RESIZED: py-lmdb begins a transaction while opening, and
-    a writer in another process may have grown the map and committed in between (see
-    :func:`begin_read`).
+    Raises:
+        CorruptStoreError: the data file is shorter than the pages LMDB believes it has (a lookup there would
+            kill the process with SIGBUS).
     """
     with translate_lmdb_errors(path, "open"):
         for attempt in range(8):
@@ -175,12 +146,15 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
                 if attempt == 7:
                     raise
     try:
-        check_file_size(env, path)
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        actual = os.path.getsize(path / DATA_FILE)
+        if actual < needed:
+            raise CorruptStoreError(
+                f"data file is truncated: {actual} bytes, LMDB needs {needed}", path=path, hint=RESTORE_HINT
+            )
         if lock:
-            # Free the reader-table slots of processes that died holding a read transaction (e.g.
-            # SIGKILLed DataLoader workers).  LMDB only resets the table when no process has the
-            # environment open, so without this, stale slots pile up while any process keeps it
-            # open, until MDB_READERS_FULL (126 slots), and they pin old pages the writer cannot reuse.
+            # Free the slots of processes that died holding a read transaction (killed DataLoader workers): they
+            # would pile up while any process keeps the environment open, and pin pages the writer cannot reuse.
             with translate_lmdb_errors(path, "clear stale readers"):
                 env.reader_check()
     except BaseException:
@@ -189,19 +163,15 @@ def open_env(path: Path, *, readonly: bool, lock: bool = True, **kwargs: Any) ->
     return env
 
 
-#: A reader maps at least this much of the data file's address space (virtual memory only: the map is
-#: read-only), and at least :data:`READER_MAP_FACTOR` times the file, so that a writer growing the store
-#: rarely obliges it to adopt a larger map (``set_mapsize``, which ends every transaction of the environment).
+#: A reader maps at least this much address space (virtual memory only), and :data:`READER_MAP_FACTOR` times the file,
+#: so that a writer growing the store rarely obliges it to ``set_mapsize`` (which ends every transaction).
 READER_MAP_MIN = 64 << 30
 READER_MAP_FACTOR = 4
 
 
 def open_reader_env(path: Path, lock: bool) -> lmdb.Environment:
-    """Open the store's environment read-only for readers, with room to grow (see :data:`READER_MAP_MIN`).
-
-    Where the address space is limited (``ulimit -v``), the map falls back to LMDB's own size.  Errors as
-    :func:`open_env`.
-    """
+    """Open the store's environment read-only for readers, with room to grow (:data:`READER_MAP_MIN`; LMDB's own
+    size where the address space is limited, ``ulimit -v``).  Errors as :func:`open_env`."""
     try:
         size = os.path.getsize(path / DATA_FILE)
     except OSError:
@@ -215,12 +185,8 @@ def open_reader_env(path: Path, lock: bool) -> lmdb.Environment:
 
 
 def begin_read(env: lmdb.Environment) -> lmdb.Transaction:
-    """Begin a zero-copy read transaction, adopting a map that a writer has grown meanwhile.
-
-    A writer in another process may grow the map between our open and our first transaction; LMDB
-    then answers MDB_MAP_RESIZED until this environment adopts the new size (``set_mapsize(0)``
-    takes it from the meta page).  The writer can grow it again in between, hence the few retries.
-    """
+    """Begin a zero-copy read transaction, adopting (``set_mapsize(0)``, a few times) a map that a writer in another
+    process has grown meanwhile: LMDB answers MDB_MAP_RESIZED until then."""
     for _ in range(8):
         try:
             return env.begin(buffers=True)
@@ -229,29 +195,18 @@ def begin_read(env: lmdb.Environment) -> lmdb.Transaction:
     return env.begin(buffers=True)
 
 
-def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> StoreMeta:
-    """Load and validate the metadata record in ``txn``.
+def read_meta(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
+    """Load and validate the metadata record in ``txn``: the metadata, and the record's bytes as liblmdb returned them.
 
     Raises:
         NotAStoreError: there is no metadata sub-database or record (an LMDB that is not ours).
         CorruptStoreError / FormatVersionError: the record is malformed.
     """
-    return read_meta_record(env, txn, path)[0]
-
-
-def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -> tuple[StoreMeta, bytes]:
-    """:func:`read_meta`, and the record's bytes as liblmdb returned them.
-
-    Raises:
-        as :func:`read_meta`.
-    """
     with translate_lmdb_errors(path, "read metadata"):
         try:
-            db = env.open_db(DB_META, txn=txn, create=False)
-        except (lmdb.NotFoundError, lmdb.IncompatibleError):
-            # IncompatibleError: the main database has a plain key "meta", not a sub-database.
-            raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path) from None
-        buf = txn.get(META_KEY, db=db)
+            buf = txn.get(META_KEY, db=env.open_db(DB_META, txn=txn, create=False))
+        except (lmdb.NotFoundError, lmdb.IncompatibleError):  # Incompatible: a plain key "meta", no sub-database
+            buf = None
         if buf is None:
             raise NotAStoreError("an LMDB environment, but not an lmdbstore store (no metadata)", path=path)
         raw = bytes(buf)
@@ -261,12 +216,8 @@ def read_meta_record(env: lmdb.Environment, txn: lmdb.Transaction, path: Path) -
 
 
 def check_count_fits(meta: StoreMeta, path: Path) -> None:
-    """Refuse metadata claiming more sample bytes than the data file holds.
-
-    Values are stored uncompressed, so ``count * sample_bytes`` can never exceed the file size; a
-    larger count is damaged or forged metadata, and trusting it would make ``labels()`` (or verify)
-    allocate a table of ``count`` entries.
-    """
+    """Refuse (``CorruptStoreError``) metadata claiming more sample bytes than the data file holds: values are stored
+    uncompressed, and trusting such a count would size ``labels()``'s (or verify's) tables by it."""
     size = os.path.getsize(path / DATA_FILE)
     if meta.count * meta.sample_bytes > size:
         raise CorruptStoreError(

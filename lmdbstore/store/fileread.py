@@ -1,12 +1,7 @@
-"""Reading a batch by file offset, and guarding liblmdb's reads of its map (private to the store package).
-
-:class:`FileReader` reads a batch in one call of the compiled reader ``lmdbstore.store.batchread``
-(``batchread.c``, built by ``pip install``; see docs/design.md, "Reads by file offset"): cached runs copied from a
-read-only map of the file, the others read by ``preadv`` with :data:`IO_THREADS` in flight, new values' overflow
-headers checked, SIGBUS caught.  Without it (no C compiler at install) the same reads are ``os.preadv`` calls in
-turn: right, and several times slower.  :func:`lmdb_guard` guards liblmdb's own reads of its map with the same
-handler: a page of a file shrunk under a liblmdb call reads as zeros instead of killing the process, and the call
-is refused (:class:`MapPatched`).
+"""Reading a batch by file offset, and guarding liblmdb's reads of its map (private; docs/design.md, "Reads by file
+offset" and "No SIGBUS"): :class:`FileReader` reads a batch in one call of the compiled reader (``batchread.c``), or
+without it by ``os.preadv`` calls in turn (the same bytes and checks, slower); :func:`lmdb_guard` refuses a liblmdb
+call that met a page of a file shrunk under it (:class:`MapPatched`) instead of letting SIGBUS kill the process.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lmdbstore.errors import CorruptStoreError, LmdbStoreError
-from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, bad_overflow_headers, overflow_pages
+from lmdbstore.format.pages import DAMAGE_HINT, PAGEHDRSZ, RESTORE_HINT, bad_overflow_headers, overflow_pages
 
 __all__ = [
     "COMPILED",
@@ -48,27 +43,24 @@ def _load() -> ModuleType | None:
 #: The compiled reader, or ``None`` where it was not built (then the reads are ``os.preadv`` calls in turn).
 COMPILED: ModuleType | None = _load()
 #: What a read answers (``batchread.c``'s numbers), and its detail: done; a value not located yet (the row); a value
-#: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the
-#: map or of the destination; an I/O error (errno).
+#: of the wrong length, a wrong overflow header (the value); a short read (the offset); a fault on a page of the map,
+#: of the destination; an I/O error (errno).
 OK, NEED, WRONG_LENGTH, BAD_HEADER, SHORT, SOURCE, DEST, IO_ERROR = range(8)
-#: Reads in flight for a cold batch: 64 read 1.15-1.3x more than 16 or 32 here (a virtio disk over NVMe), for
-#: 2.5 KB reads and whole values alike (issue 41); a slower disk only queues them.
+#: Reads in flight for a cold batch: 64 read 1.15-1.3x more than 16 or 32 on a virtio disk over NVMe, for 2.5 KB
+#: reads and whole values alike; a slower disk only queues them.
 IO_THREADS = 64
 #: A run of at least this many samples of one value (block order) that is not cached is read with the rest of the
-#: value: its other pieces, in the next batches, are then copies, and one read of a value costs less than two.
+#: value: its other pieces, in the next batches, are then copies.
 EXTEND_RUN_SAMPLES = 4
 #: ``FileReader.state``: whether the page map is trusted, the pages' worth of probes since, runs the page cache
-#: held (copied from the map or read by a probe), runs read from the disk (the last two: what tests count).
+#: held, runs read from the disk.
 STATE = ("trusted", "spent", "copied", "read")
 
 
 def truncated(size: int, needed: int, path: str | Path | None) -> CorruptStoreError:
     """The one-line error for a data file shorter than what is read from it."""
-    return CorruptStoreError(
-        f"data file was truncated while open: {size} bytes, the reader needs {needed}",
-        path=path,
-        hint="restore the store from a copy",
-    )
+    msg = f"data file was truncated while open: {size} bytes, the reader needs {needed}"
+    return CorruptStoreError(msg, path=path, hint=RESTORE_HINT)
 
 
 def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
@@ -76,22 +68,12 @@ def shrunk(fd: int, needed: int, path: str | Path | None) -> CorruptStoreError:
     size = os.fstat(fd).st_size
     if size < needed:
         return truncated(size, needed, path)
-    return CorruptStoreError("the data file shrank while it was read", path=path, hint="restore the store from a copy")
-
-
-def destination_fault() -> LmdbStoreError:
-    """The one-line error for a batch whose *destination* could not be written (the store is fine)."""
-    return LmdbStoreError(
-        "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
-        "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
-        hint="read into ordinary memory, or make room where the destination lives",
-    )
+    return CorruptStoreError("the data file shrank while it was read", path=path, hint=RESTORE_HINT)
 
 
 class FileReader:
     """Reads of the data file ``fd`` (``size`` bytes when its positions were read) in one process, ``threads`` in
-    flight (default :data:`IO_THREADS`).  The map is made on first need; thread-safe (reads share the map, the page
-    map and the process's pool)."""
+    flight (default :data:`IO_THREADS`), by threads that share the map (made on first need) and the page map."""
 
     def __init__(self, fd: int, size: int, path: str | Path | None = None, threads: int | None = None):
         self.fd, self.size, self.path = fd, size, path
@@ -101,9 +83,8 @@ class FileReader:
         self.pages = np.zeros((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE + 1, np.uint8)
         self.state = np.zeros(len(STATE), np.int64)
         self._lock = threading.Lock()
-        # Whole values (block order) are read through a file description without read-ahead: 32 reads of
-        # neighbouring values at once looked sequential to the kernel, which then read on (8 MiB here) in vain.
-        # Single samples keep the kernel's read-ahead: within a window being read ahead it completes the window.
+        # Whole values are read through a file description without read-ahead (many reads of neighbouring values
+        # look sequential to the kernel, which reads on in vain); single samples keep it (it completes a window).
         try:
             self.rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
             os.posix_fadvise(self.rfd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -136,37 +117,12 @@ class FileReader:
         layout: tuple[int, int, int, int, int],
         extend: int = 0,
     ) -> tuple[int, int]:
-        """Read sample ``idx[i]`` into ``dst[i * sb:]`` (``dst``: C-contiguous bytes) for every ``i``: value ``v``'s
-        payload lies at ``offsets[v]``; ``layout``: ``(samples per value, sample bytes, page size (0: no overflow
-        headers), samples in all, a full value's stored bytes)``; runs of ``extend`` samples or more read their whole
-        value when not cached.  A value not ``checked`` has its overflow header checked (and is marked).  Returns
-        ``(status, detail)`` (:data:`OK` and the others).  Errors are the caller's to raise (:meth:`fail`)."""
+        """Read sample ``idx[i]`` into ``dst[i * sb:]`` (C-contiguous bytes) for every ``i``; value ``v``'s payload lies
+        at ``offsets[v]``; ``layout``: (samples per value, sample bytes, page size (0: no overflow headers), samples
+        in all, a full value's stored bytes); cold runs of ``extend`` samples or more read their whole value; a value
+        not ``checked`` has its overflow header checked, then is marked.  Returns ``(status, detail)`` (:data:`OK`
+        and the others; :meth:`fail` makes the error)."""
         return read_together([(self, (dst, idx, offsets, checked, layout, extend))])[0]
-
-    def part(
-        self,
-        dst: np.ndarray,
-        idx: np.ndarray,
-        offsets: np.ndarray,
-        checked: np.ndarray,
-        layout: tuple[int, ...],
-        extend: int,
-    ) -> tuple[Any, ...]:
-        """This file's part of a compiled read (:func:`read_together`)."""
-        return (
-            self.fd,
-            self.rfd,
-            self._address(),
-            self.size,
-            self.pages,
-            self.state,
-            dst,
-            np.ascontiguousarray(idx, np.int64),
-            offsets,
-            checked,
-            *layout,
-            extend,
-        )
 
     def _read_by_preadv(
         self, dst: np.ndarray, idx: np.ndarray, offsets: np.ndarray, checked: np.ndarray, layout: tuple[int, ...]
@@ -207,8 +163,12 @@ class FileReader:
             return CorruptStoreError(
                 "the overflow page of a value has a wrong header", path=self.path, key=key, hint=DAMAGE_HINT
             )
-        if status == DEST:
-            return destination_fault()
+        if status == DEST:  # the batch's destination could not be written: the store is fine
+            return LmdbStoreError(
+                "the batch's destination memory could not be written (a bus error on out=: it maps a file that was "
+                "truncated, or a tmpfs or /dev/shm that is full); the store was not the cause",
+                hint="read into ordinary memory, or make room where the destination lives",
+            )
         size = os.fstat(self.fd).st_size
         if size < self.size:
             return truncated(size, self.size, self.path)
@@ -221,12 +181,8 @@ class FileReader:
         return CorruptStoreError("the data file's pages could not be copied", path=self.path, hint="check the disk")
 
     def gather(self, offs: np.ndarray, width: int, out: np.ndarray | None = None) -> np.ndarray:
-        """``width`` bytes at each offset of ``offs``, as the rows of an ``(n, width)`` uint8 array (``out``, or a new
-        one), many reads in flight.
-
-        Raises:
-            CorruptStoreError: the file is shorter than some ``off + width``.
-        """
+        """``width`` bytes at each offset of ``offs``, as the rows of an ``(n, width)`` uint8 array (``out``, or a
+        new one), many reads in flight (``CorruptStoreError``: the file is shorter than some ``off + width``)."""
         offs = np.ascontiguousarray(offs, np.int64)
         out = np.empty((len(offs), width), np.uint8) if out is None else out
         n = len(offs)
@@ -240,8 +196,7 @@ class FileReader:
         self.gather(np.asarray(pgnos, np.int64) * arr.shape[1], arr.shape[1], arr)
 
     def advise(self, starts: list[int], ends: list[int]) -> None:
-        """Start reading byte ranges ``[s, e)`` into the page cache in the background (a thread of its own, which
-        ends when the kernel has the requests: only advice, never waited for)."""
+        """Start reading byte ranges ``[s, e)`` into the page cache on a thread of its own (advice, never waited for)."""
         fd = self.fd
 
         def run() -> None:
@@ -269,7 +224,11 @@ def read_together(parts: list[tuple[FileReader, tuple[Any, ...]]]) -> list[tuple
     (one job: every part's reads in flight together, the warm copies shared); its ``(status, detail)`` each."""
     if COMPILED is None:
         return [f._read_by_preadv(*args[:5]) for f, args in parts]
-    return COMPILED.read(max(f.threads for f, _ in parts), [f.part(*args) for f, args in parts])  # type: ignore[no-any-return]
+    specs = []  # batchread.c's read(): one tuple per file
+    for f, (dst, idx, offsets, checked, layout, extend) in parts:
+        idx = np.ascontiguousarray(idx, np.int64)
+        specs.append((f.fd, f.rfd, f._address(), f.size, f.pages, f.state, dst, idx, offsets, checked, *layout, extend))
+    return COMPILED.read(max(f.threads for f, _ in parts), specs)  # type: ignore[no-any-return]
 
 
 class MapPatched(Exception):

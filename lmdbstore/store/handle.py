@@ -1,19 +1,7 @@
-"""The per-process open state of a :class:`~lmdbstore.store.reader.StoreReader` (private).
-
-A :class:`Handle` is one snapshot: a share of the process's environment of the store, one read transaction,
-the snapshot as its meta page described it when the transaction began (:mod:`lmdbstore.store.snapshot`),
-the metadata and sub-databases read in it, and (opened on first use) its position table and file reader.  Everything read
-through a handle is trusted only while :meth:`Handle.protected` says the snapshot is still the file's; the
-reader re-snapshots otherwise.
-
-A handle is tied to one data file: its own descriptor, and an environment the registry opened on the same
-file (``st_dev``, ``st_ino``; :mod:`lmdbstore.store.registry`), so samples read by offset and the metadata and
-labels read through liblmdb always come from one file.  liblmdb calls go through :meth:`Handle.lmdb`, which
-guards liblmdb's reads of its map (a file shrunk under a call is an error, not SIGBUS:
-:func:`~lmdbstore.store.fileread.lmdb_guard`) and serialises them (a read transaction may serve many threads, one
-at a time); the reads by offset guard themselves (:class:`~lmdbstore.store.fileread.FileReader`).  Threads share
-a handle: :attr:`Handle.users` counts the
-reads in progress, and a handle retired meanwhile (:meth:`Handle.retire`) is closed by the last of them.
+"""The per-process open state of a :class:`~lmdbstore.store.reader.StoreReader` (private): a :class:`Handle` is one
+snapshot (a share of the environment, one read transaction, its meta page as captured, the metadata, and on first use
+its position table and file reader) of one data file (its own descriptor, an environment of the same ``st_dev``,
+``st_ino``), trusted only while :meth:`Handle.protected`.  liblmdb calls go through :meth:`Handle.lmdb`.
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ from lmdbstore.format.btree import record_position
 from lmdbstore.format.layout import DATA_DBS, DB_META, META_KEY
 from lmdbstore.format.limits import MIN_DATA_FILE_BYTES
 from lmdbstore.format.pages import PageReader
-from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta_record
+from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_reader_env, read_meta
 from lmdbstore.store.fileread import FileReader, MapPatched, lmdb_guard, map_spans, shrunk
 from lmdbstore.store.locks import resolve_lock
 from lmdbstore.store.positions import PositionTable, open_table, table_key
@@ -44,18 +32,14 @@ __all__ = ["Handle"]
 
 #: Times a registered transaction is begun again when a writer overwrote its meta page before it was read.
 CAPTURE_TRIES = 4
-#: Times the data file is opened again when the path named another file by the time its environment opened.
-OPEN_TRIES = 4
+#: Times the data file and an environment of it are opened again (the path named another file by then, or another
+#: thread re-opened the environment meanwhile).
+OPEN_TRIES = 8
 
 
 class Handle:
-    """The per-process open state: a share of the environment, one long-lived read transaction and its
-    snapshot, the metadata and sub-databases, and (opened on first use) the snapshot's position table.
-
-    Args:
-        path: the store.
-        lock: the reader's ``lock`` option (``None``: registered exactly while a writer is active).
-        io_threads: reads in flight for cold batches (``None``: :data:`~lmdbstore.store.fileread.IO_THREADS`).
+    """One snapshot of the store ``path`` in this process (see the module docstring); ``lock``, ``io_threads``: the
+    reader's options (``lock=None``: registered exactly while a writer is active).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: as the store is opened.
@@ -70,8 +54,7 @@ class Handle:
         self.table: PositionTable | None = None
         self.files: FileReader | None = None
         self.built = False
-        #: how this handle got its table: "" (not yet), "built", "inherited" (same snapshot, e.g. after fork)
-        self.table_source = ""
+        self.table_source = ""  # how this handle got its table: "built", "inherited" (same snapshot, e.g. after fork)
         self.spans: np.ndarray | None = None  # where liblmdb maps the file (map_spans)
         self.txn: lmdb.Transaction = None  # type: ignore[assignment]  # set by _begin
         self.fd = -1
@@ -88,35 +71,10 @@ class Handle:
             raise
 
     def _open_file(self, lock: bool) -> FileId:
-        """Open the data file, a share of an environment of the same file (see the module docstring) and the
-        read transaction; again while another thread closed that environment meanwhile (to re-open it in a
-        stronger mode).
-
-        Raises:
-            StoreReplacedError: the path kept naming another file while it was opened.
-        """
-        for _ in range(OPEN_TRIES):
-            self._open_env(lock)
-            with self.lease.entry.using():
-                if self.lease.valid:
-                    self.env = self.lease.env
-                    self.snapshot = self._begin(self.lease.entry.lock)
-                    st = os.fstat(self.fd)
-                    return (st.st_dev, st.st_ino)
-            self.lease.release()
-            self.lease = None  # type: ignore[assignment]
-            os.close(self.fd)
-            self.fd = -1
-        raise StoreReplacedError(
-            "the store's environment was re-opened again and again while it was opened", path=self.path
-        )
-
-    def _open_env(self, lock: bool) -> None:
-        """Open the data file and a share of an environment of the same file.
-
-        Raises:
-            StoreReplacedError: the path kept naming another file while it was opened.
-        """
+        """Open the data file, a share of an environment of the same file (see the module docstring) and the read
+        transaction; again while the path named another file by the time the environment opened, or another thread
+        closed that environment meanwhile (to re-open it in a stronger mode).  Raises ``StoreReplacedError``: the path
+        kept naming another file, or the environment kept being re-opened."""
         for _ in range(OPEN_TRIES):
             self.fd = os.open(self.path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
             st = os.fstat(self.fd)
@@ -128,20 +86,27 @@ class Handle:
                     opener=lambda: open_reader_env(self.path, lock),
                     data_file=(st.st_dev, st.st_ino),
                 )
-                return
             except FileChanged:
-                os.close(self.fd)
-                self.fd = -1
-        raise StoreReplacedError("the data file was replaced again and again while it was opened", path=self.path)
+                pass  # the path named another file by the time the environment opened: again
+            else:
+                with self.lease.entry.using():
+                    if self.lease.valid:
+                        self.env = self.lease.env
+                        self.snapshot = self._begin(self.lease.entry.lock)
+                        return (st.st_dev, st.st_ino)
+                self.lease.release()
+                self.lease = None  # type: ignore[assignment]
+            os.close(self.fd)
+            self.fd = -1
+        raise StoreReplacedError(
+            "the data file was replaced, or its environment re-opened, again and again while it was opened",
+            path=self.path,
+        )
 
     @contextlib.contextmanager
     def lmdb(self) -> Iterator[None]:
-        """Hold for a liblmdb call on this snapshot: one thread at a time, liblmdb's reads of its map guarded (see
-        the module docstring).
-
-        Raises:
-            CorruptStoreError: the data file shrank under the call.
-        """
+        """Hold for a liblmdb call on this snapshot: one thread at a time, liblmdb's reads of its map guarded
+        (``CorruptStoreError``: the data file shrank under the call)."""
         with self._mutex, self.lease.entry.using():
             try:
                 with lmdb_guard(self.spans, self.fd):
@@ -171,15 +136,11 @@ class Handle:
         return snap
 
     def load(self) -> None:
-        """Read the metadata and open the sub-databases in this snapshot (through liblmdb), and note where the
-        metadata record lies in the file (the snapshot's record fingerprint, :mod:`lmdbstore.store.snapshot`).
-
-        Raises:
-            NotAStoreError, CorruptStoreError, FormatVersionError: no metadata, a damaged one, a missing
-                sub-database.
-        """
+        """Read the metadata and open the sub-databases in this snapshot, and note the record's fingerprint
+        (``NotAStoreError`` / ``CorruptStoreError`` / ``FormatVersionError``: no metadata, a damaged one, a missing
+        sub-database)."""
         with translate_read_errors(self.path, "open"), self.lmdb():
-            self.meta, raw = read_meta_record(self.env, self.txn, self.path)
+            self.meta, raw = read_meta(self.env, self.txn, self.path)
             try:
                 self.dbs = {name: self.env.open_db(name, txn=self.txn, create=False) for name in DATA_DBS}
             except lmdb.NotFoundError as exc:
@@ -187,9 +148,8 @@ class Handle:
         self.snapshot = dataclasses.replace(self.snapshot, record=self._fingerprint(raw))
 
     def _fingerprint(self, raw: bytes) -> tuple[int, bytes] | None:
-        """Where this snapshot's metadata record ``raw`` (as liblmdb read it) lies in the file: its fingerprint
-        (:func:`~lmdbstore.store.snapshot.fingerprint`); ``None`` where the layout is unknown, or where the
-        file does not show liblmdb's bytes there (the snapshot is then not protected; the reader re-opens)."""
+        """The fingerprint of this snapshot's metadata record ``raw`` (as liblmdb read it) where it lies in the file;
+        ``None`` where the layout is unknown or the file does not show liblmdb's bytes there."""
         snap = self.snapshot.meta
         if snap is None:
             return None
@@ -206,12 +166,7 @@ class Handle:
         if self.built or table is None or table.busy or self.snapshot.meta is None:
             return
         if table.key == table_key(self.meta.store_id, os.fstat(self.fd), self.snapshot.meta):
-            self._use(table)
-            self.table_source = "inherited"
-
-    @property
-    def registered(self) -> bool:
-        return self.snapshot.registered
+            self._use(table, "inherited")
 
     def protected(self) -> bool:
         """Whether this snapshot's pages may be trusted now (:meth:`~lmdbstore.store.snapshot.Snapshot.protected`)
@@ -219,21 +174,16 @@ class Handle:
         lease = self.lease
         return lease is not None and lease.valid and self.snapshot.protected(self.fd, self.txn, self.env)
 
-    def _use(self, table: PositionTable | None, files: FileReader | None = None) -> None:
-        self.table = table
+    def _use(self, table: PositionTable | None, source: str, files: FileReader | None = None) -> None:
+        self.table, self.table_source = table, source
         if table is not None:
-            self.files = (
-                files if files is not None else FileReader(self.fd, table.file_size, self.path, self.io_threads)
-            )
+            self.files = files or FileReader(self.fd, table.file_size, self.path, self.io_threads)
         self.built = True  # last: positions() reads the table without the lock once this is set
 
     def positions(self) -> PositionTable | None:
-        """The position table of this snapshot, opened on first call; ``None``: use liblmdb (a data file
-        whose layout the parser does not know, or a snapshot whose meta page was gone before it was read).
-
-        Raises:
-            CorruptStoreError: the file contradicts itself, its metadata or liblmdb.
-        """
+        """The position table of this snapshot, opened on first call; ``None``: use liblmdb (a data file whose layout
+        the parser does not know, or a snapshot whose meta page was gone before it was read). Raises
+        ``CorruptStoreError``: the file contradicts itself, its metadata or liblmdb."""
         if self.built:
             return self.table
         with self._mutex:
@@ -244,25 +194,22 @@ class Handle:
     def _build(self) -> None:
         snap = self.snapshot.meta
         if snap is None:
-            self._use(None)
+            self._use(None, "")
             return
         files = FileReader(self.fd, os.fstat(self.fd).st_size, self.path, self.io_threads)
-        self._use(open_table(self.fd, self.meta, snap, store_id=self.meta.store_id, path=self.path, files=files), files)
-        self.table_source = "built"
+        table = open_table(self.fd, self.meta, snap, store_id=self.meta.store_id, path=self.path, files=files)
+        self._use(table, "built", files)
 
     def forget_after_fork(self) -> None:
-        """Let go of a handle inherited through ``fork()`` so that this process can open its own.
-
-        The environment itself is handled by :data:`~lmdbstore.store.registry.ENVS` (see
-        :class:`~lmdbstore.store.registry.EnvRegistry`); here every reference to it goes, without aborting
-        the transaction.  The position table stays with the reader, for the next handle to inherit.
-        """
+        """Let go of a handle inherited through ``fork()`` so this process opens its own: every reference to the
+        environment (:data:`~lmdbstore.store.registry.ENVS` handles it), the transaction not aborted."""
         self.txn = self.env = self.dbs = self.lease = None  # type: ignore[assignment]
         if self.files is not None:
             self.files.close()
             self.files = None
         with contextlib.suppress(OSError):
             os.close(self.fd)
+        self.fd = -1
 
     def retire(self) -> None:
         """No new reads start on this handle: close it now, or when the last read in progress ends (the caller
@@ -278,12 +225,7 @@ class Handle:
                 self.close()
 
     def close(self) -> None:
-        if self.lease is None:
-            if self.fd >= 0:  # the environment never opened
-                with contextlib.suppress(OSError):
-                    os.close(self.fd)
-                self.fd = -1
-            return
+        """End the transaction, and let go of the file reader, the descriptor and the share of the environment."""
         try:
             if self.txn is not None:
                 with contextlib.suppress(lmdb.Error):

@@ -1,16 +1,7 @@
-"""The writer-lock protocol of a store, in one place.
-
-A store directory holds ``writer.lock``, an empty file whose ``flock`` says who may change the store:
-
-* a writer holds an **exclusive** lock for as long as it is open (:func:`acquire_writer_lock`), so there is
-  at most one writer, and a second one is refused at once rather than blocking;
-* ``verify``'s page walk holds a **shared** lock (:func:`hold_off_writers`), so no writer can start while it
-  reads the file at rest (and it does not walk a file a writer is changing);
-* a reader probes the lock (:func:`writer_active`) to choose its LMDB ``lock`` mode (:func:`resolve_lock`):
-  lock-free while nobody writes, a registered snapshot while a writer is active.
-
-LMDB's own reader table, ``lock.mdb``, is a different file: :func:`lock_table_writable` says whether a
-``lock=True`` reader can use it.
+"""The writer-lock protocol of a store: the ``flock`` of ``writer.lock`` says who may change it.  A writer holds it
+exclusive while open (a second is refused at once); ``verify``'s page walk holds it shared (no writer starts
+meanwhile); a reader probes it (:func:`writer_active`) to read lock-free while nobody writes and as a registered
+snapshot while a writer is active (:func:`resolve_lock`).  LMDB's reader table, ``lock.mdb``, is another file.
 """
 
 from __future__ import annotations
@@ -40,10 +31,8 @@ LOCK_FILE = "lock.mdb"
 
 
 def acquire_writer_lock(path: Path) -> int:
-    """Take the writer's exclusive lock on ``path/writer.lock`` (created if missing) without blocking.
-
-    Returns:
-        The lock's file descriptor; the lock is held until :func:`release_lock` closes it.
+    """Take the writer's exclusive lock on ``path/writer.lock`` (created if missing) without blocking: its file
+    descriptor, held until :func:`release_lock`.
 
     Raises:
         LmdbStoreError: the lock file cannot be opened or created (a directory of that name, no write
@@ -68,15 +57,13 @@ def acquire_writer_lock(path: Path) -> int:
     return fd
 
 
-#: How long a writer tries for the lock while it is held shared (a reader's probe holds it for microseconds:
-#: :func:`writer_active`), in seconds, and how often.
+#: How long a writer tries for the lock while it is held shared (:func:`writer_active`), in seconds, and how often.
 PROBE_WAIT, PROBE_RETRY = 0.25, 0.005
 
 
 def _exclusive(fd: int) -> bool:
-    """Take the exclusive ``flock`` on ``fd`` without blocking; again for :data:`PROBE_WAIT` while someone holds
-    it (a reader of this or another process probing for a writer holds it shared for microseconds: a writer
-    opened just then used to be refused).  Whether it was taken."""
+    """Whether the exclusive ``flock`` on ``fd`` was taken without blocking, trying for :data:`PROBE_WAIT` (a reader
+    probing for a writer holds it shared for microseconds)."""
     deadline = time.monotonic() + PROBE_WAIT
     while True:
         try:
@@ -89,16 +76,9 @@ def _exclusive(fd: int) -> bool:
 
 
 def hold_off_writers(path: Path) -> int:
-    """Take a shared lock on ``path/writer.lock`` without blocking, so that no writer can start meanwhile.
-
-    Returns:
-        The lock's file descriptor, to give to :func:`release_lock`; ``-1`` when the store has no lock file
-        (there is nothing to hold: no writer has opened the store).
-
-    Raises:
-        StoreLockedError: a writer holds the store now ("a writer is appending to the store").
-        LmdbStoreError: the lock file exists but cannot be opened ("cannot open writer.lock (<reason>)").
-    """
+    """Take a shared lock on ``path/writer.lock`` without blocking, so that no writer can start meanwhile: its file
+    descriptor, for :func:`release_lock` (``-1``: no lock file, no writer ever opened the store). Raises
+    ``StoreLockedError``: a writer holds the store now; ``LmdbStoreError``: the lock file cannot be opened."""
     try:
         fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
@@ -123,11 +103,8 @@ def release_lock(fd: int) -> None:
 
 
 def writer_active(path: Path) -> bool:
-    """Whether a writer holds the store's ``writer.lock`` now: a non-blocking shared ``flock`` probe.
-
-    A writer holds an exclusive lock for as long as it is open; ``verify``'s shared lock does not count.
-    ``False`` when there is no lock file or it cannot be opened (no writer could have taken it either).
-    """
+    """Whether a writer holds the store's ``writer.lock`` now (a non-blocking shared ``flock`` probe: ``verify``'s
+    shared lock does not count; no lock file, or one that cannot be opened, means no writer)."""
     try:
         fd = os.open(path / WRITER_LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

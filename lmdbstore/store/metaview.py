@@ -1,9 +1,8 @@
-"""What a reader of one store and a set of stores both derive from their metadata: length, sample shape, dtype
-and class names (one definition for :class:`~lmdbstore.store.reader.StoreReader` and
-:class:`~lmdbstore.store.multi.StoreSet`), and the one check of the sample indices both take."""
+"""What a reader of one store and a set of stores share (:class:`MetaView`), and the checks of their arguments."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,12 +14,8 @@ __all__ = ["MetaView", "check_in_range", "check_out", "range_bounds", "sample_in
 
 
 def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
-    """``indices`` as int64 sample numbers (flattened unless ``flat=False``); nothing is cast silently.
-
-    Raises:
-        ValueError: a boolean mask (``np.flatnonzero(mask)`` gives its indices) or indices that are not
-            integers (``1.7`` would read sample 1).
-    """
+    """``indices`` as int64 sample numbers (flattened unless ``flat=False``), nothing cast silently (``ValueError``: a
+    boolean mask, or indices that are not integers: ``1.7`` would read sample 1)."""
     arr = np.asarray(indices)
     if arr.dtype.kind not in "iu":
         if arr.dtype == np.bool_:
@@ -32,25 +27,17 @@ def sample_indices(indices: Any, *, flat: bool = True) -> np.ndarray:
 
 
 def check_in_range(idx: np.ndarray, count: int, what: str = "store") -> None:
-    """Refuse an index of ``idx`` (int64, from :func:`sample_indices`) outside ``0..count-1`` (no wrap-around:
-    ``-1`` is not the last sample).  Two passes over ``idx`` (min and max): ~2 us for 4,096 indices.
-
-    Raises:
-        IndexError: naming the first such index.
-    """
+    """Refuse an index of ``idx`` (from :func:`sample_indices`) outside ``0..count-1`` (``-1`` is not the last).
+    Raises ``IndexError``: naming the first such index."""
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= count):
         bad = int(idx[(idx < 0) | (idx >= count)][0])
         raise IndexError(f"indices: sample index {bad} out of range for a {what} of {count} samples")
 
 
 def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
-    """``out`` (``None``: a new array will be made) if it can take ``n`` samples of the store described by
-    ``meta``: a numpy array, C-contiguous, writable, of the store's dtype and of shape ``(n, *shape)`` (a few
-    attribute checks: well under a microsecond).
-
-    Raises:
-        ValueError: naming ``out``, what it must be and what it is.
-    """
+    """``out`` (or ``None``) if it can take ``n`` samples of the store ``meta`` describes: a writable C-contiguous
+    numpy array of the store's dtype and shape ``(n, *shape)`` (``ValueError``: naming ``out``, what it must be and
+    what it is)."""
     if out is None:
         return None
     want = (n, *meta.shape)
@@ -67,12 +54,8 @@ def check_out(out: Any, n: int, meta: StoreMeta) -> np.ndarray | None:
 
 
 def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> int:
-    """``value`` as an int in ``lo..hi`` (``hi`` ``None``: no upper bound); bools, floats and strings are refused,
-    not cast.
-
-    Raises:
-        ValueError: naming ``name``.
-    """
+    """``value`` as an int in ``lo..hi`` (``hi=None``: no bound); bools, floats and strings are refused, not cast
+    (``ValueError``: naming ``name``)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {str(value)[:40]!r}")
     v = int(value)
@@ -82,11 +65,8 @@ def whole_number(value: Any, name: str, lo: int = 0, hi: int | None = None) -> i
 
 
 def range_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``lo`` and ``hi`` of sample ranges as int64 arrays of one length (``prefetch``'s arguments).
-
-    Raises:
-        ValueError: not integers, or not one ``hi`` per ``lo``.
-    """
+    """``lo`` and ``hi`` of sample ranges as int64 arrays of one length (``prefetch``'s arguments). Raises
+    ``ValueError``: not integers, or not one ``hi`` per ``lo``."""
     lo_a, hi_a = sample_indices(lo), sample_indices(hi)
     if lo_a.shape != hi_a.shape:
         raise ValueError(f"lo and hi must have one entry per range, got {lo_a.size} and {hi_a.size}")
@@ -94,13 +74,16 @@ def range_bounds(lo: Any, hi: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class MetaView:
-    """``len()``, ``shape``, ``dtype`` and ``classes`` read from ``self.meta``, which a subclass provides, and the
-    checks of the arguments a reader and a set take alike (an index, a range, chunks)."""
+    """What a reader and a set share: ``len()``, ``shape``, ``dtype`` and ``classes`` from ``self.meta`` (a subclass
+    provides it, ``read_batch`` and ``labels``), ranges, chunks, labels of indices."""
 
     #: what the reader reads, in messages ("store", "set")
     noun = "store"
 
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def labels(self) -> np.ndarray:
         raise NotImplementedError
 
     def read(self, index: int) -> np.ndarray:
@@ -115,11 +98,8 @@ class MetaView:
         return self.read_batch(np.array([i]))[0]
 
     def _range(self, start: Any, stop: Any) -> tuple[int, int]:
-        """``start``, ``stop`` checked: integers with ``0 <= start <= stop <= len``.
-
-        Raises:
-            ValueError: not integers.  IndexError: the range is not inside.
-        """
+        """``start``, ``stop`` checked: integers (else ``ValueError``) with ``0 <= start <= stop <= len`` (else
+        ``IndexError``)."""
         n = len(self)
         a = whole_number(start, "start", -(1 << 63))
         b = n if stop is None else whole_number(stop, "stop", -(1 << 63))
@@ -127,18 +107,56 @@ class MetaView:
             raise IndexError(f"range {a}..{b} outside a {self.noun} of {n} samples")
         return a, b
 
-    def _chunking(self, chunk: Any, start: Any, stop: Any) -> tuple[int, int, int]:
-        """``iter_chunks``' arguments checked; ``chunk`` clipped to the range and to what memory holds (warned).
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
 
         Raises:
-            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.  IndexError: the range.
+            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside.
+        """
+        start, stop = self._range(start, stop)
+        return self.read_batch(np.arange(start, stop))
+
+    def iter_chunks(
+        self, chunk: int = 65536, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
+        where ``chunk`` samples would take more memory than the machine can give: a
+        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so); a set's chunks never span two stores.
+
+        Raises:
+            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
+            IndexError: ``start..stop`` not inside.
         """
         c = whole_number(chunk, "chunk", 1)
-        a, b = self._range(start, stop)
-        c = clip_count(
-            min(c, max(b - a, 1)), self.meta.sample_bytes, what="samples per chunk", parameter="chunk", stacklevel=4
-        )
-        return c, a, b
+        start, stop = self._range(start, stop)
+        what = "samples per chunk"
+        c = clip_count(min(c, max(stop - start, 1)), self.meta.sample_bytes, what=what, parameter="chunk", stacklevel=3)
+        labels = self.labels()
+        for lo, hi in self._pieces(start, stop):
+            for a in range(lo, hi, c):
+                b = min(a + c, hi)
+                yield a, self.read_range(a, b), labels[a:b]
+
+    def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The parts of ``start..stop`` a chunk does not cross (a set: each store's)."""
+        return [(start, stop)]
+
+    def labels_of(self, indices: Any) -> np.ndarray:
+        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+
+        Raises:
+            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+        """
+        idx = sample_indices(indices, flat=False)
+        check_in_range(idx.reshape(-1), len(self), self.noun)
+        return self.labels()[idx]
+
+    def _class_id(self, class_id: Any) -> int:
+        """``class_id`` as an int in ``0..len(classes)-1`` (else ``ValueError`` naming it)."""
+        c = whole_number(class_id, "class_id", -(1 << 62))
+        if not 0 <= c < len(self.classes):
+            raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
+        return c
 
     @property
     def meta(self) -> StoreMeta:

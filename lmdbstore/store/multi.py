@@ -1,27 +1,7 @@
-"""Many stores read as one: :class:`StoreSet` (:func:`lmdbstore.store.readers.open_reader` opens one store or a set).
-
-Data made on several machines ends up as several stores; a set reads them in place, with no merge copy.  It has
-the interface of :class:`~lmdbstore.store.reader.StoreReader` where the loader and the tools use it (``len``,
-``shape``, ``dtype``, ``classes``, ``meta``, ``labels()``, ``read_batch``, ``read_range``, ``iter_chunks``,
-``prefetch``, ``class_indices``, picklable, opened lazily in each process), over:
-
-* **one index space**: store ``i``'s samples follow store ``i - 1``'s (``offsets[i]`` is its first index);
-* **classes mapped by name**: the set's classes are the union of the stores' class names in first-seen order
-  (store order, then each store's own order), so stores with the same class list keep it, and a set of one
-  store is that store; a class missing from a store is fine, the same name is the same class.
-  ``classes=`` fixes the order instead (it must name every class of every store);
-* **one shape and dtype**: a store that differs is a one-line :class:`~lmdbstore.errors.ValidationError`
-  naming it; so is one store given twice (the same ``store_id``: under two paths, or copied with ``cp -r``);
-* **one snapshot of the layout**: the set is laid out once, from each store's metadata when the set is opened,
-  and stays that set: its length, ``counts``, ``offsets``, ``meta``, ``labels()`` and ``class_indices()`` are
-  those of the layout, also after a store grows (its new samples are not in the set; ``refresh()`` lays the
-  set out again).  Each store's reader pins its store and data file
-  (:class:`~lmdbstore.errors.StoreReplacedError` if one is replaced).
-
-Every store keeps its own position table and reads by file offset: a batch is grouped by store once and each
-store's part is one compiled call (many reads in flight) straight into its rows of the output when the batch
-comes grouped (as the trainer's set samplers make it, :mod:`lmdbstore.loader.sets`), through one gather copy
-otherwise.
+"""Many stores read as one, in place: :class:`StoreSet` (docs/api.md, "Many stores as one", states its rules): a
+reader's interface over one index space, classes mapped by name, one shape and dtype, one layout taken when it opens
+(a store that grows adds nothing until ``refresh()``); each store's reader pins its own store and data file.  A batch
+grouped by store is read straight into its rows, every store's part in one compiled call.
 """
 
 from __future__ import annotations
@@ -29,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +20,7 @@ from lmdbstore.format.meta import StoreMeta, check_classes
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.batch import read_parts, read_samples
 from lmdbstore.store.handle import Handle
-from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
+from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices
 from lmdbstore.store.reader import StoreReader
 
 __all__ = ["StoreSet"]
@@ -93,7 +73,9 @@ class StoreSet(MetaView):
         if twice:
             raise ValueError(f"stores: {preview(twice)} given twice (a store's samples would count twice)")
         self.path = self.paths[0]  #: the first store (messages about the set as a whole name it)
-        self.wanted_classes = _check_wanted(classes)
+        if classes is not None and (isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes)):
+            raise ValueError(f"classes must be a list of class names (strings), got {preview(classes, quote=True)}")
+        self.wanted_classes = None if classes is None else check_classes(classes)
         self._mutex, self._mutex_pid = threading.Lock(), os.getpid()
         self._meta: StoreMeta | None = None
         self._offsets: np.ndarray | None = None
@@ -236,15 +218,8 @@ class StoreSet(MetaView):
 
     # ------------------------------------------------------------------ samples
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, like
-        :meth:`StoreReader.read_batch`.  Indices grouped by store (each store's indices together, stores in
-        order) are read straight into ``out``; others are read store by store and put in place with one copy.
-
-        Raises:
-            IndexError: an index outside the set.  ValueError: indices that are not integers, a bad ``out``
-                (as :meth:`StoreReader.read_batch`).
-            CorruptStoreError / ChecksumError: as the store read.
-        """
+        """Samples at ``indices`` as :meth:`StoreReader.read_batch` (and its errors); indices grouped by store (each
+        store's together, stores in order) are read straight into ``out``, others through one gather copy."""
         m = self.meta
         idx = sample_indices(indices)
         check_in_range(idx, m.count, "set")
@@ -263,12 +238,11 @@ class StoreSet(MetaView):
         return out
 
     def _read_groups(self, idx: np.ndarray, store: np.ndarray, out: np.ndarray) -> None:
-        """Each store's part of a grouped batch straight into its rows, all in one compiled read (every store's reads
-        in flight together) under each store's snapshot rule; parts read through liblmdb one by one."""
-        starts = self.offsets.tolist()
-        parts = [
-            (self.readers[i], idx[lo:hi] - starts[i], out[lo:hi]) for i, lo, hi in _groups(store, len(self.readers))
-        ]
+        """Each store's part of a grouped batch straight into its rows: in one compiled read under each store's
+        snapshot rule, or (through liblmdb) one by one."""
+        b, starts = np.searchsorted(store, np.arange(len(self.readers) + 1)).tolist(), self.offsets.tolist()
+        parts = [(r, idx[b[i] : b[i + 1]] - starts[i], out[b[i] : b[i + 1]]) for i, r in enumerate(self.readers)]
+        parts = [p for p in parts if len(p[1])]
         together = [p for p in parts if p[0].positions and not p[0].verify_checksums]
         if together:
             _read_together(together, [])
@@ -276,25 +250,13 @@ class StoreSet(MetaView):
             if not (r.positions and not r.verify_checksums):
                 r.read_batch(local, out=rows)
 
-    def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order (each store's part read as its own range); errors as
-        :meth:`StoreReader.read_range`."""
-        start, stop = self._range(start, stop)
-        out = np.empty((stop - start, *self.shape), self.dtype)
-        for i, (lo, hi) in enumerate(self._pieces(start, stop)):
-            if hi > lo:
-                local = np.arange(lo, hi, dtype=np.int64) - self.offsets[i]
-                self.readers[i].read_batch(local, out=out[lo - start : hi - start])
-        return out
-
     def _pieces(self, start: int, stop: int) -> list[tuple[int, int]]:
         """Per store, the part ``lo..hi`` of ``start..stop`` it holds (set indices; empty where none)."""
         off = self.offsets
         return [(max(start, int(a)), min(stop, int(b))) for a, b in itertools.pairwise(off.tolist())]
 
     def prefetch(self, lo: Any, hi: Any) -> None:
-        """Ask the OS to read the samples of set ranges ``lo[i]..hi[i]-1`` in the background (each store its
-        own part; see :meth:`StoreReader.prefetch`)."""
+        """:meth:`StoreReader.prefetch` of set ranges ``lo[i]..hi[i]-1`` (each store its own part)."""
         lo_a, hi_a = range_bounds(lo, hi)
         off = self.offsets
         for i, r in enumerate(self.readers):
@@ -302,18 +264,6 @@ class StoreSet(MetaView):
             keep = b > a
             if keep.any():
                 r.prefetch(a[keep] - off[i], b[keep] - off[i])
-
-    def iter_chunks(
-        self, chunk: int = 65536, start: int = 0, stop: int | None = None
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (a chunk
-        never spans two stores); arguments and errors as :meth:`StoreReader.iter_chunks`."""
-        chunk, start, stop = self._chunking(chunk, start, stop)
-        labels = self.labels()
-        for lo, hi in self._pieces(start, stop):
-            for a in range(lo, hi, chunk):
-                b = min(a + chunk, hi)
-                yield a, self.read_range(a, b), labels[a:b]
 
     # ------------------------------------------------------------------ labels and classes
     def labels(self) -> np.ndarray:
@@ -327,23 +277,10 @@ class StoreSet(MetaView):
             self._labels = np.concatenate(parts) if parts else np.zeros(0, label_dtype_for(len(self.classes)))
         return self._labels
 
-    def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices``, in their shape (``IndexError``/``ValueError`` as :meth:`read_batch`'s)."""
-        idx = sample_indices(indices, flat=False)
-        check_in_range(idx.reshape(-1), len(self), "set")
-        return self.labels()[idx]
-
     def class_indices(self, class_id: int) -> np.ndarray:
         """Set indices of class ``class_id`` in ascending order, from each store's class-index table (of the
-        samples the layout counted).
-
-        Raises:
-            ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
-        """
-        c = whole_number(class_id, "class_id", -(1 << 62))
-        if not 0 <= c < len(self.classes):
-            raise ValueError(f"class_id must be in 0..{len(self.classes) - 1}, got {class_id}")
-        name = self.classes[c]
+        samples the layout counted); ``ValueError``: ``class_id`` not an integer in ``0..len(classes)-1``."""
+        name = self.classes[self._class_id(class_id)]
         parts = []
         for r, off, n in zip(self.readers, self.offsets[:-1].tolist(), self.counts, strict=True):
             if name in r.classes:
@@ -368,24 +305,3 @@ def _read_together(parts: list[tuple[StoreReader, np.ndarray, np.ndarray]], hand
             offset.append((h, table, local, rows, r.check_whole_values))
     if offset:
         read_parts(offset)
-
-
-def _check_wanted(classes: Sequence[str] | None) -> list[str] | None:
-    """``classes=`` of a set as a list of distinct, non-blank class names without control characters.
-
-    Raises:
-        ValueError: naming ``classes``.
-    """
-    if classes is None:
-        return None
-    if isinstance(classes, (str, bytes)) or not all(isinstance(c, str) for c in classes):
-        raise ValueError(f"classes must be a list of class names (strings), got {preview(classes, quote=True)}")
-    return check_classes(classes)
-
-
-def _groups(store: np.ndarray, k: int) -> Iterator[tuple[int, int, int]]:
-    """``(store, lo, hi)`` of each run of equal values in the non-decreasing ``store`` (values in ``0..k-1``)."""
-    bounds = np.searchsorted(store, np.arange(k + 1)).tolist()
-    for i in range(k):
-        if bounds[i + 1] > bounds[i]:
-            yield i, bounds[i], bounds[i + 1]

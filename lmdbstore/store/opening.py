@@ -1,12 +1,11 @@
-"""Opening a store for writing: :func:`open_writer`, which creates the store when it is not there yet.
-
-Opening takes the writer lock (:mod:`lmdbstore.store.locks`) before anything else, so two writers never
-create or append to one store at once; creating writes the empty sub-databases and the metadata in one
-first transaction, so a creation killed before it leaves a directory the next writer creates afresh.
+"""Opening a store for writing: :func:`open_writer`, which creates the store when it is not there yet.  The writer
+lock comes first (two writers never create or append to one store at once); creating writes the sub-databases and
+the metadata in one first transaction (a creation killed before it leaves a directory the next writer creates).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -42,11 +41,8 @@ __all__ = ["open_writer"]
 
 
 def _check_same(meta: StoreMeta, path: Path, shape: Any, dtype: Any, classes: Sequence[str] | None) -> None:
-    """Refuse to append to a store whose shape, dtype or classes differ from those given (``None``: any).
-
-    Raises:
-        StoreExistsError: one of them differs.
-    """
+    """Refuse (``StoreExistsError``) to append to a store whose shape, dtype or classes differ from those given
+    (``None``: any)."""
     if shape is not None and tuple(int(s) for s in shape) != meta.shape:
         raise StoreExistsError(f"store holds shape {meta.shape}, asked for {tuple(shape)}", path=path)
     if dtype is not None and normalize_dtype(dtype) != meta.dtype:
@@ -55,13 +51,15 @@ def _check_same(meta: StoreMeta, path: Path, shape: Any, dtype: Any, classes: Se
         raise StoreExistsError(f"store has classes {preview(meta.classes)}, asked for {preview(classes)}", path=path)
 
 
-def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig, page_size: int) -> StoreMeta:
-    """The metadata of a new, empty store; ``samples_per_value`` is chosen for ``page_size`` unless configured.
+def _options(config: WriterConfig) -> dict[str, Any]:
+    """The writer's environment options besides the map size."""
+    return {"sync": config.sync, "metasync": config.sync, "meminit": False}
 
-    Raises:
-        ValueError: missing ``shape``/``dtype``/``classes``, a shape of other than 1..4 positive dimensions,
-            bad class names, or an unsupported dtype.
-    """
+
+def _new_meta(shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig, page_size: int) -> StoreMeta:
+    """The metadata of a new, empty store; ``samples_per_value`` is chosen for ``page_size`` unless configured
+    (``ValueError``: missing ``shape``/``dtype``/``classes``, a shape of other than 1..4 positive dimensions, bad
+    class names, or an unsupported dtype)."""
     if shape is None or dtype is None or classes is None:
         raise ValueError("shape, dtype and classes are required to create a store")
     shape_t = tuple(int(s) for s in shape)
@@ -119,8 +117,7 @@ def open_writer(
         if shape is None or dtype is None or classes is None:
             raise_if_unborn(p)  # an interrupted creation says so, and how to complete it
             raise ValueError("shape, dtype and classes are required to create a store")
-        probe = _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
-        del probe
+        _new_meta(shape, dtype, classes, config, LMDB_PAGE_SIZE)  # validate before touching the disk
         p.mkdir(parents=True, exist_ok=True)
         lock_fd = acquire_writer_lock(p)  # a creation still running elsewhere holds it: StoreLockedError
         try:
@@ -143,11 +140,9 @@ def open_writer(
 def _open_existing(
     p: Path, lock_fd: int, shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig
 ) -> StoreWriter:
-    """Open the existing store ``p`` for appending, holding the writer lock (the caller releases it on error).
-
-    The map starts at twice the data file (at least ``config.initial_map_size``), capped by
-    ``config.max_map_size`` but never below the file.
-    """
+    """Open the existing store ``p`` for appending, holding the writer lock (the caller releases it on error); the
+    map starts at twice the data file (at least ``config.initial_map_size``, at most ``config.max_map_size`` but
+    never below the file)."""
     size = os.path.getsize(p / DATA_FILE)
     map_size = max(config.initial_map_size, 2 * size)
     if config.max_map_size is not None:  # the ceiling holds on reopen too (never below the file)
@@ -155,48 +150,32 @@ def _open_existing(
     metas: list[StoreMeta] = []
 
     def check_and_open_dbs(env: lmdb.Environment) -> None:
-        """The store's metadata checked (nothing written to what is no store), then its sub-databases opened,
-        before any reader thread shares the environment."""
+        """The store's metadata checked, then its sub-databases opened, before any reader shares the environment."""
         with env.begin() as txn:
-            metas.append(read_meta(env, txn, p))
+            metas.append(read_meta(env, txn, p)[0])
         _check_same(metas[0], p, shape, dtype, classes)
         with translate_lmdb_errors(p, "open"):
             for name in ALL_DBS:
                 env.open_db(name)
 
-    env = ENVS.open_own(
-        p,
-        lambda: open_env(p, readonly=False, map_size=map_size, sync=config.sync, metasync=config.sync, meminit=False),
-        setup=check_and_open_dbs,
-    )
+    opener = functools.partial(open_env, p, readonly=False, map_size=map_size, **_options(config))
+    lease = ENVS.acquire(p, writable=True, lock=True, own=True, opener=opener, setup=check_and_open_dbs)
     try:
-        return StoreWriter(p, metas[0], env, lock_fd, config)
+        return StoreWriter(p, metas[0], lease, lock_fd, config)
     except BaseException:
-        ENVS.release_env(env)
+        lease.release()
         raise
 
 
 def _create(
     p: Path, lock_fd: int, shape: Any, dtype: Any, classes: Sequence[str] | None, config: WriterConfig
 ) -> StoreWriter:
-    """Create the store in ``p`` (absent, empty or an interrupted creation), holding the writer lock.
-
-    An interrupted creation's ``data.mdb`` has nothing committed (see
-    :func:`~lmdbstore.store.env.unborn_reason`): LMDB initialises an empty one and keeps one with empty meta
-    pages, and this first transaction makes it a store either way.  Until it commits, the directory stays
-    one that a rerun creates afresh.
-    """
+    """Create the store in ``p`` (absent, empty or an interrupted creation: nothing committed, which LMDB initialises
+    or keeps), holding the writer lock; until its first transaction commits, a rerun creates it afresh."""
 
     def create() -> lmdb.Environment:
         with translate_lmdb_errors(p, "create"):
-            return lmdb.open(
-                str(p),
-                **ENV_OPTIONS,
-                map_size=config.initial_map_size,
-                sync=config.sync,
-                metasync=config.sync,
-                meminit=False,
-            )
+            return lmdb.open(str(p), **ENV_OPTIONS, map_size=config.initial_map_size, **_options(config))
 
     made: list[StoreMeta] = []
 
@@ -207,5 +186,5 @@ def _create(
             txn.put(META_KEY, meta.to_json(), db=dbs[DB_META])
         made.append(meta)
 
-    env = ENVS.open_own(p, create, setup=first_commit)
-    return StoreWriter(p, made[0], env, lock_fd, config)
+    lease = ENVS.acquire(p, writable=True, lock=True, own=True, opener=create, setup=first_commit)
+    return StoreWriter(p, made[0], lease, lock_fd, config)

@@ -1,22 +1,10 @@
 """A reader's hold on one store in one process: :class:`PinnedReader`, the base of
 :class:`~lmdbstore.store.reader.StoreReader` (private).
 
-It keeps the current snapshot (a :class:`~lmdbstore.store.handle.Handle`), runs every read under the snapshot
-rule (:mod:`lmdbstore.store.snapshot`: checked before and after; a lost snapshot is replaced and the read done
-again), and pins what it reads:
-
-* the **store**: its random ``store_id``, creation time and layout (:meth:`StoreMeta.identity
-  <lmdbstore.format.meta.StoreMeta.identity>`), no fewer samples than seen, no older commit, and at the same
-  commit the same metadata record (its fingerprint);
-* the **data file**: ``st_dev``, ``st_ino`` of ``data.mdb`` (on the machine it was opened on; a reader pickled
-  to another machine pins the store only).
-
-A new snapshot that contradicts the pin is :class:`~lmdbstore.errors.StoreReplacedError` -- after a fork, in a
-spawned worker (the pin travels with the pickled reader), on a re-open -- except on ``refresh()``, which asks
-for whatever is at the path now.
-
-Threads may share a reader: the current handle is replaced and closed under a lock, and a handle is closed only
-once no read on it is in progress (:attr:`Handle.users <lmdbstore.store.handle.Handle.users>`).
+It keeps the current snapshot (a :class:`~lmdbstore.store.handle.Handle`), runs every read under the snapshot rule
+(:mod:`lmdbstore.store.snapshot`; a lost snapshot is replaced and the read done again), and pins the store (its
+identity, no fewer samples, no older commit, at one commit one record) and data file it reads: a new snapshot that
+contradicts the pin is :class:`~lmdbstore.errors.StoreReplacedError`, except on ``refresh()``.  Threads may share it.
 """
 
 from __future__ import annotations
@@ -43,8 +31,8 @@ from lmdbstore.store.positions import PositionTable
 __all__ = ["MAX_RESNAPSHOTS", "PinnedReader", "ReaderPin"]
 
 T = TypeVar("T")
-#: Snapshots a reader takes in a row for one call before it gives up (each one overwritten by a writer
-#: before the call could finish: only a lock-free reader beside a fast writer gets there).
+#: Snapshots a reader takes in a row for one call before it gives up (only a lock-free reader beside a fast writer
+#: gets there).
 MAX_RESNAPSHOTS = 8
 #: What a reader pins: store identity, samples seen, (machine, st_dev, st_ino) of the data file, the commit's
 #: transaction id and record fingerprint (see the module docstring).
@@ -66,10 +54,6 @@ class PinnedReader:
         self._mutex = threading.RLock()
         self._mutex_pid = os.getpid()
 
-    @property
-    def _identity(self) -> tuple[Any, ...] | None:
-        return self._pinned[0]
-
     def _locked(self) -> threading.RLock:
         """This process's lock of the reader (a forked child makes its own: a parent's thread may hold it)."""
         if self._mutex_pid != os.getpid():
@@ -82,18 +66,18 @@ class PinnedReader:
         with self._locked():
             h = self._h
             if h is None or h.pid != os.getpid() or h.lease is None or not h.lease.valid or h.poisoned:
-                # After a fork the inherited handle belongs to the parent (see Handle.forget_after_fork);
-                # every reference to it must be gone *before* the re-open, or py-lmdb refuses it.  A lease
-                # turns invalid in this process when the shared environment was re-opened for a user that
-                # needed more (a writer), or retired for another data file at the path.
-                self._h = None
-                if h is not None:
-                    if h.pid != os.getpid():
-                        h.forget_after_fork()
-                    else:
-                        h.retire()
+                # a parent's handle, or an environment re-opened for a writer or retired for another data file
+                self._let_go()  # before the re-open, or py-lmdb refuses it
                 h = self._h = self._open(self.lock)
             return h
+
+    def _let_go(self) -> None:
+        """Let go of the current handle: retired (closed by the last read on it), or forgotten after a fork."""
+        h, self._h = self._h, None
+        if h is not None and h.pid != os.getpid():
+            h.forget_after_fork()
+        elif h is not None:
+            h.retire()
 
     def _take(self) -> Handle:
         with self._locked():
@@ -127,12 +111,7 @@ class PinnedReader:
                 ) from exc
             try:
                 with translate_read_errors(self.path, "open"):
-                    try:
-                        h.load()
-                    except Exception:
-                        if h.protected():
-                            raise
-                    if h.protected():
+                    if _attempt(h, Handle.load)[0]:
                         self._pin(h)
                         h.inherit(self._table)
                         return h
@@ -144,11 +123,8 @@ class PinnedReader:
         raise self._lost("open")
 
     def _pin(self, h: Handle) -> None:
-        """Remember the store and file this reader reads; refuse a snapshot of another one.
-
-        Raises:
-            StoreReplacedError: the store or its data file at the path was replaced while this reader had it open.
-        """
+        """Remember the store and file this reader reads; refuse a snapshot of another one (``StoreReplacedError``:
+        the store or its data file at the path was replaced while this reader had it open)."""
         meta, snap = h.meta, h.snapshot
         ident = meta.identity()
         here = (os.uname().nodename, *h.file_id)
@@ -182,9 +158,9 @@ class PinnedReader:
         )
 
     def _guarded(self, action: str, fn: Callable[[Handle], T]) -> T:
-        """``fn(handle)`` on a snapshot protected before and after it ran (see the module docstring); a lost snapshot
-        is replaced and ``fn`` run again.  Errors of ``fn`` count
-        only on a protected snapshot."""
+        """``fn(handle)`` on a snapshot protected before and after it ran; a lost snapshot is replaced and ``fn`` run
+        again (errors of ``fn`` count only on a protected snapshot).  Raises ``LmdbStoreError``:
+        :data:`MAX_RESNAPSHOTS` snapshots in a row were lost; or as ``fn``, translated."""
         for _ in range(MAX_RESNAPSHOTS):
             h = self._take()
             try:
@@ -204,12 +180,9 @@ class PinnedReader:
         """Replace the snapshot ``lost`` (no longer protected) by a new one, registered where possible, unless
         another thread replaced it already."""
         with self._locked():
-            if self._h is not lost:
-                return
-            self._h = None
-            if lost.pid == os.getpid():
-                lost.retire()
-            self._h = self._open(self._registered())
+            if self._h is lost:
+                self._let_go()
+                self._h = self._open(self._registered())
 
     def _positions(self, h: Handle) -> PositionTable | None:
         """The handle's position table, kept on the reader too: a re-opened handle of the same snapshot
@@ -222,9 +195,7 @@ class PinnedReader:
         """Close the environment in this process (call in the parent before starting workers); reads in
         progress on other threads finish first."""
         with self._locked():
-            h, self._h = self._h, None
-            if h is not None and h.pid == os.getpid():
-                h.retire()
+            self._let_go()
 
     def refresh(self) -> None:
         """Start a new read snapshot: see samples committed since, or the store now at the path."""
@@ -232,9 +203,6 @@ class PinnedReader:
             self.close()
             self._labels = None
             self._pinned = (None, 0, None, 0, None)
-
-    def _pin_state(self) -> ReaderPin:
-        return self._pinned
 
     def _restore_pin(self, pinned: Any) -> None:
         """Take a pin that travelled with a pickled reader (on another machine: the store's, not the file's)."""
@@ -247,8 +215,8 @@ class PinnedReader:
 
 
 def _attempt(h: Handle, fn: Callable[[Handle], T]) -> tuple[bool, T | None]:
-    """``(True, fn(h))`` if ``h`` was protected before and after ``fn`` ran, else
-    ``(False, None)``; an error of ``fn`` is raised only on a protected snapshot."""
+    """``(True, fn(h))`` if ``h`` was protected before and after ``fn`` ran, else ``(False, None)``; an error of
+    ``fn`` is raised only on a protected snapshot."""
     if h.protected():
         try:
             result = fn(h)

@@ -1,18 +1,10 @@
-"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot, filled as batches
-need it (see docs/design.md, "Reads by file offset").
+"""Where every packed value of a store lies in ``data.mdb``: the position table of one snapshot (8 bytes of offset
+and a header-checked flag per value), filled as batches need it (docs/design.md, "Reads by file offset").
 
-A batch is read by file offset (:class:`~lmdbstore.store.fileread.FileReader`) from a table of each value's offset
-(8 bytes per value) and a flag per value saying whether its overflow-page header was checked.  Nothing is walked up
-front: :func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages of the snapshot, and
-:meth:`PositionTable.ensure` the leaf pages a batch needs, when it first needs them, and :data:`EXTRA_LEAVES` more
-until every leaf was read (the whole tree checked after a bounded number of batches).
-
-The table is trusted no more than liblmdb trusts the file: the tree is checked as :mod:`lmdbstore.format.btree`
-says (what liblmdb's search relies on; no page claimed twice); each leaf holds exactly the keys ``0, k, 2k, ...``
-below the metadata's count that its separators send there; a value's overflow header is checked before its first
-read in a process, until every leaf was read (then every overflow run is its value's own).  Any contradiction is a
-:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.  A table is keyed by
-the store, the data file and the snapshot (:func:`table_key`), and used only while that snapshot is protected.
+:func:`open_table` reads the ``samples`` tree's branch pages and the other owners' pages; :meth:`PositionTable.ensure`
+the leaves a batch needs, and :data:`EXTRA_LEAVES` more until every leaf was read; each leaf must hold exactly the keys
+``0, k, 2k, ...`` below the metadata's count that its separators send there.  A contradiction is a
+:class:`~lmdbstore.errors.CorruptStoreError`, raised again by every later read of the snapshot.
 """
 
 from __future__ import annotations
@@ -48,14 +40,11 @@ def table_key(store_id: str, st: os.stat_result, snap: LmdbMeta) -> TableKey:
 
 @dataclass
 class PositionTable:
-    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot, filled
-    leaf by leaf (see the module docstring).
+    """File offsets of every value's payload (value ``v`` holds samples ``v*k .. v*k+k-1``) in one snapshot.
 
-    ``offsets[v]``: the payload's file offset, -1 for a value whose length contradicts the metadata (reading it
-    raises), :data:`UNKNOWN` until its leaf is read.  ``checked`` (per process) says which values' overflow headers
-    were checked (values without overflow pages start checked).  ``key`` names the store (its id), the data file
-    (device, inode) and the snapshot (its meta page's transaction id, roots and last page): a table is reused only
-    for an equal key.
+    ``offsets[v]``: the payload's file offset, -1 for a value whose length contradicts the metadata, :data:`UNKNOWN`
+    until its leaf is read; ``checked[v]``: its overflow header was checked (or it has none); ``key``: the store, data
+    file and snapshot it is of (:func:`table_key`): a table is reused only for an equal key.
     """
 
     key: TableKey
@@ -79,12 +68,6 @@ class PositionTable:
     def samples_per_value(self) -> int:
         return self.layout[0]
 
-    def lengths(self, values: np.ndarray) -> np.ndarray:
-        """The stored length (payload and trailer) of each of ``values``: the last value holds the rest."""
-        spv, sb, _, count, vlen = self.layout
-        last = len(self.offsets) - 1
-        return np.where(values == last, (count - last * spv) * sb + vlen - spv * sb, vlen)
-
     @property
     def complete(self) -> bool:
         """Whether every leaf was read (every value located, the whole tree checked)."""
@@ -92,12 +75,9 @@ class PositionTable:
 
     def ensure(self, values: np.ndarray, files: FileReader) -> None:
         """Read the leaves holding ``values`` (value numbers, in range) that were not read yet, and up to
-        :data:`EXTRA_LEAVES` more, by ``files`` (many reads in flight); afterwards each of ``values`` is located.
-
-        Raises:
-            CorruptStoreError: a leaf contradicts itself, the tree, the metadata or another owner of its pages (then
-                every later call raises it again), or the file could not be read.
-        """
+        :data:`EXTRA_LEAVES` more, by ``files`` (many reads in flight); afterwards each of ``values`` is located
+        (``CorruptStoreError``: a leaf contradicts itself, the tree, the metadata or another owner of its pages, and
+        every later call raises it again; or the file could not be read)."""
         if self.error is not None:
             raise self.error
         if not self.complete:
@@ -139,7 +119,7 @@ class PositionTable:
     def _fill(self, pages: PageReader, which: np.ndarray, arr: np.ndarray) -> None:
         """Locate the values of the leaves ``which`` (their pages ``arr``): each leaf must hold exactly the keys
         ``0, k, 2k, ...`` below the count that its separators send there."""
-        spv, nv, path = self.samples_per_value, len(self.offsets), pages.path
+        (spv, sb, _, count, vlen), nv, path = self.layout, len(self.offsets), pages.path
         vals, li = leaf_values(pages, self.tree, which, arr)
         end = np.uint64(nv * spv)
         lo = np.minimum(self.tree.lo[which], end).astype(np.int64)
@@ -160,8 +140,8 @@ class PositionTable:
             raise CorruptStoreError(
                 f"the samples B-tree holds no value keyed {key}", path=path, key=key, hint=DAMAGE_HINT
             )
-        v = want // spv
-        self.offsets[v] = np.where(vals.sizes == self.lengths(v), vals.pos, -1)
+        v, length = want // spv, np.minimum(spv, count - want) * sb + vlen - spv * sb  # the last value holds the rest
+        self.offsets[v] = np.where(vals.sizes == length, vals.pos, -1)
         self.checked[v] = ~vals.big
 
 
@@ -175,11 +155,8 @@ def open_table(
     files: FileReader | None = None,
 ) -> PositionTable:
     """Open the position table of the snapshot ``snap``: the ``samples`` tree's branch pages and every other owner's
-    pages, no leaf yet (see the module docstring).
-
-    Raises:
-        CorruptStoreError: the file contradicts itself or the metadata (pages, the count of values).
-    """
+    pages, no leaf yet (see the module docstring).  Raises ``CorruptStoreError``: the file contradicts itself or the
+    metadata (pages, the count of values)."""
     st = os.fstat(fd)
     pages = PageReader(fd, st.st_size, snap, path, None if files is None else files.gather_into)
     tree = open_tree(pages, snap, DB_SAMPLES)

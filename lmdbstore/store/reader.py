@@ -1,50 +1,35 @@
-"""Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers.
-
-The reader opens the LMDB environment lazily, in the process that first reads, and re-opens it after
-a fork or when unpickled in a spawned worker (py-lmdb environments must never cross a fork, and
-py-lmdb 3.x refuses to open a path twice in one process).  By default it opens with
-``readonly=True, lock=False, readahead=False``: no reader-table slot (so killed readers cannot
-exhaust it), no lock contention between workers, and no OS read-ahead wasted on random access.
-By default (``lock=None``) the reader probes the store's writer lock when it opens and uses ``lock=True``
-(a registered snapshot, whose pages a writer cannot reuse) while a writer is active.
-
-Every read is checked against the snapshot rule of :mod:`lmdbstore.store.snapshot`, before and after it
-touches the file: a snapshot that is no longer protected (a writer that started after a lock-free reader
-opened, a registered transaction that something ended) is replaced by a new, registered one and the read is
-done again, so a reader never returns bytes of another commit.  The new snapshot must be of the same store and
-data file (:mod:`lmdbstore.store.pinned`): a store replaced at the path is a
-:class:`~lmdbstore.errors.StoreReplacedError`, except on :meth:`StoreReader.refresh`, which asks for whatever is
-there now.  A reader may be shared by threads.
+"""Reading a store: :class:`StoreReader`, safe to hand to DataLoader workers, and its label table and per-class
+index lists (read whole, checked against the metadata).  The reader opens in the process that first reads (an
+environment never crosses a fork), and every read follows the snapshot rule (:mod:`lmdbstore.store.snapshot`) on a
+snapshot of the store and data file it pinned (:mod:`lmdbstore.store.pinned`; docs/design.md, "Readers and
+snapshots").
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lmdbstore.config import DEFAULT_CHECK_WHOLE_VALUES
-from lmdbstore.errors import LmdbStoreError, translate_lmdb_errors, translate_read_errors
-from lmdbstore.format.layout import ALL_DBS, DB_SAMPLES, encode_key
+from lmdbstore.errors import CorruptStoreError, LmdbStoreError, translate_lmdb_errors, translate_read_errors
+from lmdbstore.format.layout import ALL_DBS, DB_CLASSIDX, DB_LABELS, INDEX_DTYPE, classidx_key, encode_key
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.store.batch import read_samples
 from lmdbstore.store.handle import Handle
-from lmdbstore.store.labels import read_class_indices, read_labels
 from lmdbstore.store.metaview import MetaView, check_in_range, check_out, range_bounds, sample_indices, whole_number
-from lmdbstore.store.pinned import MAX_RESNAPSHOTS, PinnedReader
+from lmdbstore.store.pinned import PinnedReader
 from lmdbstore.store.positions import prefetch_ranges
 
-__all__ = ["MAX_RESNAPSHOTS", "StoreReader", "open_reader"]
+__all__ = ["StoreReader", "read_class_indices", "read_labels"]
 
 #: The most reads in flight a reader takes (``io_threads``): each is a thread of the process.
 MAX_READ_THREADS = 1024
-#: Values a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time, in one guarded liblmdb call.
-SCAN_VALUES = 64
-#: Bytes a scan copies out of the map at a time, at most (besides one value larger than this).
-SCAN_BYTES = 4 << 20
+#: Values and bytes (besides one larger value) a scan (:meth:`StoreReader.iter_raw`) copies out of the map at a time.
+SCAN_VALUES, SCAN_BYTES = 64, 4 << 20
 
 
 class StoreReader(PinnedReader, MetaView):
@@ -52,23 +37,18 @@ class StoreReader(PinnedReader, MetaView):
 
     Args:
         path: the store directory.
-        lock: use LMDB's reader lock table; ``None`` (default): only while a writer is active, so a store
-            nobody writes is read lock-free and one being appended to is read as a consistent snapshot
-            (decided in each process when it opens the store; see the module docstring).  With ``False``
-            a snapshot a writer overwrites is replaced by another lock-free one (and, after
-            :data:`MAX_RESNAPSHOTS` in a row, an error); otherwise by a registered one.
-        verify_checksums: check each value's checksum as it is read (default ``False``; ``verify``
-            and ``stats --check`` turn it on).  Checked reads go through liblmdb.
-        positions: read samples by their file offsets (default ``True``; see :mod:`lmdbstore.store.positions`):
-            a batch in one compiled call, one ``pread`` per run of consecutive samples, ``io_threads`` in flight.
-            ``False``, or a file layout the position table does not recognise, reads through liblmdb lookups instead.
-        io_threads: reads in flight for cold batches (1..1024: each is a thread of a pool the process shares);
-            ``None`` (default): :data:`~lmdbstore.store.fileread.IO_THREADS`.
-        check_whole_values: on the offset path, check the stored checksum of every value a batch reads
-            whole (block and window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
+        lock: use LMDB's reader table; ``None`` (default): only while a writer is active (decided in each process
+            when it opens the store).  With ``False`` a snapshot a writer overwrites is replaced by another lock-free
+            one (after :data:`~lmdbstore.store.pinned.MAX_RESNAPSHOTS` in a row, an error), else by a registered one.
+        verify_checksums: check each value's checksum as it is read, through liblmdb (default ``False``).
+        positions: read samples by file offset (default ``True``): a batch in one compiled call; ``False``, or a
+            layout the position table does not know, reads through liblmdb lookups.
+        io_threads: reads in flight for cold batches (1..1024, threads of a pool the process shares; ``None``:
+            :data:`~lmdbstore.store.fileread.IO_THREADS`).
+        check_whole_values: check the stored checksum of every value a batch reads whole by file offset (block and
+            window orders; default ``DEFAULT_CHECK_WHOLE_VALUES``).
 
-    The reader is picklable: the path, the options and the identity of its store travel; the environment
-    is re-opened in the receiving process on first use.
+    Picklable: the path, the options and the pin of its store travel; it opens again in the receiving process.
 
     Raises (on first use):
         StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
@@ -111,7 +91,7 @@ class StoreReader(PinnedReader, MetaView):
 
     def __getstate__(self) -> dict[str, Any]:
         keys = ("path", "lock", "verify_checksums", "positions", "io_threads", "check_whole_values")
-        return {**{k: getattr(self, k) for k in keys}, "pinned": self._pin_state()}
+        return {**{k: getattr(self, k) for k in keys}, "pinned": self._pinned}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         path = state.pop("path")
@@ -132,11 +112,8 @@ class StoreReader(PinnedReader, MetaView):
 
     # ------------------------------------------------------------------ values
     def read_batch(self, indices: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array.
-
-        The indices are visited in sorted order (B-tree locality), each value is looked up once per
-        run of indices that share it, and each sample's bytes are copied straight into its row of
-        ``out``: no per-sample arrays, no collate.
+        """Samples at ``indices`` (any order, repeats allowed) as one ``(N, *shape)`` array, each sample's bytes read
+        straight into its row: no per-sample arrays, no collate.
 
         Args:
             indices: integer sample indices in ``0..len-1`` (no wrap-around; not floats, not a boolean mask).
@@ -154,30 +131,19 @@ class StoreReader(PinnedReader, MetaView):
         out = check_out(out, len(idx), m)
         if len(idx) == 0:
             return np.empty((0, *m.shape), m.np_dtype) if out is None else out
-        return self._guarded("read", lambda h: self._read_into(h, idx, out))
-
-    def _read_into(self, h: Handle, idx: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        """The samples at ``idx`` (checked by :meth:`read_batch`) in the snapshot ``h``, in ``out`` or a new array.
-        Read through liblmdb too, the table locates them first: no page of theirs is another owner's."""
-        lmdb = not self.positions or self.verify_checksums
-        return read_samples(h, self._positions(h), idx, out, lmdb, self.verify_checksums, self.check_whole_values)
-
-    def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Samples ``start..stop-1`` in order, reading each value once (sequential scans).
-
-        Raises:
-            ValueError: ``start`` or ``stop`` not an integer.  IndexError: the range is not inside the store.
-        """
-        start, stop = self._range(start, stop)
-        return self.read_batch(np.arange(start, stop))
+        lmdb, verify, whole = (
+            not self.positions or self.verify_checksums,
+            self.verify_checksums,
+            self.check_whole_values,
+        )
+        return self._guarded("read", lambda h: read_samples(h, self._positions(h), idx, out, lmdb, verify, whole))
 
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
-        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a
-        thread of its own), so a later random read of them is a copy from memory.  Used by the ``window`` shuffle
-        for the next window.  A no-op on the liblmdb read path.  Only advice: reading the wrong bytes here would
-        cost time, never a wrong sample.
+        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a thread of its
+        own; the ``window`` order's next window).  A no-op on the liblmdb read path.  Only advice: a wrong range costs
+        time, never a wrong sample.
         """
         lo_a, hi_a = range_bounds(lo, hi)
         if not self.positions or lo_a.size == 0:
@@ -190,23 +156,6 @@ class StoreReader(PinnedReader, MetaView):
 
         self._guarded("read", advise)
 
-    def iter_chunks(
-        self, chunk: int = 65536, start: int = 0, stop: int | None = None
-    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(first_index, samples, labels)`` over ``start..stop`` in chunks of about ``chunk`` samples (fewer
-        where ``chunk`` samples would take more memory than the machine can give: a
-        :class:`~lmdbstore.util.memory.MemoryBoundWarning` says so).
-
-        Raises:
-            ValueError: ``chunk`` not a positive integer, ``start``/``stop`` not integers.
-            IndexError: ``start..stop`` not inside the store.
-        """
-        chunk, start, stop = self._chunking(chunk, start, stop)
-        labels = self.labels()
-        for lo in range(start, stop, chunk):
-            hi = min(lo + chunk, stop)
-            yield lo, self.read_range(lo, hi), labels[lo:hi]
-
     # ------------------------------------------------------------------ labels and classes
     def labels(self) -> np.ndarray:
         """Every sample's class id (uint8 up to 256 classes): the table held in memory, cached."""
@@ -214,44 +163,20 @@ class StoreReader(PinnedReader, MetaView):
             self._labels = self._guarded("read labels", read_labels)
         return self._labels
 
-    def labels_of(self, indices: Any) -> np.ndarray:
-        """Class ids of ``indices`` (from the cached label table), in the shape of ``indices``.
+    def class_indices(self, class_id: int) -> np.ndarray:
+        """Sample indices of class ``class_id`` in ascending order, read from the class-index table.
 
         Raises:
-            IndexError, ValueError: as :meth:`read_batch`'s ``indices``.
+            ValueError: ``class_id`` not an integer in ``0..len(classes)-1``.
         """
-        idx = sample_indices(indices, flat=False)
-        check_in_range(idx.reshape(-1), len(self))
-        return self.labels()[idx]
-
-    def class_indices(self, class_id: int) -> np.ndarray:
-        """Sample indices of class ``class_id`` in ascending order, read from the class-index table."""
-        c = whole_number(class_id, "class_id", -(1 << 62))
-        n = len(self.classes)
-        if not 0 <= c < n:
-            raise ValueError(f"class_id must be in 0..{n - 1}, got {class_id}")
+        c = self._class_id(class_id)
         return self._guarded("read class index", lambda h: read_class_indices(h, c))
 
     # ------------------------------------------------------------------ internals for stats/verify
-    def raw_value(self, first: int) -> bytes | None:
-        """The stored bytes (payload and trailer) of the value keyed ``first``, unchecked (``None``: no such key).
-
-        Raises:
-            ValueError: ``first`` not an integer in ``0..2**64-1``.
-        """
-        first = whole_number(first, "first", 0, (1 << 64) - 1)
-
-        def get(h: Handle) -> bytes | None:
-            with h.lmdb():
-                buf = h.txn.get(encode_key(first), db=h.dbs[DB_SAMPLES])
-                return None if buf is None else bytes(buf)
-
-        return self._guarded("read", get)
-
     def iter_raw(self, db_name: bytes | None) -> Iterator[tuple[bytes, memoryview]]:
-        """Every (key, value) of sub-database ``db_name`` in key order; ``None``: the main database, whose keys
-        name the sub-databases.  Values are copied out of the map in groups (:data:`SCAN_VALUES` values or
-        :data:`SCAN_BYTES`), each in one guarded liblmdb call and checked protected before it is yielded.
+        """Every (key, value) of sub-database ``db_name`` (``None``: the main database) in key order, copied out of
+        the map in groups (:data:`SCAN_VALUES` values or :data:`SCAN_BYTES`), each checked protected before it is
+        yielded (a scan cannot be redone).
 
         Raises:
             ValueError: ``db_name`` is not ``None`` or the name of one of the store's sub-databases.
@@ -300,8 +225,44 @@ class StoreReader(PinnedReader, MetaView):
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
 
 
-def open_reader(
-    path: str | os.PathLike[str], *, lock: bool | None = None, verify_checksums: bool = False
-) -> StoreReader:
-    """Open a store for reading and validate it now (see :class:`StoreReader`)."""
-    return StoreReader(path, lock=lock, verify_checksums=verify_checksums).open()
+def read_labels(h: Handle) -> np.ndarray:
+    """Every sample's class id, in sample order (the label dtype: uint8 up to 256 classes). Raises
+    ``CorruptStoreError``: a label chunk is missing or of the wrong length, or a label is not a class id."""
+    m = h.meta
+    out = _read_chunks(h, DB_LABELS, encode_key, np.empty(m.count, m.label_dtype), "labels")
+    if m.count and int(out.max()) >= len(m.classes):
+        raise CorruptStoreError("a label is outside the class list", path=h.path)
+    return out
+
+
+def read_class_indices(h: Handle, class_id: int) -> np.ndarray:
+    """The sample indices of class ``class_id`` in ascending order (int64), from the class-index table
+    (``CorruptStoreError``: a chunk of the class's list is missing or of the wrong length, or the list is not
+    ascending sample indices of the store)."""
+    m, name = h.meta, h.meta.classes[class_id]
+    out = np.empty(m.class_counts[class_id], np.int64)
+    _read_chunks(h, DB_CLASSIDX, lambda pos: classidx_key(class_id, pos), out, f"class index of class {name!r}")
+    if len(out) and (int(out[0]) < 0 or int(out[-1]) >= m.count or not (out[1:] > out[:-1]).all()):
+        raise CorruptStoreError(  # one pass: the list is ascending sample indices of the store
+            f"the class index of class {name!r} is not ascending sample indices below {m.count}",
+            path=h.path,
+            hint="run `lmdbstore verify` on the store",
+        )
+    return out
+
+
+def _read_chunks(h: Handle, db: bytes, key: Callable[[int], bytes], out: np.ndarray, what: str) -> np.ndarray:
+    """Fill ``out`` from the ``label_chunk``-entry chunks of sub-database ``db`` keyed ``key(position)`` (labels: the
+    label dtype; class indices: :data:`~lmdbstore.format.layout.INDEX_DTYPE`); returns ``out``
+    (``CorruptStoreError``: a chunk is missing or of the wrong length)."""
+    chunk, dtype = h.meta.label_chunk, h.meta.label_dtype if db == DB_LABELS else INDEX_DTYPE
+    with translate_read_errors(h.path, f"read {what}"), h.lmdb():
+        for pos in range(0, len(out), chunk):
+            raw = h.txn.get(key(pos), db=h.dbs[db])
+            n = min(chunk, len(out) - pos)
+            if raw is None or len(raw) != n * dtype.itemsize:
+                raise CorruptStoreError(
+                    f"a chunk of the {what} is missing or of the wrong length", path=h.path, key=pos
+                )
+            out[pos : pos + n] = np.frombuffer(raw, dtype)
+    return out

@@ -1,6 +1,5 @@
-"""One store or a set of them, as the loader and the tools take them: :func:`open_reader` (the public one: a path
-gives a :class:`~lmdbstore.store.reader.StoreReader`, a list a :class:`~lmdbstore.store.multi.StoreSet`),
-:func:`as_reader` (the same, unopened, passing readers through) and :func:`data_file_bytes`."""
+"""One store or a set of them, as the loader and the tools take them: :func:`open_reader` (public), :func:`as_reader`
+(unopened, readers passed through) and :func:`data_file_bytes`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import cast
 from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
-from lmdbstore.store.reader import open_reader as open_one
 
 __all__ = ["Reader", "as_reader", "data_file_bytes", "open_reader"]
 
@@ -39,9 +37,8 @@ def open_reader(
     verify_checksums: bool = False,
     classes: Sequence[str] | None = None,
 ) -> Reader:
-    """Open a store -- or, given a list of stores, a :class:`StoreSet` reading them as one -- and validate it now.
-
-    ``classes`` fixes a set's class order (see :class:`StoreSet`); it is refused for a single store.
+    """Open a store -- or, given a list of stores, a :class:`StoreSet` reading them as one -- and validate it now;
+    ``classes`` fixes a set's class order (refused for a single store).
 
     Raises:
         ValueError: ``classes`` for a single store; an empty list or a store given twice.
@@ -52,7 +49,7 @@ def open_reader(
         return StoreSet(store, classes=classes, lock=lock, verify_checksums=verify_checksums).open()
     if classes is not None:
         raise ValueError("classes: only a set of stores (a list) takes a class order")
-    return open_one(cast(StorePath, store), lock=lock, verify_checksums=verify_checksums)
+    return StoreReader(cast(StorePath, store), lock=lock, verify_checksums=verify_checksums).open()
 
 
 def data_file_bytes(reader: Reader) -> int:

@@ -1,23 +1,10 @@
-"""One LMDB environment per store path and process: :data:`ENVS`, the :class:`EnvRegistry`.
+"""One LMDB environment per store path and process (py-lmdb refuses a second): :data:`ENVS`, the
+:class:`EnvRegistry`, shared by the readers and the writer through leases (docs/design.md, "Readers and snapshots").
 
-py-lmdb refuses to open one path twice in a process, so every reader and the writer of a store in this
-process share one environment, reference-counted, through leases (:class:`EnvLease`; see :class:`EnvRegistry`).
-
-Across ``fork()`` a child inherits the parent's environments, and with them the parent's reader table
-(``lock.mdb``) mapped *shared*: closing or dropping an inherited environment in the child would abort the
-parent's read transactions in that table and expose the parent's snapshots to a writer.  Right after a fork
-the child therefore makes its copy of every inherited reader table private
-(:func:`lmdbstore.util.forking.privatize`); from then on closing those environments is harmless, and the
-child opens its own (a writer open in the parent, or a ``lock=True`` reader, no longer keeps forked
-DataLoader workers from reading the store).
-
-An entry is tied to the data file it opened (``st_dev``, ``st_ino`` of ``data.mdb``): a path whose ``data.mdb``
-is now another file (``rm -r`` and a new copy, a rename over it) gets a new environment, never the old one.  The
-old entry is *retired*: its users see :attr:`EnvLease.valid` turn false (their readers re-open, find another
-file and fail with :class:`~lmdbstore.errors.StoreReplacedError`), and the last of them closes it.  py-lmdb 3.x
-refuses a second environment whose ``data.mdb`` or ``lock.mdb`` has the ``(st_dev, st_ino)`` of one open in the
-process (``lmdb/_envid.py``), so a retired environment sharing a file with the new one (a ``data.mdb`` renamed
-over, ``lock.mdb`` kept) is closed at once instead.
+An entry is tied to the data file it opened: a path now naming another file gets a new environment, and the old
+entry is *retired* (its leases turn invalid, its last user closes it).  Right after a fork the child makes every
+inherited reader table private (:func:`lmdbstore.util.forking.privatize`), so closing an inherited environment
+cannot touch the parent's reader slots.
 """
 
 from __future__ import annotations
@@ -36,7 +23,7 @@ from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.locks import LOCK_FILE
 from lmdbstore.util.forking import file_ranges, privatize, supported
 
-__all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "data_file_id"]
+__all__ = ["ENVS", "EnvLease", "EnvRegistry", "FileChanged", "FileId", "file_id"]
 
 #: A file's identity: ``(st_dev, st_ino)``.
 FileId = tuple[int, int]
@@ -47,41 +34,28 @@ class FileChanged(Exception):
     """The store's data file changed between the caller opening it and the environment being opened: retry."""
 
 
-def file_id(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the file ``path`` now, or ``None`` when it cannot be found."""
+def file_id(path: Path, name: str = DATA_FILE) -> FileId | None:
+    """``(st_dev, st_ino)`` of the store's file ``name`` (``data.mdb``, ``lock.mdb``) now, or ``None`` when it cannot
+    be found."""
     try:
-        st = os.stat(path)
+        st = os.stat(Path(path) / name)
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
 
 
-def data_file_id(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the store's ``data.mdb`` now, or ``None`` when it cannot be found."""
-    return file_id(Path(path) / DATA_FILE)
-
-
 class _Entry:
     """One open environment of a path in this process, and how many users share it.
 
-    ``lock_file``: ``(st_dev, st_ino)`` of the store's reader table (``lock.mdb``) when it opened (a lock-free
-    environment does not use it, but py-lmdb keys it too); ``data_file``: that of the ``data.mdb`` it opened; ``writing``: a write transaction is open on it now (the writer's commit);
-    ``private``: in a forked child, the inherited reader table was made private to the child, so closing the
-    environment cannot touch the parent's.
+    ``lock_file``, ``data_file``: the ``(st_dev, st_ino)`` of ``lock.mdb`` and ``data.mdb`` when it opened (py-lmdb
+    keys both, lock-free or not); ``writing``: a write transaction is open on it (the writer's commit); ``private``:
+    in a forked child, its reader table was made private to the child.
     """
 
-    def __init__(
-        self,
-        env: lmdb.Environment,
-        writable: bool,
-        lock: bool,
-        lock_file: FileId | None = None,
-        data_file: FileId | None = None,
-    ):
-        self.env, self.writable, self.lock = env, writable, lock
-        self.lock_file, self.data_file = lock_file, data_file
-        self.refs = 0
-        self.key = ""
+    def __init__(self, env: lmdb.Environment, key: str, writable: bool, lock: bool, path: Path):
+        self.env, self.key, self.writable, self.lock = env, key, writable, lock
+        self.lock_file, self.data_file = file_id(path, LOCK_FILE), file_id(path)
+        self.refs = 1
         self.pid = os.getpid()
         self.writing = 0
         self.private = False
@@ -120,13 +94,9 @@ class _Entry:
                 self.private = True
 
     def forget_after_fork(self) -> None:
-        """Let go of an environment inherited through ``fork()``.
-
-        A lock-free environment shares nothing with the parent, and one whose reader table was made private
-        (:meth:`privatize_after_fork`) no longer does: both are closed, so the child can open its own.  Any
-        other one with a reader table must not be closed (that would free the *parent's* reader slots): it
-        is only dereferenced, and py-lmdb keeps refusing a second open of its path in this process.
-        """
+        """Let go of an environment inherited through ``fork()``: closed where it shares nothing with the parent
+        (lock-free, or its reader table made private), else only dereferenced (closing it would free the parent's
+        reader slots; py-lmdb then keeps refusing a second open of its path in this process)."""
         if not self.lock or self.private:
             with contextlib.suppress(lmdb.Error):
                 self.env.close()
@@ -135,9 +105,8 @@ class _Entry:
 class EnvLease:
     """A share of a process-wide environment: use :attr:`env` while :attr:`valid`, then :meth:`release`."""
 
-    def __init__(self, registry: EnvRegistry, key: str, entry: _Entry):
-        self._registry, self.key, self.entry = registry, key, entry
-        self.released = False
+    def __init__(self, registry: EnvRegistry, entry: _Entry):
+        self._registry, self.entry, self.released = registry, entry, False
 
     @property
     def env(self) -> lmdb.Environment:
@@ -146,7 +115,17 @@ class EnvLease:
     @property
     def valid(self) -> bool:
         """False after a fork, or once the environment was re-opened for a user that needed more."""
-        return self.entry.pid == os.getpid() and self._registry.current(self.key) is self.entry
+        return self.entry.pid == os.getpid() and self._registry.current(self.entry.key) is self.entry
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Mark the environment as holding an open write transaction for the block (a fork meanwhile does not make
+        its reader table private: :meth:`_Entry.privatize_after_fork`)."""
+        self.entry.writing += 1
+        try:
+            yield
+        finally:
+            self.entry.writing -= 1
 
     def release(self) -> None:
         """Give the share back; the last user of a path closes its environment.  Idempotent."""
@@ -156,16 +135,10 @@ class EnvLease:
 
 
 class EnvRegistry:
-    """Environments shared per path and process (py-lmdb refuses to open one path twice in a process).
-
-    Any number of readers and one writer of a store share one environment, reference-counted.  The first
-    user opens it in the mode it needs; a later user that needs more (a writer beside read-only readers,
-    or a reader table beside lock-free readers) re-opens it in the stronger mode, which invalidates the
-    earlier users' transactions: they see :attr:`EnvLease.valid` turn false and re-open theirs (their
-    snapshot rule, :mod:`lmdbstore.store.snapshot`, catches reads that raced with it).  After a fork, every
-    inherited entry is forgotten (see :meth:`_Entry.forget_after_fork`).  It is process-wide state, because
-    LMDB's rule it enforces is process-wide.
-    """
+    """Environments shared per path and process (see the module docstring).  The first user opens one in the mode it
+    needs; a later user that needs more (a writer beside read-only readers, a reader table beside lock-free readers)
+    re-opens it in the stronger mode: the earlier users see :attr:`EnvLease.valid` turn false and re-open theirs.
+    After a fork, every inherited entry is forgotten (:meth:`_Entry.forget_after_fork`)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
@@ -177,23 +150,11 @@ class EnvRegistry:
         return [*self._entries.values(), *self._retired]
 
     def privatize_after_fork(self) -> None:
-        """``os.register_at_fork(after_in_child=...)``: make every inherited reader table private to the
-        child at once, before anything in the child could close or drop an inherited environment.  Runs
-        single-threaded in the new child, so it takes no lock (a parent thread may have held it)."""
+        """``os.register_at_fork(after_in_child=...)``: make every inherited reader table private to the child before
+        anything in it could close or drop an inherited environment (single-threaded: no lock, a parent's thread may
+        have held it)."""
         for e in self._all():
             e.privatize_after_fork()
-
-    @contextlib.contextmanager
-    def writing(self, env: lmdb.Environment) -> Iterator[None]:
-        """Mark ``env`` as holding an open write transaction for the block (see :meth:`privatize_after_fork`)."""
-        entry = next((e for e in self._all() if e.env is env), None)
-        if entry is not None:
-            entry.writing += 1
-        try:
-            yield
-        finally:
-            if entry is not None:
-                entry.writing -= 1
 
     def _after_fork(self) -> None:
         if self._pid != os.getpid():
@@ -215,67 +176,40 @@ class EnvRegistry:
         lock: bool,
         opener: Callable[[], lmdb.Environment],
         data_file: FileId | None = None,
+        own: bool = False,
+        setup: Callable[[lmdb.Environment], None] | None = None,
     ) -> EnvLease:
-        """A lease on ``path``'s environment, opened with ``opener()`` unless a sufficient one of the same data
-        file is open.
-
-        ``opener`` must open with ``readonly=not writable`` and ``lock=lock`` (a writable environment
-        always has a reader table).  ``data_file``: the data file the caller opened itself; an open entry of
-        another one is retired (see the module docstring).  Errors come from ``opener`` (already translated).
-
-        Raises:
-            FileChanged: the environment opened is not of ``data_file`` (the path changed meanwhile).
-        """
+        """A lease on ``path``'s environment, opened with ``opener()`` (``readonly=not writable``, ``lock=lock``)
+        unless a sufficient one of the same data file is open; ``data_file``: the data file the caller opened itself
+        (an open entry of another one is retired). ``own``, ``setup``: the writer's (:meth:`prepare`), which runs
+        ``setup(env)`` (its sub-databases) before anyone shares the new environment (liblmdb forbids opening
+        sub-databases in two transactions at once).  Errors come from ``opener`` and ``setup``; ``FileChanged``: the
+        environment opened is not of ``data_file`` (the path changed meanwhile)."""
         self._after_fork()  # before taking the lock: a forked child's copy of it may be held by a parent thread
         key = os.path.realpath(path)
         with self._mutex:  # prepare, open and adopt at once: no other thread opens the path in between
-            self.prepare(path, writable=writable, lock=lock, data_file=data_file)  # a stronger mode, another file
+            self.prepare(path, writable=writable, lock=lock, data_file=data_file, own=own)
             e = self._entries.get(key)
             if e is None:
-                self.adopt(path, self._open(key, opener), writable=writable, lock=lock)
-                e = self._entries[key]
+                env = self.open_making_room(path, opener)
+                try:
+                    if setup is not None:
+                        setup(env)
+                except BaseException:
+                    env.close()
+                    raise
+                e = self._adopt(path, env, writable=writable, lock=lock)
                 if data_file is not None and e.data_file != data_file:
-                    self.release(EnvLease(self, key, e))
+                    self.release(EnvLease(self, e))
                     raise FileChanged(str(path))
             else:
                 e.refs += 1
-            return EnvLease(self, key, e)
-
-    def open_own(
-        self,
-        path: Path,
-        opener: Callable[[], lmdb.Environment],
-        *,
-        setup: Callable[[lmdb.Environment], None] | None = None,
-    ) -> lmdb.Environment:
-        """Open ``path`` writable for the writer and share it (:meth:`prepare`, ``opener()``, ``setup(env)`` and
-        :meth:`adopt` at once, so no reader thread opens the path in between, or uses the environment before
-        ``setup`` -- the writer's sub-databases -- is done: liblmdb forbids opening sub-databases in two
-        transactions at once).  Release with :meth:`release_env`.  Errors as ``opener`` and ``setup``."""
-        self._after_fork()
-        with self._mutex:
-            self.prepare(path, writable=True, own=True)
-            env = self.open_making_room(path, opener)
-            try:
-                if setup is not None:
-                    setup(env)
-            except BaseException:
-                env.close()
-                raise
-            return self.adopt(path, env, writable=True)
-
-    def _open(self, key: str, opener: Callable[[], lmdb.Environment]) -> lmdb.Environment:
-        """``opener()`` (of the store at ``key``), where py-lmdb refuses it first making room with
-        :meth:`make_room` and trying once more."""
-        return self.open_making_room(Path(key), opener)
+            return EnvLease(self, e)
 
     def open_making_room(self, path: Path, opener: Callable[[], T]) -> T:
         """``opener()``, an open of the LMDB environment at ``path``; where py-lmdb refuses it as "already open",
-        :meth:`make_room` for it and ``opener()`` once more.
-
-        Raises:
-            LmdbStoreError: as ``opener`` (py-lmdb's refusal when no stale environment was in the way).
-        """
+        :meth:`make_room` for it and ``opener()`` once more (``LmdbStoreError``: as ``opener``, py-lmdb's refusal
+        when no stale environment was in the way)."""
         try:
             return opener()
         except LmdbStoreError as exc:
@@ -284,42 +218,38 @@ class EnvRegistry:
         return opener()
 
     def make_room(self, path: Path) -> bool:
-        """Close the environments whose files py-lmdb takes for those of ``path`` although they are stale: their
-        store's path no longer holds the data file they opened (removed, replaced).  py-lmdb keys an open
-        environment by the ``(st_dev, st_ino)`` its ``data.mdb`` and ``lock.mdb`` had when it opened; once one of
-        those files is deleted, a new file may get its inode number, and py-lmdb then refuses it.  Their users'
-        leases turn invalid (their readers re-open and find the store replaced).  Returns whether any was closed.
-        """
-        wanted = {data_file_id(path), _lock_file(path)} - {None}
+        """Close the stale environments (their path no longer holds the data file they opened) whose files py-lmdb
+        takes for those of ``path``: it keys an environment by the ``(st_dev, st_ino)`` of ``data.mdb`` and
+        ``lock.mdb`` when it opened, and a new file may get a deleted one's inode number (``lmdb/_envid.py``).  Their
+        leases turn invalid.  Returns whether any was closed."""
+        wanted = {file_id(path), file_id(path, LOCK_FILE)} - {None}
         with self._mutex:
             stale = [
                 e
                 for e in self._all()
-                if e.pid == os.getpid()
-                and wanted & {e.data_file, e.lock_file}
-                and data_file_id(Path(e.key)) != e.data_file
+                if e.pid == os.getpid() and wanted & {e.data_file, e.lock_file} and file_id(Path(e.key)) != e.data_file
             ]
             for e in stale:
-                if self._entries.get(e.key) is e:
-                    del self._entries[e.key]
-                if e in self._retired:
-                    self._retired.remove(e)
-                e.close()
+                self._drop(e)
         return bool(stale)
+
+    def _drop(self, e: _Entry) -> None:
+        """Forget the entry ``e`` and close its environment."""
+        if self._entries.get(e.key) is e:
+            del self._entries[e.key]
+        if e in self._retired:
+            self._retired.remove(e)
+        e.close()
 
     def prepare(
         self, path: Path, *, writable: bool, lock: bool = True, data_file: FileId | None = None, own: bool = False
     ) -> None:
         """Make room to open ``path`` in this mode: retire a shared environment of another data file than
-        ``data_file`` (default: the one at the path now), close one of a weaker mode (its users see
-        :attr:`EnvLease.valid` turn false and re-open).  Then open and :meth:`adopt` the new one.
-
-        ``own``: for a writer, which opens its environment with its own options (map size, sync) and holds the
-        writer lock, so any writable environment still open is an earlier writer's that readers kept: it is
-        closed too (py-lmdb refused the second writer of a store beside a reader that outlived the first)."""
-        self._after_fork()
+        ``data_file`` (default: the one at the path now), close one of a weaker mode (its leases turn invalid);
+        ``own`` (a writer, with its own options, holding the writer lock): close any, an earlier writer's that readers
+        kept among them."""
         key = os.path.realpath(path)
-        now = data_file if data_file is not None else data_file_id(path)
+        now = data_file if data_file is not None else file_id(path)
         with self._mutex:
             e = self._entries.get(key)
             if e is not None and now is not None and e.data_file is not None and e.data_file != now:
@@ -329,14 +259,11 @@ class EnvRegistry:
                 del self._entries[key]
                 e.close()
 
-    def adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> lmdb.Environment:
-        """Share ``env`` (just opened after :meth:`prepare`) with later users; release with :meth:`release_env`."""
-        with self._mutex:
-            key = os.path.realpath(path)
-            e = _Entry(env, writable, lock or writable, _lock_file(path), data_file_id(path))
-            e.refs, e.key = 1, key
-            self._entries[key] = e
-        return env
+    def _adopt(self, path: Path, env: lmdb.Environment, *, writable: bool, lock: bool = True) -> _Entry:
+        """Share ``env`` (just opened after :meth:`prepare`, under the lock) with later users."""
+        key = os.path.realpath(path)
+        e = self._entries[key] = _Entry(env, key, writable, lock or writable, path)
+        return e
 
     def release(self, lease: EnvLease) -> None:
         self._after_fork()
@@ -346,29 +273,11 @@ class EnvRegistry:
         with self._mutex:
             e.refs -= 1
             if e.refs <= 0:
-                if self._entries.get(lease.key) is e:
-                    del self._entries[lease.key]
-                if e in self._retired:
-                    self._retired.remove(e)
-                e.close()
-
-    def release_env(self, env: lmdb.Environment) -> None:
-        """Release the lease whose environment is ``env`` (closing ``env`` if it was never shared)."""
-        with self._mutex:
-            for e in self._all():
-                if e.env is env and e.pid == os.getpid():
-                    self.release(EnvLease(self, e.key, e))
-                    return
-        env.close()
+                self._drop(e)
 
 
-def _lock_file(path: Path) -> FileId | None:
-    """``(st_dev, st_ino)`` of the store's reader table, or ``None`` when it cannot be found."""
-    return file_id(Path(path) / LOCK_FILE)
-
-
-#: The environments of this process (see :class:`EnvRegistry`).  Process-wide because LMDB's rule it
-#: enforces (one environment per file and process) and what ``fork()`` shares are process-wide.
+#: The environments of this process: process-wide, as LMDB's rule (one environment per file and process) and what
+#: ``fork()`` shares are.
 ENVS = EnvRegistry()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=ENVS.privatize_after_fork)

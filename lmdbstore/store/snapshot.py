@@ -1,32 +1,15 @@
-"""When a reader's snapshot is still the file's: the one rule every read of a store follows.
+"""When a reader's snapshot is still the file's: the one rule every read of a store follows (docs/design.md,
+"Snapshots and the fast path", derives it from LMDB's free-page rule).
 
-A read transaction sees the snapshot of the last commit when it began, transaction id ``S``.  liblmdb keeps
-that snapshot's pages from reuse only while the transaction is *registered* in the reader table
-(``lock=True``) and alive.  Otherwise -- a lock-free reader (``lock=False``), or a registered transaction that
-something ended (py-lmdb's ``set_mapsize`` and ``close`` end every transaction of an environment) -- a
-writer may overwrite the snapshot's pages, and any read from them, by offset or through liblmdb, may return
-another commit's bytes.  When it may, is LMDB's free-page rule (``mdb_page_alloc`` and ``mdb_find_oldest`` in
-``mdb.c``): a write transaction ``T`` reuses the pages freed by transactions ``< oldest``, where ``oldest`` is
-``T - 1`` or the oldest registered reader.  The pages of snapshot ``S`` are freed by ``S + 1`` at the
-earliest, so the first writer that may overwrite them is ``S + 3``; ``S + 3`` begins only after ``S + 2``
-committed, and a commit writes its data pages before its meta page, which for ``S + 2`` is meta page
-``S & 1`` (LMDB alternates), the page describing ``S`` itself.  Hence the rule (:meth:`Snapshot.protected`):
+A read transaction sees snapshot ``S``.  liblmdb keeps its pages from reuse only while the transaction is registered
+(``lock=True``) and alive; otherwise a writer may overwrite them, but not before meta page ``S & 1`` changed:
 
     the snapshot is protected iff its transaction is registered and alive, or meta page ``S & 1`` still
     holds exactly the bytes it held when the transaction began.
 
-Checked *after* a read, a protected answer proves the bytes read were ``S``'s: no writer that could
-overwrite them had begun.  A data file whose meta pages this parser does not recognise falls back to LMDB's own
-view of the latest commit (``env.info()``) with the same ``S + 1`` bound.
-
-The rule protects a snapshot from a writer, not from another file: a data file rewritten in place (``cp`` of
-another store over ``data.mdb``) can hold a byte-identical meta page (two stores written the same way) and
-under a registered transaction nothing looks at the file at all.  So every check also compares the snapshot's
-*record fingerprint* (:attr:`Snapshot.record`): the bytes of the metadata record from its ``store_id`` on (the
-store's random id, the last commit's time and the exact value statistics, ~250 bytes), read where the record
-lies in the file (found once per snapshot by walking the ``meta`` B-tree, and checked against liblmdb's bytes).  Those bytes are the snapshot's own while it is
-protected, so a difference means another file.  A check is one 152-byte ``pread`` and one of the fingerprint
-for a lock-free reader, the fingerprint's alone for a registered one (~0.5 us each).
+Checked after a read, a protected answer proves the bytes read were ``S``'s (a layout this parser does not know: LMDB's
+``env.info()`` with the same bound).  Against another file rewritten in place, every check also compares the
+metadata record's bytes from its random ``store_id`` on, where the record lies (:attr:`Snapshot.record`).
 """
 
 from __future__ import annotations
@@ -61,13 +44,9 @@ def txn_alive(txn: Any) -> bool:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A read transaction's snapshot: its id, whether it is registered, and its meta page as it was.
-
-    ``meta`` is ``None`` when the data file's layout is unknown (``known_layout`` false) or when the meta
-    page had already been overwritten by the time it was read (a writer committed twice meanwhile).
-    ``record``: the file offset and bytes of the metadata record's fingerprint in this snapshot (see the module
-    docstring; ``None`` until the metadata was read, or where liblmdb's map does not show where it lies).
-    """
+    """A read transaction's snapshot: its id, whether it is registered, and its meta page as it was (``None``: a layout
+    this parser does not know, ``known_layout`` false, or a page overwritten before it was read); ``record``: the
+    file offset and bytes of its metadata record's fingerprint (``None``: not known)."""
 
     txnid: int
     registered: bool
@@ -81,22 +60,15 @@ class Snapshot:
         return (self.meta.last_pg + 1) * self.meta.psize if self.meta is not None else 0
 
     def intact(self, fd: int) -> bool:
-        """Whether meta page ``S & 1`` of the file ``fd`` still holds exactly this snapshot's bytes.
-
-        Raises:
-            OSError: the file cannot be read (a failing disk is not a lost snapshot).
-        """
+        """Whether meta page ``S & 1`` of the file ``fd`` still holds exactly this snapshot's bytes (``OSError``: the
+        file cannot be read; a failing disk is not a lost snapshot)."""
         if self.meta is None:
             return False
         return os.pread(fd, META_BYTES, (self.txnid & 1) * self.meta.psize) == self.meta.raw
 
     def same_file(self, fd: int) -> bool:
-        """Whether the file ``fd`` still holds this snapshot's record fingerprint where it lay (``True`` when it
-        is not known).
-
-        Raises:
-            OSError: the file cannot be read.
-        """
+        """Whether the file ``fd`` still holds this snapshot's record fingerprint where it lay (``True`` when it is not
+        known; ``OSError``: the file cannot be read)."""
         if self.record is None:
             return True
         off, raw = self.record

@@ -1,9 +1,6 @@
-"""The writer's tail: the partly filled last pieces of a store, which the next commit rewrites.
-
-Samples are packed ``samples_per_value`` to a value, and labels and class-index entries ``label_chunk`` to
-a chunk, so after any commit the last value, the last label chunk and each class's last index chunk may
-be partly filled.  The writer keeps a copy of them in memory (:class:`Tail`), read from the store when it
-opens (:func:`load_tail`) and rebuilt by every commit, so appending never re-reads the store.
+"""The writer's tail: the partly filled last value, label chunk and class-index chunks of a store, which the next
+commit rewrites; kept in memory (:class:`Tail`), read when the writer opens (:func:`load_tail`), rebuilt by every
+commit, so appending never re-reads the store.
 """
 
 from __future__ import annotations
@@ -32,40 +29,31 @@ class Tail:
 
 
 def load_tail(env: lmdb.Environment, dbs: dict[bytes, Any], meta: StoreMeta, path: Path) -> Tail:
-    """Read the partly filled last value, label chunk and class-index chunks of the store as of ``meta``.
-
-    Args:
-        env: the writer's environment; ``dbs``: its sub-database handles by name.
-        meta: the committed metadata (count and class counts say which pieces are partial).
-        path: the store, for error messages.
-
-    Raises:
-        CorruptStoreError: a partial piece the metadata implies is missing or has the wrong length.
-    """
+    """Read the partly filled last value, label chunk and class-index chunks of the store as of ``meta`` (its count
+    and class counts say which are partial), through the writer's environment ``env`` and sub-databases ``dbs``
+    (``CorruptStoreError``: a partial piece the metadata implies is missing or has the wrong length)."""
     m = meta
     tail = Tail(labels=np.zeros(0, m.label_dtype))
     with env.begin(buffers=False) as txn:
-        n_tail = m.count % m.samples_per_value
+
+        def piece(db: bytes, key: bytes, size: int, what: str, first: int | None = None) -> bytes:
+            raw = txn.get(key, db=dbs[db])
+            if raw is None or len(raw) != size:
+                raise CorruptStoreError(f"{what} is missing or has the wrong length", path=path, key=first)
+            return raw  # type: ignore[no-any-return]
+
+        n_tail, n_lab = m.count % m.samples_per_value, m.count % m.label_chunk
         if n_tail:
             first = m.count - n_tail
-            raw = txn.get(encode_key(first), db=dbs[DB_SAMPLES])
-            if raw is None or len(raw) != m.expected_value_len(first):
-                raise CorruptStoreError("last value is missing or has the wrong length", path=path, key=first)
+            raw = piece(DB_SAMPLES, encode_key(first), m.expected_value_len(first), "last value", first)
             tail.samples = raw[: n_tail * m.sample_bytes]
-        n_lab = m.count % m.label_chunk
         if n_lab:
             first = m.count - n_lab
-            raw = txn.get(encode_key(first), db=dbs[DB_LABELS])
-            if raw is None or len(raw) != n_lab * m.label_dtype.itemsize:
-                raise CorruptStoreError("last label chunk is missing or has the wrong length", path=path, key=first)
+            raw = piece(DB_LABELS, encode_key(first), n_lab * m.label_dtype.itemsize, "last label chunk", first)
             tail.labels = np.frombuffer(raw, m.label_dtype).copy()
         for c, n_c in enumerate(m.class_counts):
-            n_part = n_c % m.label_chunk
-            if n_part:
-                raw = txn.get(classidx_key(c, n_c - n_part), db=dbs[DB_CLASSIDX])
-                if raw is None or len(raw) != n_part * INDEX_DTYPE.itemsize:
-                    raise CorruptStoreError(
-                        f"last index chunk of class {m.classes[c]!r} is missing or has the wrong length", path=path
-                    )
+            if n_c % m.label_chunk:
+                n, what = n_c % m.label_chunk, f"last index chunk of class {m.classes[c]!r}"
+                raw = piece(DB_CLASSIDX, classidx_key(c, n_c - n), n * INDEX_DTYPE.itemsize, what)
                 tail.class_tails[c] = np.frombuffer(raw, INDEX_DTYPE).copy()
     return tail

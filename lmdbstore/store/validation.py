@@ -1,8 +1,5 @@
-"""Checks of what is about to be written: sample batches, labels, dtypes.
-
-One place for the rules the writer, ``ingest`` and ``write_parallel``'s workers all apply, so a batch is
-validated the same way wherever it comes from (shape, dtype or a same-kind cast, finite values, labels
-as ids or class names).
+"""Checks of what is about to be written (samples, labels), one place for the writer, ``ingest`` and
+``write_parallel``'s workers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Appending to a store: :class:`StoreWriter` (get one with :func:`lmdbstore.store.opening.open_writer`).
-
-The writer buffers appended samples and commits them in bounded transactions.  Each commit writes,
-in one LMDB transaction: the packed sample values, the label chunks, the per-class index chunks, the
-metadata (count, class counts, value statistics) and the resume ledger.  A crash therefore leaves the
-store exactly as of the last commit, and a rerun can continue from the ledger.
+"""Appending to a store: :class:`StoreWriter` (get one with :func:`lmdbstore.store.opening.open_writer`).  Each
+commit writes the packed values, label chunks, class-index chunks, metadata and resume ledger in one transaction:
+a crash leaves the store exactly as of the last commit, and a rerun continues from the ledger.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ from lmdbstore.format.ledger import check_entry, encode_entry, parse_entry
 from lmdbstore.format.meta import StoreMeta
 from lmdbstore.format.value_stats import ValueStats
 from lmdbstore.store.locks import release_lock
-from lmdbstore.store.registry import ENVS
+from lmdbstore.store.registry import EnvLease
 from lmdbstore.store.tail import Tail, load_tail
 from lmdbstore.store.validation import check_samples, label_ids
 from lmdbstore.util.memory import clip_bytes
@@ -52,22 +49,15 @@ class _Pieces:
 
     def take(self, n: int) -> bytes | memoryview:
         """The next ``n`` bytes."""
-        buf = self._buffers[self._i]
-        if self._pos + n <= len(buf):
-            out = buf[self._pos : self._pos + n]
-            self._pos += n
-            if self._pos == len(buf):
-                self._i, self._pos = self._i + 1, 0
-            return out
         parts = []
         while n:
             buf = self._buffers[self._i]
             k = min(n, len(buf) - self._pos)
-            parts.append(bytes(buf[self._pos : self._pos + k]))
+            parts.append(buf[self._pos : self._pos + k])
             self._pos, n = self._pos + k, n - k
             if self._pos == len(buf):
                 self._i, self._pos = self._i + 1, 0
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def utc_now() -> str:
@@ -76,31 +66,28 @@ def utc_now() -> str:
 
 
 class StoreWriter:
-    """Appends samples and labels to a store; use :func:`~lmdbstore.store.opening.open_writer` to get one.
+    """Appends samples and labels to a store (one writer at a time: a second gets
+    :class:`~lmdbstore.errors.StoreLockedError` at once); use :func:`~lmdbstore.store.opening.open_writer`.
 
-    Only one writer may hold a store at a time (an exclusive ``flock`` on ``writer.lock``); a second
-    one gets :class:`~lmdbstore.errors.StoreLockedError` at once rather than blocking.
-
-    Appended samples are buffered and committed when ``config.commit_bytes`` are pending (no more than half the
-    memory available when the writer opens: a larger value is clipped, with a warning naming it), on
-    :meth:`commit`, and when the writer is closed without an exception.  Leaving the ``with`` block
-    with an exception discards what was not yet committed (like a rolled-back transaction).
+    Appended samples are committed when ``config.commit_bytes`` are pending (at most half the memory available when
+    the writer opens: a larger value is clipped, with a warning), on :meth:`commit`, and on closing without an
+    exception; leaving the ``with`` block with one discards what was not committed.
     """
 
-    def __init__(self, path: Path, meta: StoreMeta, env: lmdb.Environment, lock_fd: int, config: WriterConfig):
+    def __init__(self, path: Path, meta: StoreMeta, lease: EnvLease, lock_fd: int, config: WriterConfig):
         self.path = path
         self.config = config
         self._meta = meta
-        self._env = env
+        self._lease, self._env = lease, lease.env
         self._lock_fd = lock_fd
-        self._dbs = {name: env.open_db(name) for name in ALL_DBS}
+        self._dbs = {name: self._env.open_db(name) for name in ALL_DBS}
         self._checksum = compute_checksum(meta.checksum)
         self._pending_x: list[np.ndarray] = []
         self._pending_y: list[np.ndarray] = []
         self._pending_stats_of: list[ValueStats | None] = []  # precomputed statistics per pending batch
         self._pending_bytes = 0
         self._pending_progress: dict[str, dict[str, Any]] = {}
-        self._tail = load_tail(env, self._dbs, meta, path)
+        self._tail = load_tail(self._env, self._dbs, meta, path)
         self._closed = False
         #: what is buffered before a commit: the configured bytes, bounded by the machine (warned)
         self._commit_bytes = clip_bytes(
@@ -242,7 +229,7 @@ class StoreWriter:
             self._env.reader_check()
         while True:
             try:
-                with ENVS.writing(self._env), translate_lmdb_errors(self.path, "commit"):
+                with self._lease.writing(), translate_lmdb_errors(self.path, "commit"):
                     new_meta, new_tail = self._write(xs, y, stats)
                 break
             except StoreFullError as exc:
@@ -359,7 +346,7 @@ class StoreWriter:
                 self.commit()
         finally:
             self._closed = True
-            ENVS.release_env(self._env)  # shared with this process's readers of the store
+            self._lease.release()  # the environment is shared with this process's readers of the store
             release_lock(self._lock_fd)
 
     def _check_open(self) -> None:

@@ -185,7 +185,7 @@ def _give_own_id(path: Path) -> int:
         with translate_lmdb_errors(path, "give the copy its store id"):
             txn = begin_read(env)
             try:
-                meta = read_meta(env, txn, path)
+                meta = read_meta(env, txn, path)[0]
             finally:
                 txn.abort()
             with env.begin(write=True) as w:

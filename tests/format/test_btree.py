@@ -201,7 +201,8 @@ def _runs_of(path: Path, name: bytes, free: bool = False) -> list[tuple[int, int
         pages = PageReader(fd, size, meta, path, None)
         if free:
             _, leaves = walk_tree(pages, meta.free, "free", values=True)
-            ids = sorted(int(p) for raw in leaves.values for p in np.frombuffer(raw, "<u8")[1:])
+            raw = [pages.read_bytes(off, n, "a free-list value") for _, off, n in leaves.values]
+            ids = sorted(int(p) for r in raw for p in np.frombuffer(r, "<u8")[1:])
             runs: list[tuple[int, int]] = []
             for p in ids:
                 if runs and runs[-1][0] + runs[-1][1] == p:

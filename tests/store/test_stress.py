@@ -101,12 +101,12 @@ def _lock_free_reader(path: Path, opened: Any, stop: Any, report: Any) -> None:
     until ``stop``; reports how often it read and whether it noticed the writer (a registered snapshot)."""
     try:
         c = Checker("lock-free, opened before the writer", StoreReader(path).open(), np.random.default_rng(5))
-        was = c.r._handle().registered
+        was = c.r._handle().snapshot.registered
         opened.set()
         while not stop.is_set():
             c.check()
         c.check()
-        report.put(("ok", c.reads, was, c.r._handle().registered, len(c.r)))
+        report.put(("ok", c.reads, was, c.r._handle().snapshot.registered, len(c.r)))
     except BaseException as exc:
         opened.set()
         report.put(("error", repr(exc)[:2000], None, None, None))

@@ -21,7 +21,7 @@ import pytest
 from conftest import build_store, make_data, raw_env
 
 from lmdbstore import StoreReader, WriterConfig, open_writer
-from lmdbstore.format.checksums import checksum_int, checksum_library, compute_checksum, trailer_dtype
+from lmdbstore.format.checksums import checksum_int, compute_checksum, trailer_dtype
 from lmdbstore.format.layout import classidx_key, encode_key
 from lmdbstore.tools.verify import VerifyReport, verify_store
 from lmdbstore.tools.verify_values import MIN_CHUNK, chunk_bytes, resolve_workers
@@ -198,7 +198,7 @@ def test_the_fast_crc32_equals_zlib() -> None:
 
     rng = np.random.default_rng(0)
     fn = checksum_int("crc32")
-    assert fn is not None and checksum_library("crc32") in ("isal", "zlib")
+    assert fn is not None
     for n in (0, 1, 255, 4096, 100_003):
         b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
         assert fn(b) == zlib.crc32(b)
