@@ -23,7 +23,7 @@ from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.util.procs import worker_processes
 
-__all__ = ["loader_config", "open_feed"]
+__all__ = ["channels_last_feed", "loader_config", "open_feed"]
 
 StoreArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader
 
@@ -39,6 +39,20 @@ def loader_config(config: LoaderConfig | None, options: dict[str, Any]) -> Loade
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r} (options are the fields of LoaderConfig)")
     return dataclasses.replace(base, **options)
+
+
+def channels_last_feed(
+    store: StoreArg, config: LoaderConfig | None, options: dict[str, Any], held: Callable[[int, int], int]
+) -> BatchFeed:
+    """The feed of the Keras and tf.data adapters: ``options`` are :func:`open_feed`'s ``indices``,
+    ``transform``, ``rank``, ``world_size`` and fields of ``config`` to replace; ``held(batch_size, sample_bytes)``
+    the slots for batches the consumer holds.  Raises as :func:`loader_config` and :func:`open_feed`."""
+    kw = {k: options.pop(k) for k in ("indices", "transform", "rank", "world_size") if k in options}
+    cfg = loader_config(config, options)
+    reader = as_reader(store)
+    with reader:
+        sample_bytes = reader.meta.sample_bytes
+    return open_feed(reader, cfg, channels="last", held=held(cfg.batch_size, sample_bytes), **kw)
 
 
 def open_feed(

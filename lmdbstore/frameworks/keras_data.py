@@ -22,10 +22,9 @@ import numpy as np
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
-from lmdbstore.feed.opening import loader_config, open_feed
+from lmdbstore.feed.opening import channels_last_feed
 from lmdbstore.feed.slots import slot_bytes
 from lmdbstore.loader.transform import Transform
-from lmdbstore.store.readers import as_reader
 
 __all__ = ["KERAS_HELD_BYTES", "KERAS_HELD_MAX", "StorePyDataset", "keras_dataset", "keras_extra_slots"]
 
@@ -158,12 +157,5 @@ def keras_dataset(
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
     """
-    cfg = loader_config(config, options)
-    reader = as_reader(store)
-    with reader:
-        item_bytes = int(np.prod(reader.meta.shape, dtype=np.int64)) * np.dtype(reader.meta.dtype).itemsize
-    feed = open_feed(
-        reader, cfg, channels="last", indices=indices, transform=transform,
-        held=keras_extra_slots(cfg.batch_size, item_bytes), rank=rank, world_size=world_size,
-    )  # fmt: skip
-    return StorePyDataset(feed)
+    options.update(indices=indices, transform=transform, rank=rank, world_size=world_size)
+    return StorePyDataset(channels_last_feed(store, config, options, keras_extra_slots))

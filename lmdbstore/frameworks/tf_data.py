@@ -26,8 +26,7 @@ import tensorflow as tf
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
-from lmdbstore.feed.opening import loader_config, open_feed
-from lmdbstore.loader.transform import Transform
+from lmdbstore.feed.opening import channels_last_feed
 
 __all__ = ["TF_EXTRA_SLOTS", "tf_dataset"]
 
@@ -94,18 +93,14 @@ def _pipeline(ref: weakref.ref[_Passes], batches: int, x_spec: tf.TensorSpec) ->
 def tf_dataset(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: LoaderConfig | None = None,
-    *,
-    indices: Any = None,
-    transform: Transform | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
     **options: Any,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches of ``store``: ``x`` channels-last in the store's dtype (or
     as ``transform`` returns it), ``y`` int64; ``len(ds)`` batches; a new order each time it is iterated.
 
-    Args: as :func:`lmdbstore.keras_dataset` (``config``/``options``: :class:`~lmdbstore.config.LoaderConfig`,
-    e.g. ``tf_dataset("train.lmdb", split="train", workers=2)``).  With a ``transform``, the next pass's first
+    Args: as :func:`lmdbstore.keras_dataset` (``indices``, ``transform``, ``rank``, ``world_size`` among the
+    ``options``; the others: fields of :class:`~lmdbstore.config.LoaderConfig`, e.g.
+    ``tf_dataset("train.lmdb", split="train", workers=2)``).  With a ``transform``, the next pass's first
     batch is read and transformed here for the element spec (TensorFlow needs the dtype before the first batch).
     The readers start when it is first iterated (by ``forkserver``, TensorFlow's runtime running: a script needs
     the ``if __name__ == "__main__":`` guard) and stop when the dataset (and every dataset and iterator made
@@ -116,19 +111,10 @@ def tf_dataset(
         ValueError: an unknown option or a bad value (naming it).
         Exception: what ``transform`` raises on the batch read for the element spec.
     """
-    feed = open_feed(
-        store,
-        loader_config(config, options),
-        channels="last",
-        indices=indices,
-        transform=transform,
-        held=EXTRA_SLOTS + TF_EXTRA_SLOTS,
-        rank=rank,
-        world_size=world_size,
-    )
+    feed = channels_last_feed(store, config, options, lambda _batch, _sample: EXTRA_SLOTS + TF_EXTRA_SLOTS)
     layout = feed.source.layout
     item: tuple[tuple[int, ...], np.dtype[Any]] = (tuple(layout.item_shape), np.dtype(layout.dtype))
-    if transform is not None and len(feed):
+    if feed.source.transform is not None and len(feed):
         x = np.asarray(feed.peek(0)[0])
         item = (x.shape[1:], x.dtype)
     passes = _Passes(feed, item)
