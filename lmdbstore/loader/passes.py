@@ -142,8 +142,7 @@ class EpochPasses:
         finished pass: the whole next epoch).
 
         Raises:
-            ValueError: the state is malformed or belongs to another sampler (seed, batch size, sample
-                count, world size or kind differ), naming what differs.
+            ValueError: the state is malformed or belongs to another sampler, naming what differs.
         """
         epoch, position = self.check_state(state)
         if position == len(self):

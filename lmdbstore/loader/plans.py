@@ -1,12 +1,8 @@
 """Epoch orders made on demand: the first batch of a block or window epoch without building the whole order.
 
-The orders are made of *pieces* -- runs of consecutive indices (a piece of a packed value, a chunk of values),
-a few hundred thousand entries, not millions of indices: :class:`BlockPlan` keeps the block order as its pieces
-in epoch order and expands only the slice a batch asks for (:meth:`BlockPlan.take`); :class:`WindowSequence`
-shuffles one window at a time.  The orders are the whole orders' draw for draw (docs/design.md#batch-orders).
-
-:func:`batch_bounds` gives the batch boundaries :func:`~lmdbstore.loader.orders.deal_batches` cuts, from the
-order's length alone.  numpy only.
+The orders are made of *pieces* (runs of consecutive indices: a piece of a packed value, a chunk of values), a
+few hundred thousand entries, not millions of indices; only the slice a batch asks for is expanded.  They are
+the whole orders draw for draw (docs/design.md#batch-orders).  numpy only.
 """
 
 from __future__ import annotations
