@@ -76,14 +76,11 @@ def open_feed(
 
     Args:
         channels: the layout when ``config.channels`` does not name one (the adapter's convention).
-        indices: read only these samples (instead of ``config.split``).
-        transform: run on each batch where it is read.
+        indices: read only these samples (instead of ``config.split``); transform: run on each batch where read.
         sampler: the batch sampler to use instead of one built from ``config``'s options.
-        source: what the readers read, its reader ``store``'s (default: a
-            :class:`~lmdbstore.feed.readers.StoreSource` of ``store`` with ``transform``).
-        held: slots for batches the consumer holds.
+        source: what the readers read (default: a :class:`~lmdbstore.feed.readers.StoreSource` of ``store``).
         rank, world_size: this process's share under data-parallel training (default: the process group's).
-        fence, pin: as :class:`~lmdbstore.feed.feed.BatchFeed` (page-locked slots for the GPU).
+        held, fence, pin: as :class:`~lmdbstore.feed.feed.BatchFeed`.
         say: where the one line saying what ``shuffle="auto"`` chose goes.
 
     Raises:
