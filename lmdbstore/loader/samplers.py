@@ -32,14 +32,9 @@ __all__ = [
 def block_order(
     indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Quasi-random order that keeps the samples of one packed value together in short runs.
-
-    The indices are grouped by the value holding them and the groups are shuffled.  Each group is then
-    cut into ``block_buffer`` contiguous pieces and the pieces are shuffled within windows of
-    ``block_buffer * batch_size`` samples, so a value's samples are spread over about ``block_buffer``
-    batches.  A batch needs about ``block_buffer * batch_size / samples_per_value`` lookups instead of
-    ``batch_size``, and its samples come in runs of consecutive indices that the reader copies in one go.
-    ``block_buffer=1`` keeps each value's samples in one batch (fastest, most correlated).
+    """Quasi-random order that keeps the samples of one packed value together in short runs: the values are
+    shuffled, each cut into ``block_buffer`` pieces, the pieces shuffled within windows of ``block_buffer *
+    batch_size`` samples; a batch needs about ``block_buffer * batch_size / samples_per_value`` lookups.
     """
     return BlockPlan(indices, samples_per_value, batch_size, block_buffer, rng).order()
 
@@ -246,14 +241,9 @@ def normalized_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
 def stratified_split(
     labels: np.ndarray, val_fraction: float, seed: int = LoaderConfig.seed
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded train/validation split that holds out ``val_fraction`` of every class.
-
-    ``val_fraction`` in ``[0, 1)`` is a share; a whole number ``>= 2`` is a count of samples (e.g. ``20000``),
-    held out in proportion to the classes (each class's share rounded by largest remainder, so they add up to the
-    count).  Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
-    least one in each part.
-
-    Memory: the two results and one class's positions at a time (no sort of the whole label table).
+    """Seeded train/validation split that holds out ``val_fraction`` of every class: a share in ``[0, 1)``, or a
+    count ``>= 2`` held out in proportion to the classes (by largest remainder).  Returns ``(train_indices,
+    val_indices)``, both sorted; a class of at least two samples keeps one in each part.  No sort of the labels.
     """
     check_val_fraction(val_fraction)
     labels = np.asarray(labels).reshape(-1)
