@@ -86,9 +86,8 @@ def open_feed(
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: stores of a set that do not make one set.
-        ValueError: ``indices`` not integers (a boolean mask, floats) or given with a split, a sampler that
-            cannot be made, or not even one batch per reader fitting in memory.  IndexError: an index outside
-            the store.
+        ValueError: ``indices`` not integers or given with a split, a sampler that cannot be made, or not even
+            one batch per reader fitting in memory.  IndexError: an index outside the store.
     """
     reader = as_reader(store)  # its pin of the store and file travels with the feed and its readers
     with reader:

@@ -308,8 +308,7 @@ def make_loader(
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option, a bad value, a sampler given with options that build one, a transform
-            or dataset that ``spawn``/``forkserver`` readers cannot receive, or not even one batch per reader
-            fitting in memory.
+            or dataset that spawned readers cannot receive, or not even one batch per reader fitting in memory.
     """
     cfg = loader_config(config, options)
     paths = isinstance(dataset, (str, os.PathLike, list, tuple, StoreReader, StoreSet))
