@@ -25,11 +25,8 @@ Public API (everything else is internal)::
     evaluate                       score a store with a checkpoint of ``train``                    (torch)
     LmdbBatchDataset, make_loader  batches of a store through reader processes, as a DataLoader   (torch)
 
-Every name is imported on first use (module ``__getattr__``): ``import lmdbstore`` imports nothing but this
-table and the error classes, a reader or producer process imports only the modules it uses, and reading, writing and the tools
-import none of torch, keras or tensorflow; without a framework installed, its names raise an ``ImportError``
-naming the extra to install.  (The trainer's package is ``lmdbstore.training``;
-``lmdbstore.train`` is the function.)
+Every name is imported on first use (module ``__getattr__``): reading, writing and the tools import none of
+torch, keras or tensorflow; without a framework installed, its names raise an ``ImportError`` naming the extra.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Configuration as frozen dataclasses, with every default named once, here.
 
-Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the offending
-parameter, so a bad value fails where it is given rather than deep inside a worker process.
-
-Defaults that belong to no dataclass (a command's or a tool's: picture dpi, the synthetic dataset's size,
-export chunks, ...) are named constants at the end of this module.  The command line shows exactly these
-values (``lmdbstore_cli`` reads them here and defines none of its own), and the library functions that
-take the same parameter default to the same constant, so the two cannot drift apart.
+Each dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the offending parameter,
+so a bad value fails where it is given.  Defaults that belong to no dataclass (a command's or a tool's) are
+named constants at the end of this module, which the CLI shows and the library functions default to.
 """
 
 from __future__ import annotations
@@ -78,11 +74,9 @@ class WriterConfig:
     """How a :class:`~lmdbstore.store.writer.StoreWriter` lays out and commits data.
 
     Attributes:
-        samples_per_value: samples packed into one LMDB value; ``None`` (default) lets the writer pick
-            the count that wastes the least of the last overflow page (see ``format.choose_samples_per_value``).
-            Only used when the store is created.
-        checksum: per-value checksum written after each value: ``"crc32"`` (default), ``"xxh64"``, ``"none"``.
-            Only used when the store is created.
+        samples_per_value, checksum: used when the store is created: samples packed into one LMDB value (``None``,
+            default: the count that wastes the least of the last overflow page), and the per-value checksum
+            (``"crc32"``, default, ``"xxh64"`` or ``"none"``).
         commit_bytes: payload bytes buffered before a transaction commits (default 64 MiB).
         initial_map_size: LMDB map size when the store is created (default 1 GiB); it doubles as needed.
         max_map_size: the map never grows past this; ``None`` means no limit but the disk.
@@ -131,17 +125,14 @@ class LoaderConfig:
         split, val_fraction: ``None`` (default: every sample), ``"train"`` or ``"val"``: that part of the seeded,
             stratified split ``lmdbstore train`` uses (``val_fraction`` of every class, default 0.1, or a count),
             drawn over the store as the loader opens it.
-        shuffle: ``"random"`` (a permutation per epoch), ``"block"`` (whole packed values in shuffled order, fewer
-            lookups), ``"window"`` (random batches from a window of large runs: stores bigger than RAM), ``"auto"``
-            (``random`` if the store fits in the page cache, else ``window``) or ``"none"``; ``None`` (default):
-            ``"none"`` for ``split="val"``, else ``"auto"``.
-        balanced: draw classes equally, with replacement.
-        weights: per store of a set, its exact share of every epoch, e.g. ``(0.7, 0.3)``
-            (:mod:`lmdbstore.loader.mixing`; random order only).
+        shuffle: ``"random"``, ``"block"`` (whole packed values in shuffled order), ``"window"`` (stores bigger than
+            RAM), ``"auto"`` (``random`` if the store fits in the page cache, else ``window``) or ``"none"``;
+            ``None`` (default): ``"none"`` for ``split="val"``, else ``"auto"``.
+        balanced: draw classes equally, with replacement; weights: per store of a set, its exact share of every
+            epoch, e.g. ``(0.7, 0.3)`` (random order only).
         window_mb: window of ``"window"`` in MiB (default ``None``: an eighth of available memory).
         block_buffer: block order: over how many batches each value's samples are spread (default 2).
-        seed: base seed; epoch ``e`` uses ``seed + e`` everywhere; each batch's transform draws from generators
-            seeded by it, the epoch and the batch.
+        seed: base seed of every order and of each batch's transform generators.
         workers: reader processes (default 2; 0 reads in the consuming thread); prefetch: batches each works
             ahead (default 2).
         persistent_workers: readers wait between passes (default ``True``); ``False``: they stop after each.
@@ -231,9 +222,8 @@ class TrainConfig:
         log_every: the step loss and learning rate go to TensorBoard every this many steps (default 10).
         checkpoint_every: also write ``checkpoint.pt`` every this many optimizer steps, inside epochs, so
             that ``resume`` continues inside the epoch (default ``None``: at the end of each epoch only).
-        model, model_args: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``, called as
-            ``factory(in_shape, classes, **model_args)`` (:mod:`lmdbstore.training.factory`; default
-            :data:`BUILTIN_MODEL`, the CNN, whose one argument is ``width``), and its arguments (names to JSON scalars).
+        model, model_args: the model factory, ``"module:function"`` or ``"path/to/file.py:function"``
+            (:mod:`lmdbstore.training.factory`; default :data:`BUILTIN_MODEL`), and its arguments (JSON scalars).
         optimizer: ``"adamw"`` (default) or ``"sgd"`` (momentum :data:`SGD_MOMENTUM`); label_smoothing: of the
             training loss (default 0); compile: steps through ``torch.compile`` (default ``False``).
         allow_disjoint_classes: train on a set where a store of bare class ids (``0..k-1``) shares no name with
@@ -264,8 +254,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_args", check_model_fields(self, TrainConfig.width))  # sorted pairs
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        for name in ("epochs", "log_every", "max_steps_per_epoch", "checkpoint_every"):
+            if (value := getattr(self, name)) is not None:
+                check_int(name, value, 1)
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.weight_decay < 0:
@@ -273,12 +264,6 @@ class TrainConfig:
         check_val_fraction(self.val_fraction)
         if not 1 <= self.width <= MAX_WIDTH:
             raise ValueError(f"width must be in 1..{MAX_WIDTH}, got {self.width}")
-        if self.max_steps_per_epoch is not None and self.max_steps_per_epoch < 1:
-            raise ValueError(f"max_steps_per_epoch must be positive, got {self.max_steps_per_epoch}")
-        if self.log_every < 1:
-            raise ValueError(f"log_every must be positive, got {self.log_every}")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be positive, got {self.checkpoint_every}")
         check_val_limit(self.val_limit, self.val_every)
 
     @property

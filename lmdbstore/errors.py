@@ -1,9 +1,5 @@
-"""One exception hierarchy for everything lmdbstore raises on purpose.
-
-Every error carries the store or file ``path`` it concerns, optionally the ``key`` (sample index,
-value key, metadata field) and a ``hint`` saying what the user can do about it.  ``str(err)`` is a
-single line, so the CLI can print it as is.  Errors coming from py-lmdb are translated at the
-boundary by :func:`translate_lmdb_errors`, so callers never need to import ``lmdb``.
+"""One exception hierarchy for everything lmdbstore raises on purpose: ``str(err)`` is a single line with the
+``path``, ``key`` and ``hint`` of :class:`LmdbStoreError`; py-lmdb's errors are translated at the boundary.
 """
 
 from __future__ import annotations
@@ -93,12 +89,8 @@ _WORKER_WRAPPED = re.compile(r"^Caught \w+ in DataLoader worker process \d+\.\s*
 
 
 def unwrap_worker_message(text: str) -> str:
-    """The original one-line message of an exception torch re-raised from a DataLoader worker.
-
-    torch re-raises a worker's exception in the main process as ``type(exc)(msg)``, where ``msg`` is
-    "Caught X in DataLoader worker process N." followed by the worker's whole traceback; its last line is
-    ``module.X: <the original message>``.  Any other text is returned unchanged.
-    """
+    """The original one-line message of an exception torch re-raised from a DataLoader worker (the last line of
+    the traceback its text carries, ``module.X: <message>``); any other text unchanged."""
     if not _WORKER_WRAPPED.match(text):
         return text
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
@@ -108,14 +100,8 @@ def unwrap_worker_message(text: str) -> str:
 
 
 class LmdbStoreError(Exception):
-    """Base class of every error lmdbstore raises deliberately.
-
-    Attributes:
-        message: what went wrong, one line.
-        path: the store or source file concerned (or ``None``).
-        key: the sample index, value key or field concerned (or ``None``).
-        hint: what to do about it (or ``None``).
-    """
+    """Base class of every error lmdbstore raises deliberately: ``message`` (one line), and optionally the ``path``
+    of the store or file concerned, the ``key`` (sample index, value key, field) and a ``hint`` of what to do."""
 
     def __init__(
         self,
@@ -280,11 +266,8 @@ def translate_lmdb_errors(path: str | Path, action: str) -> Iterator[None]:
 
 @contextmanager
 def translate_read_errors(path: str | Path, action: str) -> Iterator[None]:
-    """:func:`translate_lmdb_errors` for the read path, which also meets what damaged files raise.
-
-    Reads by file offset (``pread``, memory maps) and the page parser see the data file directly, so an
-    I/O error, a file shrunk under the reader or bytes that parse into nonsense come out as exceptions of
-    their own.  Wrap only the reading, never the checks of the caller's arguments.
+    """:func:`translate_lmdb_errors` for the read path, which also meets what damaged files raise (reads by file
+    offset and the page parser see the data file directly).  Wrap only the reading, never the argument checks.
 
     Raises:
         CorruptStoreError: anything the data file's contents or its reading raised.

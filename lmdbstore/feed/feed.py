@@ -58,20 +58,13 @@ def largest_batch(sampler: Any, samples: int) -> int:
 
 
 class BatchFeed:
-    """Passes over ``sampler``'s batches of ``source`` (see the module docstring).
-
-    Args:
-        source: what the readers read (a store in a layout, its labels and transform; or a dataset).
-        sampler: a batch sampler of :mod:`lmdbstore.loader`, or any iterable of index arrays.
-        samples: the store's (or set's) samples: no slot holds more.
-        workers, prefetch: reader processes (0: read in the consumer's thread) and batches each works ahead.
-        held: slots for batches the consumer holds.
-        context: the readers' start method (``None``: :func:`~lmdbstore.util.procs.start_method`'s choice).
-        seed: the run's seed (of each batch's generators).
-        persistent: readers wait between passes; ``False``: they stop at the end of each.
-        fence: called when the consumer lets a batch go; says when its slot may be reused (default: at once).
-        pin: called with each new :class:`~lmdbstore.feed.slots.SharedSlots`; returns what to call before
-            their memory is unmapped (page-locking for the GPU).
+    """Passes over ``sampler``'s batches (a sampler of :mod:`lmdbstore.loader`, or any iterable of index arrays)
+    of ``source`` (see the module docstring); the arguments are :class:`~lmdbstore.config.LoaderConfig`'s
+    (``workers=0``: read in the consumer's thread; ``context=None``: :func:`~lmdbstore.util.procs.start_method`'s
+    choice), and ``samples``: the store's (no slot holds more); ``held``: slots for batches the consumer holds;
+    ``fence``: called when the consumer lets a batch go, says when its slot may be reused (default: at once);
+    ``pin``: called with each new :class:`~lmdbstore.feed.slots.SharedSlots`, returns what to call before their
+    memory is unmapped (page-locking for the GPU).
 
     Raises:
         ValueError: not even one batch per reader fits in the memory available.
@@ -206,13 +199,8 @@ class BatchFeed:
                 self.idle.rest()
 
     def next(self) -> tuple[Any, Any]:
-        """The next batch of the pass.
-
-        Raises:
-            StopIteration: the pass is over (or none was begun).
-            LmdbStoreError, ValueError...: a reader's error (the store; a transform's own exception, with the
-                reader's traceback as its cause).
-        """
+        """The next batch of the pass.  Raises StopIteration when the pass is over (or none was begun), and a
+        reader's error as itself (a transform's own exception, the reader's traceback its cause)."""
         with self.lock:
             try:
                 return self._next()

@@ -1,8 +1,6 @@
-"""Reader processes that stop when nobody asks them for batches: the feed keeps its readers across epochs (no
-start-up per epoch) and still leaves nothing running for nobody -- a framework that keeps the dataset for good
-(Keras on TensorFlow, ``tf.data``'s functions), a loop that broke out of a pass and keeps the loader.  No batch
-asked for in :func:`idle_seconds` (at least :data:`IDLE_MIN_SECONDS`, and half the pass so far) calls the feed's
-``close`` from one thread per feed (holding the feed weakly); a pass stopped that way resumes at its next batch.
+"""Reader processes that stop when nobody asks them for batches (a framework that keeps the dataset for good, a
+loop that broke out of a pass): no batch asked for in :func:`idle_seconds` calls the feed's ``close`` from one
+thread per feed; a pass stopped that way resumes at its next batch.
 """
 
 from __future__ import annotations
@@ -28,14 +26,8 @@ def idle_seconds(pass_seconds: float) -> float:
 
 
 class IdleStop:
-    """Calls ``stop(owner)`` once no batch was asked for in :func:`idle_seconds` (see the module docstring).
-
-    Args:
-        owner: the feed (held weakly).
-        stop: what stops it, called in this object's thread with ``lock`` held, and only if nothing woke or
-            touched it since the stop was decided.
-        lock: the owner's (reentrant) lock around its passes.
-    """
+    """Calls ``stop(owner)`` (the feed, held weakly) in a thread of its own, with ``lock`` (the owner's, around its
+    passes) held, once no batch was asked for in :func:`idle_seconds` and nothing woke or touched it since."""
 
     def __init__(self, owner: Any, stop: Callable[[Any], None], lock: AbstractContextManager[Any]):
         self._owner = weakref.ref(owner)

@@ -21,13 +21,8 @@ CHANNELS: tuple[Channels, ...] = ("first", "last", "stored")
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """The layout of a store's samples in a batch (see the module docstring).
-
-    Attributes:
-        shape: one sample's shape in the store.
-        dtype: the store's dtype name.
-        channels: ``"first"``, ``"last"`` or ``"stored"``.
-    """
+    """The layout in a batch of a store's samples of ``shape`` and ``dtype`` (a name): ``channels`` ``"first"``,
+    ``"last"`` or ``"stored"`` (see the module docstring)."""
 
     shape: tuple[int, ...]
     dtype: str

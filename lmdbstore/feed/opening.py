@@ -23,7 +23,7 @@ from lmdbstore.store.metaview import check_in_range, sample_indices
 from lmdbstore.store.readers import Reader, as_reader
 from lmdbstore.util.procs import worker_processes
 
-__all__ = ["loader_config", "open_feed"]
+__all__ = ["channels_last_feed", "loader_config", "open_feed"]
 
 StoreArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Reader
 
@@ -39,6 +39,20 @@ def loader_config(config: LoaderConfig | None, options: dict[str, Any]) -> Loade
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r} (options are the fields of LoaderConfig)")
     return dataclasses.replace(base, **options)
+
+
+def channels_last_feed(
+    store: StoreArg, config: LoaderConfig | None, options: dict[str, Any], held: Callable[[int, int], int]
+) -> BatchFeed:
+    """The feed of the Keras and tf.data adapters: ``options`` are :func:`open_feed`'s ``indices``,
+    ``transform``, ``rank``, ``world_size`` and fields of ``config`` to replace; ``held(batch_size, sample_bytes)``
+    the slots for batches the consumer holds.  Raises as :func:`loader_config` and :func:`open_feed`."""
+    kw = {k: options.pop(k) for k in ("indices", "transform", "rank", "world_size") if k in options}
+    cfg = loader_config(config, options)
+    reader = as_reader(store)
+    with reader:
+        sample_bytes = reader.meta.sample_bytes
+    return open_feed(reader, cfg, channels="last", held=held(cfg.batch_size, sample_bytes), **kw)
 
 
 def open_feed(
@@ -62,22 +76,18 @@ def open_feed(
 
     Args:
         channels: the layout when ``config.channels`` does not name one (the adapter's convention).
-        indices: read only these samples (instead of ``config.split``).
-        transform: run on each batch where it is read.
+        indices: read only these samples (instead of ``config.split``); transform: run on each batch where read.
         sampler: the batch sampler to use instead of one built from ``config``'s options.
-        source: what the readers read, its reader ``store``'s (default: a
-            :class:`~lmdbstore.feed.readers.StoreSource` of ``store`` with ``transform``).
-        held: slots for batches the consumer holds.
+        source: what the readers read (default: a :class:`~lmdbstore.feed.readers.StoreSource` of ``store``).
         rank, world_size: this process's share under data-parallel training (default: the process group's).
-        fence, pin: as :class:`~lmdbstore.feed.feed.BatchFeed` (page-locked slots for the GPU).
+        held, fence, pin: as :class:`~lmdbstore.feed.feed.BatchFeed`.
         say: where the one line saying what ``shuffle="auto"`` chose goes.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: stores of a set that do not make one set.
-        ValueError: ``indices`` not integers (a boolean mask, floats) or given with a split, a sampler that
-            cannot be made, or not even one batch per reader fitting in memory.  IndexError: an index outside
-            the store.
+        ValueError: ``indices`` not integers or given with a split, a sampler that cannot be made, or not even
+            one batch per reader fitting in memory.  IndexError: an index outside the store.
     """
     reader = as_reader(store)  # its pin of the store and file travels with the feed and its readers
     with reader:

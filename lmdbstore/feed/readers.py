@@ -1,12 +1,10 @@
 """Reader processes of a feed (:class:`~lmdbstore.util.workers.Workers`): each reads whole batches straight into a
 shared-memory slot (:mod:`lmdbstore.feed.slots`) and answers with the slot number.  numpy only.
 
-A reader reads a *source* (:class:`StoreSource`: a store in a layout, its labels, a transform; the PyTorch
-adapter's dataset is one too), inherited by ``fork`` or pickled for ``forkserver``/``spawn`` (checked before any
-process starts: :func:`check_sendable`).  Protocol: for its ``k``-th batch the feed writes the sample numbers
-into the slot's label area and sends ``(slot, rows, seed)`` to reader ``k % workers`` (``seed``: the batch's
-generators, :mod:`lmdbstore.feed.seeding`); readers answer in order: ``("slot", slot, rows)`` or
-``("fresh", slot, item)`` (something else than the slot's batch, sent back).
+A reader reads a *source* (:class:`StoreSource`, or the PyTorch adapter's dataset), inherited by ``fork`` or
+pickled (checked first: :func:`check_sendable`).  For its ``k``-th batch the feed writes the sample numbers into
+the slot's label area and sends ``(slot, rows, seed)`` to reader ``k % workers``; readers answer in order:
+``("slot", slot, rows)`` or ``("fresh", slot, item)`` (something else than the slot's batch, sent back).
 """
 
 from __future__ import annotations
@@ -157,13 +155,8 @@ def check_sendable(source: StoreSource, method: str) -> None:
 
 
 class ReaderPool(Workers):
-    """``workers`` reader processes over one source and one set of slots (see the module docstring).
-
-    Args:
-        source: what they read (its reader is closed here: no open environment crosses into them).
-        slots: the shared slots (the caller's).
-        workers: processes (at least 1).
-        context: the start method (``None``: :func:`~lmdbstore.util.procs.start_method`'s choice).
+    """``workers`` (at least 1) reader processes over ``source`` (its reader is closed here: no open environment
+    crosses into them) and the caller's ``slots``, started by ``context`` (see the module docstring).
 
     Raises:
         ValueError: the source cannot be sent to readers started by that method.

@@ -1,8 +1,6 @@
-"""The generators a batch's user code sees (a transform, a dataset's ``__getitem__``): ``random``, numpy's global
-generator and torch's CPU one (where imported), seeded from the run's seed, the batch's epoch and its number in
-the epoch -- different in every batch and reader, the same on a rerun, after a resume and with any number of
-readers.  In the consumer's own process (no readers) they are put back after the batch (:func:`seeded` with
-``restore=True``).
+"""The generators a batch's user code sees (``random``, numpy's global one, torch's CPU one where imported),
+seeded from the run's seed, the epoch and the batch's number: the same on a rerun, after a resume and with any
+number of readers.  In the consumer's own process they are put back after the batch (``restore=True``).
 """
 
 from __future__ import annotations

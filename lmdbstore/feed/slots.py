@@ -1,11 +1,9 @@
 """Batch slots in shared memory, handed to the consumer without a copy and reused only when nothing references
 them any more; how many fit (docs/design.md#the-feed).  numpy only.
 
-One segment holds ``n`` slots of one batch each: the samples (``x``), then the labels (``y``, int64), on 4 KiB
-boundaries (TensorFlow wraps aligned numpy memory without a copy).  The segment has no name anywhere (an
-anonymous ``memfd``; elsewhere a file removed as soon as it is open) and its space is reserved up front.  A slot
-has one base array and every array or tensor handed out views it, so the base's reference count says whether
-anything still uses the slot, whatever framework.
+One anonymous segment (a ``memfd``), reserved up front, holds ``n`` slots: samples then int64 labels, on 4 KiB
+boundaries (TensorFlow wraps aligned memory without a copy).  Everything handed out views a slot's one base
+array, so its reference count says whether anything still uses the slot, whatever framework.
 """
 
 from __future__ import annotations
@@ -80,12 +78,9 @@ def _create_segment(size: int) -> int:
 
 
 class SharedSlots:
-    """``n`` batch slots of ``rows`` samples of ``item_bytes`` each (see the module docstring).
-
-    Args:
-        n, rows, item_bytes: slots, samples per slot, bytes per sample.
-        shared: in a shared segment, for reader processes (default ``True``); ``False``: private memory.
-        segment: map this existing segment (a reader process: its :class:`~lmdbstore.util.workers.PassedFd`) instead of making one.
+    """``n`` batch slots of ``rows`` samples of ``item_bytes`` each (see the module docstring), in a shared
+    segment for reader processes (``shared=False``: private memory), or in ``segment`` (a reader's
+    :class:`~lmdbstore.util.workers.PassedFd`) instead of a new one.
 
     Raises:
         OSError: no room for the segment.

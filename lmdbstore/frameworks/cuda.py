@@ -1,13 +1,9 @@
 """The way to the GPU for :func:`~lmdbstore.frameworks.torch_data.make_loader` (design.md, "The feed"):
 
-* ``pin_memory=True``: each set of the feed's slots is registered page-locked once (``cudaHostRegister``,
-  checked; unregistered before it is unmapped): batches are pinned views, copied with ``non_blocking=True``;
-* a slot is written again only after the copy that read it: the feed records a CUDA event on the copies'
-  stream when a batch is let go (:func:`page_locking`) and reuses the slot once it has completed;
-* ``device="cuda"``: batch ``k + 1`` is copied on a side stream while the loop computes on batch ``k``
-  (:func:`stage`);
-* where registration fails, a thread copies each batch into a few page-locked buffers allocated once and
-  reused the same way (:class:`PinnedCopies`), never a fresh pinned tensor per batch.
+* ``pin_memory=True``: the feed's slots are registered page-locked once (``cudaHostRegister``); a slot is
+  written again only after the copy that read it has completed (a CUDA event: :func:`page_locking`);
+* ``device="cuda"``: batch ``k + 1`` is copied on a side stream while the loop computes on batch ``k`` (:func:`stage`);
+* where registration fails, a thread copies each batch into a few page-locked buffers (:class:`PinnedCopies`).
 """
 
 from __future__ import annotations
@@ -115,16 +111,10 @@ def stage(batches: Iterator[Any], staging: Staging) -> Iterator[Any]:
 
 
 class PinnedCopies:
-    """Batches copied into :data:`PINNED_BUFFERS` page-locked buffers (allocated once, reused) by a thread of
-    their own: ``PinnedCopies(...)(batches)`` yields ``(x, y)`` with ``x`` pinned.  A buffer is reused once
-    nothing references the batch handed out on it (its base array's reference count, as the feed's slots) and
-    the ``fence`` recorded then has completed; a loop that keeps every buffer gets the next batch in memory of
-    its own (slower, never wrong).
-
-    Args:
-        rows, item_shape, dtype: the largest batch and its samples.
-        fence: as the feed's (``None``: none needed).
-        pinned: page-locked buffers (``False``: ordinary memory, for tests without CUDA).
+    """Batches of up to ``rows`` samples copied into :data:`PINNED_BUFFERS` page-locked buffers (``pinned=False``:
+    ordinary memory, for tests) by a thread of their own: ``PinnedCopies(...)(batches)`` yields ``(x, y)``.  A
+    buffer is reused once nothing references its batch and the ``fence`` recorded then has completed; a loop
+    that keeps every buffer gets the next batch in memory of its own (slower, never wrong).
     """
 
     def __init__(

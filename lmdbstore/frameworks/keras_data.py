@@ -1,14 +1,10 @@
 """Keras: a ``keras.utils.PyDataset`` over a feed, for ``model.fit`` on every backend (imports keras, never torch
 or TensorFlow itself).
 
-* ``on_epoch_begin`` begins a pass: every epoch has the sampler's next order, no ``set_epoch`` needed.
-* Keras asks for batch numbers in an order it may shuffle itself; the dataset answers the ``k``-th distinct
-  number asked in an epoch with the ``k``-th batch of its own order, so the readers always read ahead the right
-  batches (a number asked twice gets the same batch again).  Outside an epoch ``ds[i]`` is batch ``i`` of the
-  next epoch's order (Keras' first look); iterating it directly is one epoch.
-* Keras' own ``workers``/``use_multiprocessing`` stay off: its pools would only add copies.
-* The readers wait between epochs and stop once idle (:mod:`lmdbstore.feed.idle`): Keras on TensorFlow keeps
-  every dataset it fitted on.  Batches are channels-last, in the store's dtype, with int64 labels.
+``on_epoch_begin`` begins a pass (the sampler's next order).  Keras may shuffle the batch numbers it asks for;
+the ``k``-th distinct number asked in an epoch gets the ``k``-th batch of the feed's order, so the readers read
+ahead the right batches; outside an epoch ``ds[i]`` is batch ``i`` of the next epoch.  Keras' own workers stay
+off (its pools would only add copies).  Batches are channels-last, in the store's dtype, with int64 labels.
 """
 
 from __future__ import annotations
@@ -22,10 +18,9 @@ import numpy as np
 
 from lmdbstore.config import LoaderConfig
 from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
-from lmdbstore.feed.opening import loader_config, open_feed
+from lmdbstore.feed.opening import channels_last_feed
 from lmdbstore.feed.slots import slot_bytes
 from lmdbstore.loader.transform import Transform
-from lmdbstore.store.readers import as_reader
 
 __all__ = ["KERAS_HELD_BYTES", "KERAS_HELD_MAX", "StorePyDataset", "keras_dataset", "keras_extra_slots"]
 
@@ -68,10 +63,8 @@ class StorePyDataset(keras.utils.PyDataset):  # type: ignore[misc]
         return self.feed.sampler
 
     def state_dict(self, taken: int | None = None) -> dict[str, Any]:
-        """Where the epoch stands: the sampler's state after the batches this dataset handed out (or the
-        first ``taken`` of them: under ``model.fit`` on TensorFlow, Keras' adapter holds several batches
-        ahead of the training step, so a callback saves ``state_dict(batch + 1)`` at ``on_train_batch_end``).
-        :meth:`load_state_dict` of it makes the next epoch the rest of that one.
+        """The sampler's state after the batches handed out, or the first ``taken`` of them (Keras' adapter on
+        TensorFlow holds batches ahead: a callback saves ``state_dict(batch + 1)`` at ``on_train_batch_end``).
 
         Raises:
             ValueError: ``taken`` is more than the batches handed out in this epoch, or negative.
@@ -137,33 +130,22 @@ def keras_dataset(
     world_size: int | None = None,
     **options: Any,
 ) -> StorePyDataset:
-    """A ``keras.utils.PyDataset`` of ``store`` for ``model.fit`` (any Keras backend).
+    """A ``keras.utils.PyDataset`` of ``store`` for ``model.fit`` (any Keras backend); a new order every epoch.
 
     Args:
-        store: the store directory, or a list of them read as one set (one index space, classes mapped by
-            name, as :func:`lmdbstore.open_reader`).
-        config: what to read and how (:class:`~lmdbstore.config.LoaderConfig`); ``options`` override its
-            fields, e.g. ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
+        store: the store directory, or a list of them read as one set (as :func:`lmdbstore.open_reader`).
+        config: :class:`~lmdbstore.config.LoaderConfig`; ``options`` override its fields, e.g.
+            ``keras_dataset("train.lmdb", split="train", batch_size=4096, workers=2)``.
         indices: read only these samples (instead of ``split``).
-        transform: ``transform(x, y) -> (x, y)`` on numpy batches in the reader processes (augmentation;
-            :mod:`lmdbstore.loader.transform`).
+        transform: ``transform(x, y) -> (x, y)`` on numpy batches in the readers (:mod:`lmdbstore.loader.transform`).
         rank, world_size: this process's share under data-parallel training (default: the only one).
 
-    Every epoch has a new order (the store's shuffles: random, block, window, balanced), every sample of the
-    split comes once per epoch (``weights``: each store's exact share of it).  Once TensorFlow's or JAX's
-    runtime runs (those backends) the readers start by ``forkserver``: a script then needs the ``if __name__
-    == "__main__":`` guard (one line says so when it is missing); on the torch backend they fork.
+    Once TensorFlow's or JAX's runtime runs, readers start by ``forkserver``: a script needs the ``__main__``
+    guard (one line says so when it is missing).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
     """
-    cfg = loader_config(config, options)
-    reader = as_reader(store)
-    with reader:
-        item_bytes = int(np.prod(reader.meta.shape, dtype=np.int64)) * np.dtype(reader.meta.dtype).itemsize
-    feed = open_feed(
-        reader, cfg, channels="last", indices=indices, transform=transform,
-        held=keras_extra_slots(cfg.batch_size, item_bytes), rank=rank, world_size=world_size,
-    )  # fmt: skip
-    return StorePyDataset(feed)
+    options.update(indices=indices, transform=transform, rank=rank, world_size=world_size)
+    return StorePyDataset(channels_last_feed(store, config, options, keras_extra_slots))

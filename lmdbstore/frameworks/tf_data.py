@@ -1,15 +1,11 @@
 """TensorFlow: a ``tf.data.Dataset`` over a feed, with a known length and a new order every time it is iterated
 (imports TensorFlow, never torch; TensorFlow's public API only).
 
-``range(len(ds))`` scanned by one ``numpy_function`` per batch, which returns the pass's next batch; at batch 0
-it begins a pass, whose number the scan's state carries (an older iterator's next batch is then an error: its
-pass was abandoned).  TensorFlow's injected prefetch is off (the readers already work ahead; add
-``.prefetch()`` yourself where the consumer should run apart).  No copy: a slot is 4 KiB-aligned and TensorFlow
-wraps aligned numpy memory, holding the array while the tensor lives.  The element spec is the store's, or with
-a transform, that of the transform's output on the next pass's first batch.  TensorFlow keeps a dataset's
-functions for good, so they hold the feed weakly; the dataset holds it (as does every dataset made from it and
-every iterator), and its readers stop with them, or once idle.  An error of the readers reaches the iterator as
-TensorFlow's ``OpError``, its message carrying the original error's line and the reader's traceback.
+``range(len(ds))`` scanned by one ``numpy_function`` per batch returning the pass's next batch; batch 0 begins a
+pass, whose number the scan's state carries (an older iterator's next batch is then an error).  TensorFlow's
+injected prefetch is off (the readers work ahead).  No copy: slots are 4 KiB-aligned, which TensorFlow wraps.
+TensorFlow keeps a dataset's functions for good, so they hold the feed weakly; the dataset (and every dataset
+and iterator made from it) holds it.  A reader's error reaches the iterator as an ``OpError`` with its line.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ import tensorflow as tf
 from lmdbstore.config import LoaderConfig
 from lmdbstore.errors import LmdbStoreError
 from lmdbstore.feed.feed import EXTRA_SLOTS, BatchFeed
-from lmdbstore.feed.opening import loader_config, open_feed
-from lmdbstore.loader.transform import Transform
+from lmdbstore.feed.opening import channels_last_feed
 
 __all__ = ["TF_EXTRA_SLOTS", "tf_dataset"]
 
@@ -94,41 +89,27 @@ def _pipeline(ref: weakref.ref[_Passes], batches: int, x_spec: tf.TensorSpec) ->
 def tf_dataset(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     config: LoaderConfig | None = None,
-    *,
-    indices: Any = None,
-    transform: Transform | None = None,
-    rank: int | None = None,
-    world_size: int | None = None,
     **options: Any,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(x, y)`` batches of ``store``: ``x`` channels-last in the store's dtype (or
     as ``transform`` returns it), ``y`` int64; ``len(ds)`` batches; a new order each time it is iterated.
 
-    Args: as :func:`lmdbstore.keras_dataset` (``config``/``options``: :class:`~lmdbstore.config.LoaderConfig`,
-    e.g. ``tf_dataset("train.lmdb", split="train", workers=2)``).  With a ``transform``, the next pass's first
+    Args: as :func:`lmdbstore.keras_dataset` (``indices``, ``transform``, ``rank``, ``world_size`` among the
+    ``options``; the others: fields of :class:`~lmdbstore.config.LoaderConfig`, e.g.
+    ``tf_dataset("train.lmdb", split="train", workers=2)``).  With a ``transform``, the next pass's first
     batch is read and transformed here for the element spec (TensorFlow needs the dtype before the first batch).
-    The readers start when it is first iterated (by ``forkserver``, TensorFlow's runtime running: a script needs
-    the ``if __name__ == "__main__":`` guard) and stop when the dataset (and every dataset and iterator made
-    from it) is garbage-collected; they die with the process whatever kills it.
+    The readers start when it is first iterated (by ``forkserver``: a script needs the ``__main__`` guard) and
+    stop when the dataset and all made from it are garbage-collected.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option or a bad value (naming it).
         Exception: what ``transform`` raises on the batch read for the element spec.
     """
-    feed = open_feed(
-        store,
-        loader_config(config, options),
-        channels="last",
-        indices=indices,
-        transform=transform,
-        held=EXTRA_SLOTS + TF_EXTRA_SLOTS,
-        rank=rank,
-        world_size=world_size,
-    )
+    feed = channels_last_feed(store, config, options, lambda _batch, _sample: EXTRA_SLOTS + TF_EXTRA_SLOTS)
     layout = feed.source.layout
     item: tuple[tuple[int, ...], np.dtype[Any]] = (tuple(layout.item_shape), np.dtype(layout.dtype))
-    if transform is not None and len(feed):
+    if feed.source.transform is not None and len(feed):
         x = np.asarray(feed.peek(0)[0])
         item = (x.shape[1:], x.dtype)
     passes = _Passes(feed, item)

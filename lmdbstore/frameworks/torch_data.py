@@ -2,12 +2,9 @@
 store, and :func:`make_loader`, a ``torch.utils.data.DataLoader`` whose batches come from the feed's reader
 processes -- the same slots, resume counts and seeds as the Keras and tf.data adapters.
 
-The loader's dataset is its passes (an ``IterableDataset``: the sampler shards by rank itself, so Lightning
-leaves the loader as it is under DDP), its ``sampler`` the batch sampler, its ``state_dict`` the batches
-delivered (torchdata's ``StatefulDataLoader`` contract).  A batch is ``torch.from_numpy`` of its slot, no copy;
-with ``pin_memory`` on CUDA the slots are page-locked once and ``device=`` stages each next batch on the GPU
-(:mod:`lmdbstore.frameworks.cuda`).  torch is imported here, in that module and in :mod:`lmdbstore.training`
-only.
+The loader's dataset is its passes (an ``IterableDataset``: Lightning leaves it as it is under DDP), its
+``sampler`` the batch sampler, its ``state_dict`` the batches delivered (``StatefulDataLoader``'s contract).  A
+batch is ``torch.from_numpy`` of its slot, no copy; ``pin_memory``/``device=``: :mod:`lmdbstore.frameworks.cuda`.
 """
 
 from __future__ import annotations
@@ -57,13 +54,8 @@ class LmdbBatchDataset(StoreSource, Dataset[tuple[torch.Tensor, torch.Tensor]]):
             (closed here: each process re-opens it lazily).
         add_channel: a channel axis after the batch axis for samples of fewer than 3 dimensions (default
             ``True``: (N, 1, H, W) for (H, W)); (C, H, W) samples come as (N, C, H, W).  ``False``: (N, *shape).
-        transform: ``transform(x, y) -> (x, y)`` on numpy batches where they are read
-            (:mod:`lmdbstore.loader.transform`), e.g. augmentation (a module-level function, so that spawned
-            readers can load it; under :func:`make_loader` its generators are seeded per batch)::
-
-                def augment(x, y):
-                    x += np.random.normal(0, 0.1, x.shape).astype(x.dtype)
-                    return x, y
+        transform: ``transform(x, y) -> (x, y)`` on numpy batches where they are read (augmentation; a
+            module-level function, :mod:`lmdbstore.loader.transform`).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
@@ -305,22 +297,18 @@ def make_loader(
         dataset: a store path (or a list of them: one set), a reader, an :class:`LmdbBatchDataset` (a subclass's
             ``__getitem__`` runs in the readers) or a ``ConcatDataset`` of them (read as the set of their stores).
         sampler: the batch sampler (any iterable of index arrays; :mod:`lmdbstore.loader`'s resume exactly,
-            others by count); default: built from ``config``'s ``split``, ``shuffle``, ``weights``,
-            ``balanced``, ``batch_size``..., as ``keras_dataset`` does.
+            others by count); default: built from ``config`` as ``keras_dataset`` does.
         config: :class:`~lmdbstore.config.LoaderConfig`; ``options`` override its fields:
             ``make_loader("train.lmdb", batch_size=4096, workers=8, split="train")``.
-        pin_memory: page-lock the slots for asynchronous copies to CUDA (default ``config.pin_memory``; a no-op
-            without CUDA).
-        device: a CUDA device to deliver batches on, each staged on a side stream while the loop computes on
-            the one before (implies ``pin_memory``).
+        pin_memory: page-lock the slots for asynchronous copies to CUDA (default ``config.pin_memory``).
+        device: a CUDA device to deliver batches on, staged on a side stream (implies ``pin_memory``).
         indices, transform, rank, world_size: for the sampler built from the options (``transform``: for a
             path; a dataset has its own); say: where the one line on what ``shuffle="auto"`` chose goes.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValueError: an unknown option, a bad value, a sampler given with options that build one, a transform
-            or dataset that ``spawn``/``forkserver`` readers cannot receive, or not even one batch per reader
-            fitting in memory.
+            or dataset that spawned readers cannot receive, or not even one batch per reader fitting in memory.
     """
     cfg = loader_config(config, options)
     paths = isinstance(dataset, (str, os.PathLike, list, tuple, StoreReader, StoreSet))

@@ -1,13 +1,6 @@
 """The sampler for a store and a set of its samples, chosen the same way for every consumer: every feed
 (PyTorch's ``make_loader``, the trainer, the Keras ``PyDataset``, the ``tf.data`` factory); numpy only, no torch.
 
-* ``weights``: :class:`~lmdbstore.loader.mixing.MixedBatchSampler`, each store's share of every epoch;
-* ``balanced``: :class:`~lmdbstore.loader.samplers.BalancedBatchSampler` over the classes of the samples;
-* ``shuffle="auto"``: ``random`` when the store fits the page cache, ``window`` when it does not (said in
-  one line);
-* ``window``: :class:`~lmdbstore.loader.window.WindowBatchSampler`, reading each next window ahead;
-* ``random``, ``block``, ``none``: :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
-
 :func:`split_indices` gives the samples of a ``train``/``val`` split (the one ``lmdbstore train`` uses) of a store
 as it is; a :class:`SplitRecord` says what a run's split was drawn from, and draws it again exactly.
 """
@@ -17,7 +10,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +25,6 @@ from lmdbstore.loader.mixing import MixedBatchSampler, store_parts
 from lmdbstore.loader.samplers import BalancedBatchSampler, EpochBatchSampler, stratified_split
 from lmdbstore.loader.sets import SetBatches, SetPrefetch, grouped, set_space
 from lmdbstore.loader.window import WindowBatchSampler, bound_window_bytes, choose_shuffle
-from lmdbstore.store.env import DATA_FILE
 from lmdbstore.store.multi import StoreSet
 from lmdbstore.store.reader import StoreReader
 from lmdbstore.store.readers import Reader, data_file_bytes
@@ -57,18 +48,12 @@ Sampler = EpochBatchSampler | BalancedBatchSampler | SetBatches
 SPLITS = ("train", "val")
 
 
-def _data_bytes(store: Path | Reader) -> int:
-    if isinstance(store, (StoreReader, StoreSet)):
-        return data_file_bytes(store)
-    return os.path.getsize(Path(store) / DATA_FILE)
-
-
-def pick_shuffle(lcfg: LoaderConfig, store: Path | Reader, say: Callable[[str], None]) -> str:
-    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by the size of the store's data file(s)
-    (a path, a reader or a set of stores) against memory, and says so."""
+def pick_shuffle(lcfg: LoaderConfig, reader: Reader, say: Callable[[str], None]) -> str:
+    """The shuffle to use: ``auto`` picks ``random`` or ``window`` by the size of the reader's data file(s)
+    against memory, and says so."""
     if lcfg.order != "auto":
         return lcfg.order
-    choice = choose_shuffle(_data_bytes(store))
+    choice = choose_shuffle(data_file_bytes(reader))
     say(f"shuffle: {choice.shuffle} ({choice.reason})")
     return choice.shuffle
 
@@ -104,13 +89,9 @@ def split_indices(
 @dataclass(frozen=True)
 class SplitRecord:
     """What a train/val split was drawn from: :func:`~lmdbstore.loader.samplers.stratified_split`'s
-    ``val_fraction`` (a share or a count) and ``seed``, over the store's first ``samples`` samples (a store only
-    grows at its end), whose labels -- all the split depends on -- have the digest ``labels``.  A training run
-    writes its record into every checkpoint; ``eval --split``, ``train --resume`` and ``export --checkpoint``
-    draw the run's parts again from it (:func:`run_split`, :meth:`parts`).
-
-    Raises:
-        ValueError: a field out of range (naming it).
+    ``val_fraction`` and ``seed``, over the store's first ``samples`` samples (a store only grows at its end),
+    whose labels have the sha256 digest ``labels``.  Every checkpoint holds its run's; ``ValueError`` (naming it)
+    for a field out of range.
     """
 
     val_fraction: float
@@ -156,9 +137,8 @@ def run_split(records: Sequence[SplitRecord], labels: np.ndarray, path: Path | N
 def recorded_splits(
     ckpt: dict[str, Any], path: Path, val_fraction: float | None = None, seed: int | None = None
 ) -> list[SplitRecord]:
-    """The records of the split a checkpoint's run drew (:class:`~lmdbstore.loader.choose.SplitRecord`: one, or
-    one per set of shards under multi-node training); with ``val_fraction`` and ``seed`` (a resumed run's), checked
-    to be the run's.
+    """The split records (:class:`SplitRecord`) of a checkpoint's run (one per set of shards under multi-node
+    training); with ``val_fraction`` and ``seed`` (a resumed run's), checked to be the run's.
 
     Raises:
         LmdbStoreError: none recorded (a checkpoint of an earlier version), malformed, or of another
@@ -185,15 +165,15 @@ def _digest(labels: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(labels).data).hexdigest()  # 40M labels: ~30 ms
 
 
-def _prefetch(store: Path | Reader) -> Callable[[np.ndarray, np.ndarray], None]:
+def _prefetch(reader: Reader) -> Callable[[np.ndarray, np.ndarray], None]:
     """The window sampler's read-ahead: this process's own reader (the loaders' one is closed)."""
-    if isinstance(store, StoreSet):
-        return SetPrefetch(copy.deepcopy(store), set_space(store))
-    return StoreReader(store.path if isinstance(store, StoreReader) else store).prefetch
+    if isinstance(reader, StoreSet):
+        return SetPrefetch(copy.deepcopy(reader), set_space(reader))
+    return StoreReader(reader.path).prefetch
 
 
 def make_sampler_for(
-    store: Path | Reader,
+    reader: Reader,
     meta: StoreMeta,
     labels: np.ndarray,
     indices: np.ndarray,
@@ -205,33 +185,28 @@ def make_sampler_for(
     world_size: int | None = None,
     say: Callable[[str], None] = lambda _msg: None,
 ) -> Sampler:
-    """The sampler of ``indices`` of ``store`` (a path, a reader, or a :class:`~lmdbstore.store.multi.StoreSet`):
-    class-balanced with ``lcfg.balanced``, else in the order ``shuffle`` names (default: :func:`pick_shuffle`
-    of ``lcfg``; ``"none"``: index order; a ``window`` of ``window_bytes``, default ``lcfg.window_mb``, else an
-    eighth of available memory).  Over a set of several stores the orders are drawn in its padded
-    index space (:mod:`lmdbstore.loader.sets`: each store's packed values kept whole) and every batch comes
-    grouped by store.
-
-    With ``lcfg.weights`` each store's share of every epoch is fixed (:mod:`lmdbstore.loader.mixing`).
+    """The sampler of ``indices`` of ``reader`` (a store's, or a :class:`~lmdbstore.store.multi.StoreSet`):
+    per-store shares with ``lcfg.weights`` (:mod:`lmdbstore.loader.mixing`), class-balanced with ``lcfg.balanced``,
+    else in the order ``shuffle`` names (default: :func:`pick_shuffle`; a ``window`` of ``window_bytes``, default
+    ``lcfg.window_mb``, else an eighth of available memory).  Over a set of several stores the orders are drawn
+    in its padded index space and every batch comes grouped by store (:mod:`lmdbstore.loader.sets`).
 
     Raises:
         ValueError: a class with no sample among ``indices`` under ``balanced``, not one weight per store,
             bad sizes.
     """
     kw: dict[str, Any] = {"seed": lcfg.seed, "rank": rank, "world_size": world_size}
-    reader = store if isinstance(store, (StoreReader, StoreSet)) else None
     if lcfg.weights is not None:
-        parts = store_parts(reader, indices) if reader is not None else [indices]
-        return MixedBatchSampler(parts, lcfg.weights, lcfg.batch_size, **kw)
+        return MixedBatchSampler(store_parts(reader, indices), lcfg.weights, lcfg.batch_size, **kw)
     if lcfg.balanced:
         classes: Sequence[str] = meta.classes
         of = labels[indices]  # once, not once per class
         per_class = [indices[of == c] for c in range(len(classes))]
         del of
         balanced = BalancedBatchSampler(per_class, lcfg.batch_size, class_names=classes, **kw)
-        return grouped(balanced, reader) if reader is not None else balanced
-    shuffle = shuffle if shuffle is not None else pick_shuffle(lcfg, store, say)
-    space = set_space(reader) if reader is not None else None
+        return grouped(balanced, reader)
+    shuffle = shuffle if shuffle is not None else pick_shuffle(lcfg, reader, say)
+    space = set_space(reader)
     idx = space.to_padded(indices) if space is not None else indices
     sampler: EpochBatchSampler
     if shuffle == "window":
@@ -243,7 +218,7 @@ def make_sampler_for(
             window_bytes=window_bytes
             if window_bytes is not None or lcfg.window_mb is None
             else bound_window_bytes(lcfg.window_mb << 20, len(idx) * meta.sample_bytes, "window_mb"),
-            prefetch=_prefetch(store),
+            prefetch=_prefetch(reader),
             **kw,
         )
     else:
@@ -255,4 +230,4 @@ def make_sampler_for(
             block_buffer=lcfg.block_buffer,
             **kw,
         )
-    return grouped(sampler, reader, space) if reader is not None else sampler
+    return grouped(sampler, reader, space)

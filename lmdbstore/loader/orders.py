@@ -1,13 +1,6 @@
-"""Building blocks of the epoch orders, shared by the samplers (:mod:`lmdbstore.loader.samplers`) and the
-windowed shuffle (:mod:`lmdbstore.loader.window`).
-
-* :func:`epoch_rng`: the one seeded stream per ``(seed, epoch, purpose)`` every order draws from, so an
-  order depends on nothing else (not the worker count, not the rank).
-* :func:`concat_runs`: runs of consecutive indices (the samples of one packed value, of one chunk) gathered
-  without a Python loop per run.
-* :func:`deal_batches`: an epoch order cut into batches and dealt round-robin to the DDP ranks.
-
-numpy only; no torch.
+"""Building blocks of the epoch orders, shared by the samplers and the windowed shuffle: the one seeded stream
+per ``(seed, epoch, purpose)`` every order draws from (:func:`epoch_rng`: an order depends on nothing else, not
+the worker count, not the rank), runs gathered without a Python loop, batches dealt to the ranks.  numpy only.
 """
 
 from __future__ import annotations

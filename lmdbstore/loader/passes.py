@@ -1,17 +1,13 @@
 """Which epoch each pass over a batch sampler uses, and where a pass stands (docs/design.md#epochs-and-passes says
 why), for every sampler built on :class:`EpochPasses`:
 
-* A *pass* is one iteration over the sampler; it begins when its first batch is asked for (not at ``iter()``).
-* A pass uses the epoch ``set_epoch`` or ``load_state_dict`` pinned since the last pass began; without a
-  pin, the epoch after the last pass's (the first pass is epoch 0).
-* ``state_dict()`` is ``{"epoch", "position"}`` of the latest pass (batches yielded so far) plus what must match
-  to resume (seed, batch size, sample count, world size, kind); ``load_state_dict`` pins that epoch and the
-  batches to skip (unread); the state of a finished pass pins the next epoch.  A feed's state is the same format
-  taken at the batches it handed out (:meth:`~lmdbstore.feed.feed.BatchFeed.state_dict`).
-* The iterator of a pass is itself stateful (torchdata restores through it).
+* A *pass* is one iteration over the sampler; it begins when its first batch is asked for (not at ``iter()``),
+  with the epoch ``set_epoch`` or ``load_state_dict`` pinned since the last pass began, else the next one.
+* ``state_dict()`` is ``{"epoch", "position"}`` of the latest pass plus what must match to resume (seed, batch
+  size, sample count, world size, kind); ``load_state_dict`` pins that epoch and the batches to skip (unread).
 
-Rank and world size default to ``torch.distributed``'s default process group at the time of the pass (as
-``DistributedSampler`` does), else 0 and 1.  Nothing here imports torch.
+Rank and world size default to ``torch.distributed``'s default process group at the time of the pass, else 0
+and 1.  Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -142,8 +138,7 @@ class EpochPasses:
         finished pass: the whole next epoch).
 
         Raises:
-            ValueError: the state is malformed or belongs to another sampler (seed, batch size, sample
-                count, world size or kind differ), naming what differs.
+            ValueError: the state is malformed or belongs to another sampler, naming what differs.
         """
         epoch, position = self.check_state(state)
         if position == len(self):

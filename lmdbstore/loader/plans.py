@@ -1,12 +1,8 @@
 """Epoch orders made on demand: the first batch of a block or window epoch without building the whole order.
 
-The orders are made of *pieces* -- runs of consecutive indices (a piece of a packed value, a chunk of values),
-a few hundred thousand entries, not millions of indices: :class:`BlockPlan` keeps the block order as its pieces
-in epoch order and expands only the slice a batch asks for (:meth:`BlockPlan.take`); :class:`WindowSequence`
-shuffles one window at a time.  The orders are the whole orders' draw for draw (docs/design.md#batch-orders).
-
-:func:`batch_bounds` gives the batch boundaries :func:`~lmdbstore.loader.orders.deal_batches` cuts, from the
-order's length alone.  numpy only.
+The orders are made of *pieces* (runs of consecutive indices: a piece of a packed value, a chunk of values), a
+few hundred thousand entries, not millions of indices; only the slice a batch asks for is expanded.  They are
+the whole orders draw for draw (docs/design.md#batch-orders).  numpy only.
 """
 
 from __future__ import annotations
@@ -61,13 +57,9 @@ def batch_bounds(n: int, batch_size: int, world_size: int = 1) -> np.ndarray:
 
 
 class BlockPlan:
-    """One epoch's block order (:func:`~lmdbstore.loader.samplers.block_order`) as pieces, expanded on demand.
-
-    The values' runs of samples are shuffled (one ``rng.permutation``), each cut into ``block_buffer`` pieces,
-    and the pieces shuffled within windows of ``block_buffer * batch_size`` samples (one ``rng.random`` per
-    piece, drawn up front): the same draws, in the same order, as the eager order.  A window keeps its place in
-    the order (its pieces only move among themselves), so each window's pieces are put in order only when a
-    batch asks for them.  O(values) time and memory after one search per value.
+    """One epoch's block order (:func:`~lmdbstore.loader.samplers.block_order`) as pieces, expanded on demand:
+    every draw is made up front (one ``rng.permutation`` of the values, one ``rng.random`` per piece), and a
+    window's pieces are put in order only when a batch asks for them.  O(values) time and memory.
     """
 
     def __init__(

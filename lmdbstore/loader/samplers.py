@@ -1,15 +1,8 @@
 """Epoch orders and batch samplers: full random, block (quasi-random), class-balanced, DDP sharding.
 
-Every sampler yields whole batches as ``int64`` numpy arrays of sample indices; a DataLoader built with
-``batch_size=None`` hands each one to a single ``__getitem__`` of :class:`~lmdbstore.loader.dataset.LmdbBatchDataset`,
-so one worker reads one batch with no per-sample calls and no collate.
-
-Determinism: the order of epoch ``e`` depends only on ``(seed, e)``, never on the worker count, and is
-the same on every DDP rank; each rank then takes its own disjoint share (see :func:`shard_batches`).
-
-Epochs and resuming (:mod:`lmdbstore.loader.passes`): every pass over a sampler gets the next epoch's
-order unless ``set_epoch`` pinned one; ``state_dict``/``load_state_dict`` resume inside an epoch.
-numpy only; no torch.
+Every sampler yields whole batches as ``int64`` numpy arrays of sample indices.  The order of epoch ``e``
+depends only on ``(seed, e)`` and is the same on every DDP rank; each rank takes its own disjoint share
+(:func:`shard_batches`).  Passes, epochs and resuming: :mod:`lmdbstore.loader.passes`.  numpy only.
 """
 
 from __future__ import annotations
@@ -39,14 +32,9 @@ __all__ = [
 def block_order(
     indices: np.ndarray, samples_per_value: int, batch_size: int, block_buffer: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Quasi-random order that keeps the samples of one packed value together in short runs.
-
-    The indices are grouped by the value holding them and the groups are shuffled.  Each group is then
-    cut into ``block_buffer`` contiguous pieces and the pieces are shuffled within windows of
-    ``block_buffer * batch_size`` samples, so a value's samples are spread over about ``block_buffer``
-    batches.  A batch needs about ``block_buffer * batch_size / samples_per_value`` lookups instead of
-    ``batch_size``, and its samples come in runs of consecutive indices that the reader copies in one go.
-    ``block_buffer=1`` keeps each value's samples in one batch (fastest, most correlated).
+    """Quasi-random order that keeps the samples of one packed value together in short runs: the values are
+    shuffled, each cut into ``block_buffer`` pieces, the pieces shuffled within windows of ``block_buffer *
+    batch_size`` samples; a batch needs about ``block_buffer * batch_size / samples_per_value`` lookups.
     """
     return BlockPlan(indices, samples_per_value, batch_size, block_buffer, rng).order()
 
@@ -68,17 +56,13 @@ class EpochBatchSampler(EpochPasses):
     """Batches that cover ``indices`` exactly once per epoch, in random or block order.
 
     Args:
-        indices: the sample indices to draw from (e.g. the training split).
-        batch_size: samples per batch on this rank.
-        shuffle: ``"random"`` (a fresh permutation each epoch), ``"block"`` (see :func:`block_order`) or
-            ``"none"`` (the given order, e.g. for validation).
-        samples_per_value: the store's packing, needed for block mode.
-        block_buffer: batches' worth of values mixed together in block mode.
+        indices, batch_size: the sample indices to draw from; samples per batch on this rank.
+        shuffle: ``"random"`` (a fresh permutation each epoch), ``"block"`` (see :func:`block_order`; with the
+            store's ``samples_per_value`` and ``block_buffer``) or ``"none"`` (the given order).
         seed: base seed.  Each pass takes the next epoch's order; :meth:`set_epoch` pins one.
-        rank, world_size: this process's share under DDP (default ``None``: from ``torch.distributed``'s
-            process group when one is initialized, else the only process).
-        drop_last: leave out the final short batch; with several ranks, the tail that would not give
-            every rank a full batch (so that all ranks still run the same number of steps).
+        rank, world_size: this process's share under DDP (default: ``torch.distributed``'s process group, if any).
+        drop_last: leave out the final short batch (with several ranks, the tail that would not give every rank
+            a full batch).
 
     Raises:
         ValueError: a non-positive ``batch_size``, an unknown ``shuffle``, a ``rank`` outside the world.
@@ -141,8 +125,7 @@ class EpochBatchSampler(EpochPasses):
         if self.shuffle == "block":
             return list(self._block_batches(self.epoch if epoch is None else epoch, 0))
         order = self.epoch_order(epoch)
-        out = shard_batches(self.whole_steps(order), self.batch_size, self.rank, self.world_size)
-        return out
+        return shard_batches(self.whole_steps(order), self.batch_size, self.rank, self.world_size)
 
     def batches_from(self, epoch: int, start: int) -> Iterator[np.ndarray]:
         if self.shuffle == "block":  # made as they are asked for: the first batch does not wait for the epoch
@@ -169,14 +152,11 @@ class EpochBatchSampler(EpochPasses):
 class BalancedBatchSampler(EpochPasses):
     """Batches that draw classes in fixed proportions (equal by default), with replacement.
 
-    Rare classes are oversampled and frequent ones undersampled, so an epoch is defined as
-    ``num_batches`` batches (default: as many as a plain epoch over all the given indices would have).
-
     Args:
-        class_indices: per class, the sample indices it may draw from (e.g. the training split of it).
+        class_indices: per class, the sample indices it may draw from.
         batch_size: samples per batch on this rank.
         weights: relative share of each class (default equal); classes with weight 0 are never drawn.
-        num_batches: batches per epoch on this rank.
+        num_batches: batches per epoch on this rank (default: as many as a plain epoch's).
         seed, rank, world_size: as for :class:`EpochBatchSampler`; ranks draw disjoint random streams.
         class_names: names for error messages (default: the class numbers).
 
@@ -261,16 +241,9 @@ def normalized_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
 def stratified_split(
     labels: np.ndarray, val_fraction: float, seed: int = LoaderConfig.seed
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded train/validation split that holds out ``val_fraction`` of every class.
-
-    ``val_fraction`` in ``[0, 1)`` is a share; a whole number ``>= 2`` is a count of samples (e.g. ``20000``),
-    held out in proportion to the classes (each class's share rounded by largest remainder, so they add up to the
-    count).  Returns ``(train_indices, val_indices)``, both sorted.  A class with at least two samples keeps at
-    least one in each part.
-
-    Memory: the two results (8 bytes a sample) and, one class at a time, that class's positions; no sort of the
-    whole label table.  A class's held-out samples are ``rng.choice(its positions, ...)``, class by class in class
-    order: a run's split is drawn again exactly.
+    """Seeded train/validation split that holds out ``val_fraction`` of every class: a share in ``[0, 1)``, or a
+    count ``>= 2`` held out in proportion to the classes (by largest remainder).  Returns ``(train_indices,
+    val_indices)``, both sorted; a class of at least two samples keeps one in each part.  No sort of the labels.
     """
     check_val_fraction(val_fraction)
     labels = np.asarray(labels).reshape(-1)

@@ -2,14 +2,10 @@
 each store's packed values whole, and every batch comes grouped by store, so the set reads each store's part
 straight into its rows.
 
-The samplers group samples by ``index // samples_per_value``.  In the set's index space a store after the first
-starts wherever the stores before it ended, usually inside a value's worth of indices, so that grouping would
-cut every value of it in two.  :class:`SetSpace` is the set's index space with every store moved up to start
-on a value boundary (the *padded* space: a few unused indices between stores); samplers work on padded indices,
-and :class:`SetBatches` maps their batches back to set indices and groups them by store.  For one store
-nothing changes: :func:`set_space` is ``None`` and :func:`grouped` returns the sampler itself.
-
-numpy only; no torch.
+The samplers group samples by ``index // samples_per_value``; in the set's index space a later store starts
+inside a value's worth of indices, so :class:`SetSpace` moves every store up to a value boundary (the *padded*
+space); samplers work on padded indices, and :class:`SetBatches` maps their batches back and groups them by
+store.  For one store nothing changes.  numpy only.
 """
 
 from __future__ import annotations
@@ -27,13 +23,8 @@ __all__ = ["SetBatches", "SetPrefetch", "SetSpace", "grouped", "set_space"]
 
 
 class SetSpace:
-    """The padded index space of a set: store ``i`` starts at ``padded[i]``, a multiple of
-    ``samples_per_value``, instead of at ``offsets[i]``.
-
-    Args:
-        counts: samples of each store, in order.
-        samples_per_value: the packing the samplers group by (a set's first store's).
-    """
+    """The padded index space of a set of stores of ``counts`` samples: store ``i`` starts at ``padded[i]``, a
+    multiple of ``samples_per_value`` (the samplers' grouping), instead of at ``offsets[i]``."""
 
     def __init__(self, counts: list[int], samples_per_value: int) -> None:
         c = np.asarray(counts, np.int64)

@@ -17,11 +17,8 @@ Transform = Callable[[np.ndarray, np.ndarray], tuple[Any, Any]]
 
 
 def apply_transform(transform: Transform, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Run ``transform`` on the batch ``(x, y)``; ``x`` is the buffer the batch was read into.
-
-    Returns ``(x', y', in_buffer)``: ``in_buffer`` is ``True`` when the transformed samples are in ``x``
-    (changed in place, or of the same shape and dtype and copied there), ``False`` when ``x'`` is another
-    array (other shape or dtype).  ``y'`` is an ``int64`` array.
+    """Run ``transform`` on the batch ``(x, y)`` read into buffer ``x``: ``(x', y', in_buffer)``, ``y'`` int64,
+    ``in_buffer`` whether the samples are in ``x`` (changed in place, or copied there when of its shape and dtype).
 
     Raises:
         ValueError: the result is not a pair of arrays, the labels are not integers, or the sample and label

@@ -1,13 +1,9 @@
 """A shuffle for stores bigger than RAM: random batches drawn from a window of large consecutive runs
 (docs/design.md#window-shuffle).
 
-The windowed order reads the store in *chunks* of consecutive values (large sequential reads), takes the chunks
-in a random order, gathers ``window`` bytes' worth of them, and permutes all samples of that window uniformly;
-batches are cut from the result.  With the ``prefetch`` hook (e.g.
-:meth:`lmdbstore.store.reader.StoreReader.prefetch`) the next window is read into the page cache meanwhile.
-
-:func:`choose_shuffle` picks ``random`` when the store fits in the page-cache budget and ``window`` when
-it does not; :func:`default_window_bytes` sizes the window from available memory.
+The windowed order takes *chunks* of consecutive values (large sequential reads) in a random order, gathers
+``window`` bytes' worth of them, and permutes all samples of that window uniformly; batches are cut from the
+result, and the ``prefetch`` hook reads the next window into the page cache meanwhile.
 """
 
 from __future__ import annotations
@@ -58,11 +54,9 @@ Prefetch = Callable[[np.ndarray, np.ndarray], None]
 def bound_window_bytes(
     window_bytes: int, data_bytes: int, parameter: str = "window_bytes", available: int | None = None
 ) -> int:
-    """``window_bytes`` bounded by the machine: a window (its pages read ahead into the page cache, the next one
-    beside it) that holds more of the data than half the available memory would evict itself while it is read, so
-    it is clipped to that, with a :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming ``parameter``.  A window
-    larger than the data (``data_bytes``) only holds all of it: kept as asked (the order depends on it), and
-    bounded by what the data needs.
+    """``window_bytes`` bounded by the machine: a window holding more of the data (``data_bytes``) than half the
+    available memory would evict itself while read ahead, so it is clipped, with a
+    :class:`~lmdbstore.util.memory.MemoryBoundWarning` naming ``parameter``.
 
     Raises:
         ValueError: ``window_bytes`` not positive.
@@ -109,14 +103,12 @@ class WindowBatchSampler(EpochBatchSampler):
         indices, batch_size, seed, rank, world_size, drop_last: as for
             :class:`~lmdbstore.loader.samplers.EpochBatchSampler`.
         samples_per_value, sample_bytes: the store's packing and sample size.
-        window_bytes: sample bytes per window (default :func:`default_window_bytes`; for ranks sharing the order,
-            ``world_size`` > 1, :data:`SHARED_WINDOW_BYTES`: one size on every rank); one that would hold more of
-            the data than the machine can give is clipped (:func:`bound_window_bytes`, with a warning).
-        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window,
-            at most 256 MiB, would hold fewer than 256 chunks).
-        prefetch: called as ``prefetch(lo, hi)`` with the sample ranges of the next window when a window
-            starts (and of the first two windows when the epoch starts), e.g.
-            :meth:`~lmdbstore.store.reader.StoreReader.prefetch`.
+        window_bytes: sample bytes per window (default :func:`default_window_bytes`; with ``world_size`` > 1,
+            :data:`SHARED_WINDOW_BYTES`, one size on every rank), clipped by :func:`bound_window_bytes`.
+        chunk_bytes: bytes of consecutive values per chunk (default 4 MiB; less when the first window, at most
+            256 MiB, would hold fewer than 256 chunks).
+        prefetch: ``prefetch(lo, hi)`` with the sample ranges of the next window when one starts (e.g.
+            :meth:`~lmdbstore.store.reader.StoreReader.prefetch`).
 
     Raises:
         ValueError: a non-positive size.

@@ -1,8 +1,7 @@
 """A batch's and the model's way onto the device, shared by training and evaluation.
 
-A batch crosses to the device in the store's own dtype (the copy moves the stored bytes, not a float32
-blow-up of them) and is converted to the model's dtype there, straight into channels-last for images, the
-layout the CNN runs fastest in.  Mixed precision (bfloat16 autocast) applies on CUDA only.
+A batch crosses to the device in the store's own dtype and is converted there, straight into channels-last for
+images.  Mixed precision (bfloat16 autocast) applies on CUDA only.
 """
 
 from __future__ import annotations

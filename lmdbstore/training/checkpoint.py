@@ -1,12 +1,11 @@
 """Training checkpoints: written atomically, loaded with ``torch.load(weights_only=True)`` (no pickle
 code runs), and checked before anything is built from them.
 
-A checkpoint is a dict of tensors and plain values (format ``CHECKPOINT_FORMAT``): the model's state dict,
-class names, sample shape, input channels and width, the model's factory and its arguments (``model_factory``,
-``model_args`` as JSON; checkpoints without them are of the built-in CNN), plus what resuming needs (optimizer
-state, epoch, history).  What it claims is bounded (width, classes, dimensions) and its weights must have exactly the
-shapes of the model it describes, so a hostile file cannot make :func:`load_checkpoint` allocate gigabytes;
-every failure is one :class:`~lmdbstore.errors.LmdbStoreError` line.
+A checkpoint is a dict of tensors and plain values (format ``CHECKPOINT_FORMAT``): the model's state dict, class
+names, sample shape, input channels and width, the model's factory and its arguments (``model_factory``,
+``model_args`` as JSON; a checkpoint without one of them is refused), plus what resuming needs (optimizer state,
+epoch, history).  What it claims is bounded (width, classes, dimensions) and its weights must have exactly the
+shapes of the model it describes, so a hostile file cannot make :func:`load_checkpoint` allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = 1
-_CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "width"}
+_CHECKPOINT_KEYS = {"model", "classes", "sample_shape", "in_channels", "width", "model_factory", "model_args"}
 RESUME_KEYS = {"optimizer", "epoch", "history"}  # what resuming needs beyond the model
 
 
@@ -106,7 +105,7 @@ def _check_claims(ckpt: dict[str, Any], p: Path) -> None:
         raise bad(f"sample_shape must be a list of dimensions in 1..{MAX_DIM}")
     if not is_int(width) or not 1 <= width <= MAX_WIDTH:
         raise bad(f"width {width!r} is not in 1..{MAX_WIDTH}")
-    channels = ckpt.get("in_channels", 1)
+    channels = ckpt["in_channels"]
     if not is_int(channels) or not 1 <= channels <= MAX_DIM:
         raise bad(f"in_channels {channels!r} is not in 1..{MAX_DIM}")
     try:
@@ -147,15 +146,12 @@ def model_name(ref: ModelRef) -> str:
 
 
 def checkpoint_model(ckpt: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The model a checkpoint records: its name (:func:`model_name`) and its factory's arguments
-    (a checkpoint of before they were recorded: the built-in CNN of its ``width``).
+    """The model a checkpoint records: its name (:func:`model_name`) and its factory's arguments.
 
     Raises:
         ValueError: ``model_factory`` or ``model_args`` malformed.
     """
-    if "model_factory" not in ckpt:
-        return BUILTIN_MODEL, {"width": ckpt["width"]}
-    name, raw = ckpt["model_factory"], ckpt.get("model_args", "{}")
+    name, raw = ckpt["model_factory"], ckpt["model_args"]
     if not isinstance(name, str) or not 3 <= len(name) <= 300 or ":" not in name:
         raise ValueError("model_factory must be a factory's name")
     try:
@@ -204,8 +200,7 @@ def model_channels(shape: tuple[int, ...], path: Path) -> int:
 def check_checkpoint(ckpt: dict[str, Any], classes: list[str], shape: tuple[int, ...], ckpt_path: Path) -> None:
     """Refuse a checkpoint trained on other classes, another channel count or another sample shape."""
     trained = tuple(int(s) for s in ckpt["sample_shape"])
-    # checkpoints from before in_channels was stored: the channels follow from the shape
-    trained_c = int(ckpt["in_channels"]) if "in_channels" in ckpt else feed_shape(trained)[0]
+    trained_c = int(ckpt["in_channels"])
     channels = feed_shape(shape)[0]
     if trained_c != channels:
         raise LmdbStoreError(
@@ -233,11 +228,9 @@ def load_weights(model: nn.Module, ckpt: dict[str, Any], ckpt_path: Path) -> Non
 def model_from_checkpoint(
     ckpt: dict[str, Any], ckpt_path: Path, model: str | None = None, model_args: dict[str, Any] | None = None
 ) -> nn.Module:
-    """The model a checked checkpoint describes, with its weights.
-
-    The built-in CNN is rebuilt from the checkpoint alone; a model of the user's factory only from the factory
-    the caller names as ``model`` (a checkpoint is never trusted to choose code to import), with the
-    checkpoint's arguments (``model_args``, when given, must be them).
+    """The model a checked checkpoint describes, with its weights: the built-in CNN from the checkpoint alone, a
+    user's model only from the factory the caller names as ``model`` (a checkpoint never chooses code to import),
+    with the checkpoint's arguments (``model_args``, when given, must be them).
 
     Raises:
         ModelError: a user model's checkpoint without ``model``, another factory or other arguments than the

@@ -1,8 +1,5 @@
-"""What the trainer reads and how: the store's metadata and labels, the checks made before any step, the
-epoch order of the training split (random, block, window or class-balanced) and the two loaders.
-
-Everything here raises before a model is built or a file is written, so a run that cannot work fails at
-once with one :class:`~lmdbstore.errors.ValidationError` line.
+"""What the trainer reads and how: the store's metadata and labels, the checks made before any step (one
+:class:`~lmdbstore.errors.ValidationError` line before a model is built or a file written) and the two loaders.
 """
 
 from __future__ import annotations
@@ -52,16 +49,13 @@ def read_store(
     allow_disjoint_classes: bool = False,
     say: Log | None = None,
 ) -> TrainData:
-    """Read the metadata and labels of ``store`` -- a path, or a list of them read as one set -- (the reader is
-    closed again at once: workers open their own) and, for the built-in CNN (``cnn``), check that it can take
-    its samples.
+    """Read the metadata and labels of ``store`` (a path, or a list of them read as one set; the reader is
+    closed again at once) and, for the built-in CNN (``cnn``), check that it can take its samples.
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
-        ValidationError: samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4); stores
-            of a set that do not make one set; a store of bare class ids sharing no class name with the others
-            (unless ``allow_disjoint_classes``; :func:`check_class_overlap`, which says other disjoint stores to
-            ``say``).
+        ValidationError: samples the CNN cannot take; stores of a set that do not make one set; classes as
+            :func:`check_class_overlap` refuses them.
     """
     reader = as_reader(store)
     with reader:
@@ -76,11 +70,9 @@ def read_store(
 
 
 def check_class_overlap(stores: StoreSet, allow: bool = False, say: Log | None = None) -> None:
-    """Refuse (unless ``allow``) a set in which a store's classes are bare class ids ``0..k-1`` -- what a store
-    gets whose source named no class -- sharing no name with the other stores' named classes: its ids would be
-    new classes of their own (``0..4`` next to ``circle, ...``: a 10-class problem where 5 were meant).  Any
-    other store of several classes sharing no name with the others is said in one line (``say``), not refused:
-    stores split by class are a set of that kind.
+    """Refuse (unless ``allow``) a set in which a store of bare class ids ``0..k-1`` shares no name with the
+    other stores' named classes (``0..4`` next to ``circle, ...``: 10 classes where 5 were meant).  Any other store
+    sharing no class name with the others is said in one line (``say``): stores split by class are such a set.
 
     Raises:
         ValidationError: naming the store and both class lists.

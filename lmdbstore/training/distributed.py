@@ -50,13 +50,8 @@ def all_reduce(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 def resolve_device(spec: str, info: DistInfo) -> torch.device:
-    """``"auto"``: CUDA (this rank's GPU) when available, else CPU.  Otherwise ``cpu``, ``cuda`` (this rank's
-    GPU) or ``cuda:N``, checked against the machine.
-
-    Raises:
-        ValueError: a device string torch does not parse, a device type other than cpu and cuda, CUDA asked
-            for but not available, or a GPU index the machine does not have.
-    """
+    """``"auto"``: CUDA (this rank's GPU) when available, else CPU; otherwise ``cpu``, ``cuda`` (this rank's GPU)
+    or ``cuda:N``, checked against the machine (``ValueError`` naming what does not parse or exist)."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     try:

@@ -71,10 +71,9 @@ def score_loader(
     """Run ``model`` (put in eval mode) over every ``(x, y)`` batch of ``loader`` and count the summed
     cross-entropy and the confusion matrix, all-reduced over the ranks of ``info`` (default: one process).
 
-    ``amp``: bfloat16 autocast on CUDA (default off).  ``keep_predictions``: also keep each batch's predicted
-    class ids (uint16), in loader order.  ``label_map``: the model's class id of each of the loader's label
-    ids (a store whose classes are some of the model's, in another order).  ``model_ref``: the model's factory,
-    named when the model raises in ``forward`` (:func:`~lmdbstore.training.factory.call_model`).
+    ``amp``: bfloat16 autocast on CUDA.  ``keep_predictions``: keep each batch's predicted class ids (uint16).
+    ``label_map``: the model's class id of each of the loader's label ids.  ``model_ref``: the model's factory,
+    named when the model raises in ``forward``.
     """
     model.eval()
     k = n_classes
@@ -153,38 +152,28 @@ def evaluate(
     model_args: dict[str, Any] | None = None,
     split: str | None = None,
 ) -> dict[str, Any]:
-    """Score ``store`` (or the given ``indices`` of it) with a checkpoint from
-    :func:`~lmdbstore.training.trainer.train`.
-
-    Classes are matched by name, as training does: the store's classes may be any of the checkpoint's, in
-    any order (a store of the val classes only, a set of stores); the scores are over the checkpoint's
-    classes (``None`` for a class with no sample).
+    """Score ``store`` (or its ``indices``, in sorted order) with a checkpoint of
+    :func:`~lmdbstore.training.trainer.train`; classes are matched by name (the store's may be any of the
+    checkpoint's, in any order), the scores are over the checkpoint's (``None`` for a class with no sample).
 
     Args:
         store: the store directory, or a list of them scored as one set (one index space, classes by name).
         checkpoint: ``checkpoint.pt`` or ``best.pt`` of a training run.
-        batch_size: samples per batch (default 4096); workers: DataLoader workers (default 2).
-        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda:1"``...
-        indices: the samples to score (default: all); scored in sorted order.
-        predictions_out: with it, the predicted class ids (uint16, one per scored sample, in index order)
-            are saved there as ``.npy``.
-        model: the factory of a checkpoint of the user's own model (``module:function`` or
-            ``path/to/file.py:function``; required for one, as a checkpoint's word never chooses code to import);
-            default ``None``: the built-in CNN.
-        model_args: the factory's arguments; default ``None``: the checkpoint's (given, they must be them).
-        split: ``"train"`` or ``"val"``: score only that part of the split the training run used, exactly (the
-            checkpoint's record of it: :class:`~lmdbstore.loader.choose.SplitRecord`; on a store that grew since,
-            the run's samples); default ``None``: every sample (or ``indices``).
+        batch_size, workers, device: as :class:`LoaderConfig` and :class:`TrainConfig` (default 4096, 2, auto).
+        predictions_out: where to save the predicted class ids (uint16, in index order) as ``.npy``.
+        model, model_args: the factory of a checkpoint of the user's own model (required for one: a checkpoint
+            never chooses code to import) and its arguments (default: the built-in CNN; the checkpoint's).
+        split: ``"train"`` or ``"val"``: exactly that part of the run's split (its record in the checkpoint:
+            :class:`~lmdbstore.loader.choose.SplitRecord`); default ``None``: every sample (or ``indices``).
 
     Returns a dict with ``samples``, ``loss``, ``accuracy``, ``per_class_accuracy`` and ``confusion`` over
     the checkpoint's ``classes`` (and ``store``: the first store, ``stores``: all, ``checkpoint``).
 
     Raises:
-        ValidationError: the store's samples have a shape the CNN cannot take; stores of a set that do not
-            make one set.
-        LmdbStoreError: unreadable checkpoint, or one trained on another number of channels or another
-            sample shape, or without a class of the store; ``predictions_out`` cannot be written; with ``split``:
-            a checkpoint that records no split, or a store that changed since the run.
+        ValidationError: samples of a shape the CNN cannot take; stores of a set that do not make one set.
+        LmdbStoreError: unreadable checkpoint, or one of other channels or sample shape, or without a class of
+            the store; ``predictions_out`` cannot be written; with ``split``: a checkpoint that records no
+            split, or a store that changed since the run.
         ModelError: a checkpoint of the user's model without ``model``, or of another factory or arguments.
         ValueError: ``split`` not ``"train"``/``"val"``, or with ``indices``; indices that are not integers.
         IndexError: an index outside the store.

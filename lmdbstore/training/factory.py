@@ -2,19 +2,13 @@
 guarded so that whatever it does wrong is one :class:`~lmdbstore.errors.ModelError` line naming it.
 
 A factory is called as ``factory(in_shape, classes, **model_args)``: ``in_shape`` is one sample as the loader
-feeds it (``(C, H, W)``; 2-D samples ``(H, W)`` get ``C = 1``, 1-D samples ``(L,)`` are ``(1, L)``), ``classes``
-the number of classes; it returns an ``nn.Module`` mapping a float32 batch ``(N, *in_shape)`` (channels-last
-in memory for images, on the CPU the model too) to ``(N, classes)`` logits.  The built-in CNN is the default
-factory (:data:`~lmdbstore.config.BUILTIN_MODEL`).
+feeds it (``(C, H, W)``; ``(H, W)`` gets ``C = 1``, ``(L,)`` is ``(1, L)``); it returns an ``nn.Module`` mapping
+a float32 batch ``(N, *in_shape)`` (channels-last in memory for images) to ``(N, classes)`` logits.
 
-A checkpoint records the factory as its *identity* -- the module's last name or the file's stem, and the
-function: ``my_cnn:build`` for ``examples/my_cnn.py:build`` and for ``pkg.my_cnn:build`` -- and its arguments as
-JSON; never code.  ``eval`` and ``--resume`` rebuild the model only from a factory the caller names (a
-checkpoint naming a module is not imported on its word: that would run code a downloaded checkpoint chose),
-and refuse one whose identity or arguments differ from the checkpoint's.
-
-Module references are imported with the current directory on ``sys.path`` for the time of the import (as
-``python -m`` would; the console script's ``sys.path`` lacks it); file references are loaded from the file.
+A checkpoint records the factory as its *identity* (the module's last name or the file's stem, and the function:
+``my_cnn:build`` for ``examples/my_cnn.py:build`` and ``pkg.my_cnn:build``) and its arguments as JSON; never code.
+``eval`` and ``--resume`` rebuild the model only from a factory the caller names, and refuse one whose identity
+or arguments differ.  Module references are imported with the current directory on ``sys.path`` meanwhile.
 """
 
 from __future__ import annotations
@@ -40,14 +34,8 @@ __all__ = ["ModelRef", "build_from", "call_model", "feed_shape", "load_factory",
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A parsed factory reference.
-
-    Attributes:
-        text: as given.
-        function: the function's name.
-        module: the module's dotted name (``None`` for a file).
-        file: the ``.py`` file, resolved (``None`` for a module).
-    """
+    """A parsed factory reference ``text``: its ``function``, and its ``module`` (dotted name) or ``file`` (the
+    ``.py`` file, resolved)."""
 
     text: str
     function: str

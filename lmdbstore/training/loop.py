@@ -1,11 +1,8 @@
 """The epoch loop: train one epoch, validate, report, checkpoint; repeat.
 
-Each epoch's metrics are summed over the ranks; only rank 0 prints, appends to ``metrics.jsonl``, logs
-TensorBoard scalars and writes checkpoints (:mod:`~lmdbstore.training.saving`).  The loop also measures how
-long it waits for the next batch (the data-wait share), the number that says whether the loader keeps the
-model busy.  A resumed run starts inside its first epoch at the step its checkpoint recorded: the sampler
-skips the batches already trained and the epoch's metrics continue from the recorded partial sums, so they
-count every sample once.  Epochs are numbered from 1 in every line, metric and JSON.
+Each epoch's metrics (with the share of time spent waiting for data) are summed over the ranks; only rank 0
+prints and writes files.  A resumed run starts inside its first epoch at the step its checkpoint recorded, its
+metrics continuing from the recorded partial sums.  Epochs are numbered from 1 in every line, metric and JSON.
 """
 
 from __future__ import annotations

@@ -8,10 +8,8 @@ Architecture (``width`` = w, default 16)::
     conv3x3(2w -> 4w) + BN + ReLU
     global average pool, dropout 0.1, linear(4w -> classes)
 
-Global pooling makes it accept any spatial size of at least 4x4 (the two 2x pools need it).  2-D samples (H, W)
-are one-channel images, 3-D samples (C, H, W) have C channels; 1-D samples (L,) are refused: as (1, 1, L) images
-their height of 1 would not survive the first pool.  Samples of any real dtype are cast to the weights' dtype
-(float32) in ``forward``.
+Global pooling makes it accept any spatial size of at least 4x4.  2-D samples (H, W) are one-channel images, 3-D
+samples (C, H, W) have C channels; 1-D samples are refused.  ``forward`` casts samples to the weights' dtype.
 """
 
 from __future__ import annotations
@@ -83,8 +81,7 @@ def input_channels(sample_shape: tuple[int, ...]) -> int:
 
 def build_cnn(in_shape: tuple[int, ...], classes: int, width: int = 16) -> SmallCNN:
     """The built-in model factory (:data:`~lmdbstore.config.BUILTIN_MODEL`): the CNN for batches of
-    ``(N, *in_shape)``, ``in_shape`` being ``(C, H, W)`` as the loader feeds samples (or a store's sample shape:
-    2-D samples (H, W) give 1 input channel, 3-D samples (C, H, W) give C), with ``width``.
+    ``(N, *in_shape)`` (``(C, H, W)`` as the loader feeds samples, or a store's sample shape), with ``width``.
 
     Raises:
         ValueError: shapes the CNN cannot take, or a ``width`` out of range.

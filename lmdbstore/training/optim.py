@@ -1,9 +1,7 @@
 """The optimizer :class:`~lmdbstore.config.TrainConfig` names, and ``torch.compile`` of the model it trains.
 
-``adamw`` (the default) and ``sgd`` (momentum :data:`~lmdbstore.config.SGD_MOMENTUM`) both take ``lr`` as their
-starting rate and ``weight_decay``; the one-cycle schedule then drives the rate (and cycles AdamW's first beta or
-SGD's momentum).  ``torch.compile`` needs a C++ compiler on the CPU (inductor builds C++ kernels): without one
-``compile=True`` is refused in one line before any step, instead of a compiler's traceback at the first one.
+The one-cycle schedule drives the rate (and cycles AdamW's first beta or SGD's momentum).  ``torch.compile``
+needs a C++ compiler on the CPU: without one ``compile=True`` is refused in one line before any step.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The epoch order a training run draws, fixed once for the whole run (docs/design.md#resuming-inside-an-epoch).
 
-``shuffle="auto"``'s choice and the window's size depend on the memory available when they are made: made again
-in a resumed run, or on every rank of a job, they could differ.  So rank 0 makes them (:func:`agree_order`),
-every rank takes its answer, every checkpoint records them (:meth:`Order.to_json`, key ``order``) and a resumed run
-takes them from there (:func:`recorded_order`); what the user names (``shuffle``, ``window_mb``) still wins.
+``shuffle="auto"``'s choice and the window's size depend on the memory available, so rank 0 makes them
+(:func:`agree_order`), every rank takes its answer, every checkpoint records them and a resumed run takes them
+from there (:func:`recorded_order`); what the user names (``shuffle``, ``window_mb``) still wins.
 """
 
 from __future__ import annotations

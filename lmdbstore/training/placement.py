@@ -1,12 +1,9 @@
 """Where the training data lives across the ranks of a ``torchrun`` job: the same stores on every node (a copy per
 node), or each node with its own shards of a set (docs/multinode.md).
 
-The ranks compare their stores' metadata (:func:`place`, one ``all_gather`` before anything is read for
-training).  The same data everywhere: every rank takes its round-robin share of one epoch order.  Shards: ranks
-holding the same stores form a *group* that shares them round-robin; all ranks train on one class list (the
-union, first seen in rank order, labels mapped by name) and run the same number of steps (:class:`EqualSteps`:
-a group with fewer batches splits its largest ones).  Samples of one shape and dtype are required across the
-job.
+The ranks compare their stores' metadata (:func:`place`, one ``all_gather``).  Ranks holding the same stores
+form a *group* that shares them round-robin; all ranks train on one class list (the union, labels mapped by
+name) and run the same number of steps (:class:`EqualSteps`), on samples of one shape and dtype.
 """
 
 from __future__ import annotations
@@ -48,15 +45,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Placement:
-    """This rank's share of the data.
-
-    Attributes:
-        share: rank and world size among the ranks holding the same stores (the job's own without shards).
-        groups: how many different store sets the job's ranks hold (1: the same everywhere).
-        classes: the class list every rank trains on.
-        group_ranks: the job's ranks of this rank's group.
-        job: this rank's place in the whole job (rank, world size, local rank).
-    """
+    """This rank's share of the data: its rank and world size in its group (``share``), the number of
+    ``groups`` (1: the same stores everywhere), the ``classes`` every rank trains on, the job's ranks of its group
+    and its place in the whole job (``job``: rank, world size, local rank)."""
 
     share: DistInfo
     groups: int
@@ -142,10 +133,8 @@ def split_sizes(placement: Placement, n_train: int, n_val: int, info: DistInfo) 
 
 
 class EqualSteps(EpochPasses):
-    """The batches of ``inner``, cut to exactly ``steps`` per epoch: its largest batches are halved until there
-    are as many (every sample still exactly once).  Its passes, epochs and states are those of any sampler of
-    :mod:`lmdbstore.loader.passes` (positions count the cut batches; a state also says ``steps``, and one
-    without it -- an older checkpoint -- is taken for these steps); ``batch_size`` and ranks are ``inner``'s.
+    """The batches of ``inner``, cut to exactly ``steps`` per epoch by halving its largest batches (every sample
+    still once); its states count the cut batches and say ``steps`` (a state without it is taken for these).
 
     Raises (when iterated):
         ValidationError: fewer samples than ``steps`` this epoch (a shard far smaller than the others).
@@ -200,16 +189,8 @@ def shard_data(data: TrainData, placement: Placement) -> TrainData:
 
 @dataclass(frozen=True)
 class RankData:
-    """What this rank trains and validates on (see :func:`rank_data`).
-
-    Attributes:
-        data: the stores (with the job's class list when sharded).
-        placement: where the data lives across the ranks.
-        train_idx, val_idx: this rank's group's split.
-        sampler: this rank's training batches (as many per epoch as on every other rank).
-        sizes: the job's training and validation samples, each group's split counted once.
-        splits: the records of every group's split, as JSON (what checkpoints keep).
-    """
+    """What this rank trains and validates on (:func:`rank_data`): ``sizes`` are the job's training and
+    validation samples, ``splits`` the records of every group's split as JSON (what checkpoints keep)."""
 
     data: TrainData
     placement: Placement
@@ -236,12 +217,9 @@ def rank_data(
     recorded: Order | None = None,
     splits: Sequence[SplitRecord] | None = None,
 ) -> RankData:
-    """Place the data (:func:`place`), split it (:func:`~lmdbstore.loader.samplers.stratified_split`, seeded by
-    ``lcfg.seed``; ``splits``: a resumed run's records, whose split it keeps exactly), check it
-    (:func:`~lmdbstore.training.data.check_inputs`), fix the run's order
-    (:func:`~lmdbstore.training.order.agree_order`: the same on every rank; ``recorded``: a resumed run's) and
-    make this rank's sampler (:func:`~lmdbstore.loader.choose.make_sampler_for`, cut to equal steps when sharded):
-    the trainer's data steps.  ``device``: where the ranks exchange the order (default the CPU: gloo).
+    """The trainer's data steps: place the data, split it (``splits``: a resumed run's records, kept exactly),
+    check it, fix the run's order on every rank (``recorded``: a resumed run's; exchanged on ``device``, default
+    the CPU) and make this rank's sampler (cut to equal steps when sharded).
 
     Raises:
         ValidationError: as :func:`place`, :func:`split_sizes` and ``check_inputs``.

@@ -61,12 +61,8 @@ def resume_run(
     shape: tuple[int, ...],
     spec: tuple[str, dict[str, Any]],
 ) -> RunState:
-    """Load the checkpoint ``ckpt`` (read from ``ckpt_path`` by
-    :func:`~lmdbstore.training.checkpoint.load_checkpoint`) into ``model`` and ``optimizer`` and return where
-    its run stopped.
-
-    ``spec``: the model's name (:func:`~lmdbstore.training.checkpoint.model_name`) and its factory's arguments,
-    which the checkpoint's must equal.
+    """Load the checkpoint ``ckpt`` (of ``ckpt_path``) into ``model`` and ``optimizer`` and return where its run
+    stopped; ``spec``: the model's name and its factory's arguments, which the checkpoint's must equal.
 
     Raises:
         LmdbStoreError: no usable checkpoint there, one trained on other classes, channels or shape, weights
@@ -80,12 +76,8 @@ def resume_run(
 
 
 def restore_state(ckpt: dict[str, Any], optimizer: torch.optim.Optimizer, n_classes: int, ckpt_path: Path) -> RunState:
-    """Restore the optimizer from a loaded checkpoint and return the run state it recorded (the first epoch
-    to run is the one after the checkpoint's).
-
-    Raises:
-        LmdbStoreError: a resume key missing, or one of them malformed (one line, the first line of the cause).
-    """
+    """Restore the optimizer from a loaded checkpoint and return the run state it recorded.  Raises
+    LmdbStoreError (one line) for a resume key missing or malformed."""
     missing = sorted(RESUME_KEYS - ckpt.keys())
     if missing:
         raise LmdbStoreError(f"checkpoint cannot be resumed (no {', '.join(missing)})", path=ckpt_path)

@@ -19,8 +19,7 @@ RUN_FILES = (CHECKPOINT_NAME, BEST_NAME, METRICS_NAME, SUMMARY_NAME)
 
 def prepare_run_dir(out: Path, *, resume: bool, overwrite: bool) -> list[Path]:
     """Check the run files of ``out`` for a run about to start; return those ``overwrite`` will remove (by
-    :func:`remove_run_files`, once every other check has passed: a run refused for another reason leaves the
-    earlier run whole).
+    :func:`remove_run_files`, once every other check has passed).
 
     Raises:
         LmdbStoreError: ``out`` holds an earlier run and neither ``resume`` nor ``overwrite`` is given.

@@ -98,9 +98,8 @@ def stop_requested(run: TrainRun) -> bool:
 def stop_here(
     run: TrainRun, state: RunState, conf: torch.Tensor, epoch: int, step: int | None, totals: list[float] | None
 ) -> None:
-    """Stop the run ``step`` steps into epoch ``epoch`` (0-based): write ``checkpoint.pt`` there (``step`` 0: at
-    the end of the epoch before, already written; ``None``: in the middle of a step or a validation, where
-    no consistent checkpoint can be written: the last one written stays) and raise.
+    """Stop the run ``step`` steps into epoch ``epoch`` (0-based): write ``checkpoint.pt`` there (``step`` 0 or
+    ``None``, inside a step or a validation: the last one written stays) and raise.
 
     Raises:
         TrainingInterrupted: always, naming the checkpoint to resume from (``None`` when there is none).

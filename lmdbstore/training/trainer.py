@@ -1,12 +1,9 @@
 """Training the CNN (or the user's model) on a store, on one process or under ``torchrun`` (DDP): :func:`train`,
 what ``lmdbstore train`` runs.
 
-It reads batches through the feed (:func:`~lmdbstore.frameworks.torch_data.make_loader`), measures how long the
-loop waits for data, validates on a stratified split, writes metrics as JSON lines and checkpoints that load
-with ``torch.load(weights_only=True)``, and resumes from them.  Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank
-joins a process group (NCCL on CUDA, gloo on CPU), reads its own disjoint share of each epoch's order, and only
-rank 0 prints and writes files (docs/design.md#ddp-beyond-one-machine).  A batch crosses to the device in the
-store's dtype and is converted there (:mod:`~lmdbstore.training.batches`).
+Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank joins a process group (NCCL on CUDA, gloo on CPU), reads its
+own disjoint share of each epoch's order, and only rank 0 prints and writes files
+(docs/design.md#ddp-beyond-one-machine).
 """
 
 from __future__ import annotations
@@ -84,34 +81,26 @@ def train(
     """Train the model (the built-in CNN, or ``config.model``'s) on ``store`` and return the metrics.
 
     Args:
-        store: the store directory, or a list of them read as one set (one index space, classes mapped by
-            name; see :class:`~lmdbstore.store.multi.StoreSet`).
-        out_dir: where ``checkpoint.pt`` (every epoch, and every ``config.checkpoint_every`` steps),
-            ``best.pt`` (best validation accuracy), ``metrics.jsonl`` (one JSON object per epoch),
-            ``summary.json`` and, with the ``tensorboard`` package installed, TensorBoard scalars go;
-            ``None`` writes nothing.
-        config: model/optimiser/epochs (:class:`TrainConfig`; default ``TrainConfig()``).
-        loader: batch size, workers, shuffle mode, balanced sampling (:class:`LoaderConfig`; default
-            ``LoaderConfig()``).
-        resume: continue from ``out_dir/checkpoint.pt`` (same store classes, channels and shape required),
-            inside the epoch it was written in: same order, the batches already trained skipped, the
-            epoch's metrics counting every sample once; on the CPU the final weights are those of a run
-            never interrupted.
+        store: the store directory, or a list of them read as one set (:class:`~lmdbstore.store.multi.StoreSet`).
+        out_dir: where ``checkpoint.pt`` (every epoch and ``config.checkpoint_every`` steps), ``best.pt`` (best
+            validation accuracy), ``metrics.jsonl``, ``summary.json`` and TensorBoard scalars (with the
+            ``tensorboard`` package) go; ``None`` writes nothing.
+        config, loader: :class:`TrainConfig` and :class:`LoaderConfig` (default: their defaults).
+        resume: continue from ``out_dir/checkpoint.pt`` inside the epoch it was written in (same order, the
+            batches trained skipped, every sample counted once; on the CPU the weights of an uninterrupted run).
         log: where rank 0 sends its lines (default ``print``; ``None``: silent).
         progress: a tqdm bar per epoch on rank 0 (default ``None``: when stderr is a terminal).
         overwrite: start afresh in an ``out_dir`` holding an earlier run, removing its files first (default
-            ``False``: such a directory is refused unless ``resume``; :mod:`~lmdbstore.training.rundir`).
-        stop: called after every step (one process only); when it returns true, ``checkpoint.pt`` is written at
-            that step and :class:`~lmdbstore.errors.TrainingInterrupted` raised (``lmdbstore train`` sets it on
-            Ctrl-C).
+            ``False``: such a directory is refused unless ``resume``).
+        stop: called after every step (one process); when true, ``checkpoint.pt`` is written there and
+            :class:`~lmdbstore.errors.TrainingInterrupted` raised (``lmdbstore train`` sets it on Ctrl-C).
 
     Raises:
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         ValidationError: empty store or split, batch larger than the split, ``balanced`` with an empty class,
-            samples the CNN cannot take (not (H, W) or (C, H, W), or smaller than 4x4), a set whose stores share
-            no class name, all before any step.
-        ModelError: the model's factory cannot be loaded or fails, its model raises in a step, or a checkpoint
-            to resume holds another model (factory or arguments).
+            samples the CNN cannot take, a set whose stores share no class name, all before any step.
+        ModelError: the factory cannot be loaded or fails, its model raises in a step, or the checkpoint to
+            resume holds another model.
         TrainingInterrupted: ``stop`` asked to stop.
         LmdbStoreError: ``resume`` without a usable checkpoint, or one written inside an epoch by a run of
             another batch size, seed, order or number of processes.
@@ -125,6 +114,8 @@ def train(
     )
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other (continue the run in out_dir, or replace it)")
+    if resume and out_dir is None:
+        raise ValueError("resume needs out_dir")
     stale: list[Path] = []  # an earlier run's files, removed (overwrite) once every check has passed
     if out_dir is not None and launch().is_main:
         stores = [store] if isinstance(store, (str, os.PathLike)) else list(store)
@@ -134,7 +125,7 @@ def train(
     device = resolve_device(cfg.device, info)
     say: Log = log if (log is not None and info.is_main) else (lambda _msg: None)
     out = Path(out_dir) if out_dir is not None else None
-    ckpt = _checkpoint(out, device) if resume else None  # read once: its order now, its weights and state below
+    ckpt = load_checkpoint(out / CHECKPOINT_NAME, device) if resume and out else None  # its order now, weights below
     splits = None
     if ckpt is not None and out is not None:  # its sample shape first (its classes once the ranks agree on them)
         check_checkpoint(ckpt, list(ckpt["classes"]), data.meta.shape, out / CHECKPOINT_NAME)
@@ -178,9 +169,8 @@ def train(
 
 
 def _continue_inside(state: RunState, loader: Any, steps: int, out: Path | None) -> None:
-    """For a run resumed inside an epoch: the training loader continues after the batches the checkpoint
-    says were trained (its state, checked to be of this run's sampler: the trained batches are skipped
-    unread), and torch's generator where it was (dropout draws as if never interrupted).
+    """For a run resumed inside an epoch: the training loader skips the batches the checkpoint says were
+    trained (its state checked to be of this run's sampler), and torch's generator continues where it was.
 
     Raises:
         LmdbStoreError: the checkpoint's sampler differs from this run's, or its step is past this run's epoch.
@@ -248,18 +238,6 @@ def _shuffle_used(run: TrainRun) -> str:
         return "balanced"
     used = order_of(run.sampler).shuffle or run.lcfg.order
     return f"{used} (auto)" if run.lcfg.order == "auto" and used != "auto" else used
-
-
-def _checkpoint(out: Path | None, device: torch.device) -> dict[str, Any]:
-    """The checkpoint a resumed run continues (``out``'s), loaded once.
-
-    Raises:
-        ValueError: no ``out``.
-        LmdbStoreError: no usable checkpoint there.
-    """
-    if out is None:
-        raise ValueError("resume needs out_dir")
-    return load_checkpoint(out / CHECKPOINT_NAME, map_location=device)
 
 
 def _resume(

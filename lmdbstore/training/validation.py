@@ -1,9 +1,8 @@
 """Validation at scale: what one validation reads (``TrainConfig.val_limit``), when it runs (every epoch's end, and
 every ``TrainConfig.val_every`` steps), and what it reports (samples and batches, summed over the ranks).
 
-``val_limit`` bounds each validation to a number of batches per process (an int) or a share of the split (a
-float): a fixed subset of the split, drawn once, stratified by class and seeded, so every validation of the run
-scores the same samples.  Under DDP every rank reads the same number of batches.
+``val_limit`` bounds each validation to batches per process (an int) or a share of the split (a float): a fixed
+stratified subset, so every validation of the run scores the same samples.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """glibc's allocator in producer processes that inherited ``MALLOC_TRIM_THRESHOLD_``.
 
-Dask's Nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536`` (its ``pre-spawn-environ``), and so does
-any process spawned later from one that made a ``LocalCluster``.  Setting that variable also turns off glibc's
-dynamic mmap threshold, which stays at 128 KiB: every large numpy temporary of a producer (a 10 MB batch and
-the arrays computed from it) is then mapped afresh and its pages faulted in on every use, and freed memory is
-given back at once (a producer's CPU time grows by a quarter or more).
-
-:func:`keep_large_blocks` sets, once per process and only where the variable is set, the thresholds glibc's
-dynamic rule grows to for such a producer by itself: blocks up to 32 MiB come from the heap and up to 64 MiB of
-freed memory at its top is kept for the next task.  A worker keeps at most that much more memory between tasks
-than Dask's setting lets it; ``LMDBSTORE_KEEP_MALLOC=0`` leaves the allocator as the process found it.
+Dask's Nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536``, which also pins glibc's mmap threshold
+at 128 KiB: every large numpy temporary of a producer is mapped afresh and faulted in on every use (a quarter
+more CPU time or worse).  :func:`keep_large_blocks` sets, once per process and only where the variable is set,
+the thresholds glibc's dynamic rule would grow to: blocks up to 32 MiB from the heap, up to 64 MiB kept at its
+top.  ``LMDBSTORE_KEEP_MALLOC=0`` leaves the allocator as it was.
 """
 
 from __future__ import annotations

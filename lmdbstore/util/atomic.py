@@ -40,14 +40,10 @@ def pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(path: Path, tag: str, *, allowed: frozenset[str] | None = None) -> list[Path]:
-    """Remove the temporaries ``.NAME.TAG-PID`` of ``path`` left by processes that no longer run.
-
-    Only names of exactly that pattern, for this ``path`` and ``tag``, whose PID is not a running process
-    are touched (this process's own PID counts as not running: call this before creating the temporary, and
-    a leftover of a dead process that had this PID is then in the way).  A temporary file is removed; a temporary directory only when it holds
-    nothing but regular files named in ``allowed`` (e.g. an LMDB environment's ``data.mdb``, ``lock.mdb``),
-    so a user's own directory of that name is left alone.  Returns what was removed; errors are ignored
-    (an unreadable directory, a leftover another process removes first).
+    """Remove the temporaries ``.NAME.TAG-PID`` of ``path`` and ``tag`` whose PID runs no process (this
+    process's own counts as not running: call it before creating the temporary).  A directory goes only when it
+    holds nothing but regular files named in ``allowed`` (e.g. ``data.mdb``, ``lock.mdb``): a user's own
+    directory of that name stays.  Returns what was removed; errors are ignored.
     """
     pattern = re.compile(re.escape(f".{path.name}.{tag}-") + r"([0-9]{1,10})")
     removed: list[Path] = []

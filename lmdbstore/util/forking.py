@@ -1,18 +1,11 @@
 """Making shared memory a forked child inherited private to that child (Linux).
 
-``fork()`` hands a child the parent's ``MAP_SHARED`` mappings *shared*: what the child writes there, the
-parent sees.  Two kinds of such memory must not be shared with a child that did not ask for it:
-
-* LMDB's reader table (``lock.mdb``): closing an inherited environment in the child (which py-lmdb does
-  when the child drops or re-opens it) aborts the parent's read transactions *in the shared table*, so the
-  parent's snapshot loses its protection and a writer may overwrite it;
-* a loader's reusable batch buffers: a batch the parent has handed out, which a later batch would overwrite
-  while the child still reads it.
-
-:func:`privatize` replaces such a range, in the child only, by a private anonymous mapping holding the same
-bytes (``mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS)``); the parent's mapping is untouched.  Call it only
-where no other thread can use the range meanwhile (right after a fork).  Elsewhere than Linux
-:func:`supported` is false and nothing is changed.
+``fork()`` hands a child the parent's ``MAP_SHARED`` mappings shared.  Two must not be: LMDB's reader table
+(closing an inherited environment in the child aborts the parent's read transactions in it, so a writer may
+overwrite the parent's snapshot) and a loader's reusable batch buffers (a later batch would overwrite one the
+child still reads).  :func:`privatize` replaces such a range, in the child only, by a private anonymous mapping
+of the same bytes; call it only where no other thread can use the range (right after a fork).  Elsewhere than
+Linux :func:`supported` is false and nothing is changed.
 """
 
 from __future__ import annotations

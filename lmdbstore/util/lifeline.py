@@ -1,17 +1,14 @@
 """Worker and reader processes that die with the process they serve, whatever kills it (``SIGKILL``,
 ``SIGTERM``, Ctrl-C, an exception): no process is left behind reading for nobody.
 
-A :class:`Lifeline` is made in the owner process before its workers start and travels to them;
-:meth:`Lifeline.attach`, called first thing in a worker, ties the worker to the owner twice:
+A :class:`Lifeline` is made in the owner before its workers start; :meth:`Lifeline.attach`, first thing in a
+worker, ties the worker to the owner twice:
 
-* ``PR_SET_PDEATHSIG`` (Linux, through ``prctl``): the kernel kills the worker the moment its parent
-  *thread* ends.  That is only the owner's lifetime when the worker was forked from the owner's main thread
-  (which lives as long as the process) or from a ``forkserver`` (single-threaded, and it exits when the
-  owner does), so it is used only then: a worker forked from a short-lived thread (a ``tf.data`` generator
-  thread, a thread the user made) must not die with that thread.
-* a watchdog thread that waits for the owner itself to end: on a ``pidfd`` of it (Linux 5.3+, no polling),
-  else by looking every :data:`POLL_SECONDS`.  The owner is known by pid *and* start time, so a reused pid is
-  not mistaken for it.  It covers every other case and platform.
+* ``PR_SET_PDEATHSIG`` (Linux): the kernel kills the worker when its parent *thread* ends, which is the owner's
+  lifetime only for a worker forked from the main thread or a ``forkserver``; only then is it used (a worker
+  forked from a ``tf.data`` generator thread must not die with that thread).
+* a watchdog thread waiting for the owner to end, on a ``pidfd`` (Linux 5.3+) or by looking every
+  :data:`POLL_SECONDS`; the owner is known by pid *and* start time (a reused pid is not it).
 """
 
 from __future__ import annotations
@@ -86,14 +83,8 @@ def _watch(pid: int, start: int | None) -> None:
 
 @dataclass(frozen=True)
 class Lifeline:
-    """Ties a worker to its owner process (see the module docstring).  Made by :meth:`here` in the owner.
-
-    Attributes:
-        owner: the owner's pid.
-        owner_start: its start time (:func:`process_start_time`; ``None`` without ``/proc``).
-        parent_death: whether the worker may use ``PR_SET_PDEATHSIG`` (its parent thread lives as long as
-            the owner).
-    """
+    """Ties a worker to its owner process ``owner`` (pid) started at ``owner_start`` (``None`` without ``/proc``);
+    ``parent_death``: whether the worker may use ``PR_SET_PDEATHSIG``.  Made by :meth:`here` in the owner."""
 
     owner: int
     owner_start: int | None

@@ -1,14 +1,11 @@
 """What memory the machine can give an allocation, and the one rule for allocations sized by an argument.
 
-Overcommit never says no: a buffer of ``workers x prefetch x batch_size`` rows that does not fit is allocated
-"fine" and the process is OOM-killed when its pages are touched (or a ``/dev/shm`` segment raises SIGBUS when
-the tmpfs is full).  So every allocation sized by an argument is compared, *before anything is touched*, with
-what the data needs (the caller clips to that first) and what the machine can give now
-(:func:`available_memory`, :func:`shm_available`): refused in one line naming the parameter
-(:func:`check_allocation`), or clipped with a :class:`MemoryBoundWarning` naming it (:func:`clip_count`,
-:func:`clip_bytes`); a shared-memory file gets its pages up front (:func:`reserve`).  Each takes ``available=``
-(bytes; default: read now, about 0.1 ms: once per decision, never per batch) and ``share=`` (default
-:data:`DEFAULT_SHARE`), so the rule is the same everywhere and a test can state its machine.
+Overcommit never says no: a buffer that does not fit is allocated and the process OOM-killed when its pages are
+touched (a full ``/dev/shm`` raises SIGBUS).  So every allocation sized by an argument is compared, before anything
+is touched, with what the data needs (the caller clips to that first) and what the machine can give now: refused
+in one line naming the parameter (:func:`check_allocation`), or clipped with a :class:`MemoryBoundWarning` naming
+it (:func:`clip_count`, :func:`clip_bytes`); a shared-memory file gets its pages up front (:func:`reserve`).  Each
+takes ``available=`` (bytes; default: read now) and ``share=`` (default :data:`DEFAULT_SHARE`).
 """
 
 from __future__ import annotations
@@ -120,13 +117,8 @@ def shm_available(path: str | os.PathLike[str] = "/dev/shm") -> int:
 def check_allocation(
     nbytes: int, *, what: str, parameter: str, available: int | None = None, share: float = DEFAULT_SHARE
 ) -> None:
-    """Refuse an allocation of ``nbytes`` that exceeds ``share`` of the ``available`` bytes (default: what
-    :func:`available_memory` says now), before anything is allocated.
-
-    Args:
-        nbytes: the bytes the allocation would take.
-        what: what would be allocated, for the message (``"the loader's batch buffers"``).
-        parameter: the argument that sized it, named in the message (the CLI maps it to its flag).
+    """Refuse an allocation of ``nbytes`` (``what``, sized by ``parameter``) that exceeds ``share`` of the
+    ``available`` bytes (default: what :func:`available_memory` says now), before anything is allocated.
 
     Raises:
         ValueError: one line naming ``parameter``, the bytes asked for and the bytes available.
@@ -199,9 +191,8 @@ def clip_bytes(
 
 
 def reserve(fd: int, nbytes: int, *, what: str, parameter: str) -> None:
-    """Give the shared-memory file ``fd`` (``memfd_create``, ``shm_open``, a file on a tmpfs) its ``nbytes`` now
-    (``posix_fallocate``): a tmpfs that cannot hold them answers ENOSPC here, instead of a SIGBUS when a page is
-    first written.  The pages then count as used (tmpfs gives no page it has not got).
+    """Give the shared-memory file ``fd`` its ``nbytes`` now (``posix_fallocate``): a tmpfs that cannot hold them
+    answers ENOSPC here, instead of a SIGBUS when a page is first written.
 
     Raises:
         ValueError: one line naming ``parameter`` when the tmpfs (or the memory behind it) cannot hold them.
@@ -230,16 +221,9 @@ def result_bytes(result: Any) -> int:
 
 
 class ResultBudget:
-    """How many task results a run may hold at once, by their bytes: ``share`` of the memory available when it
-    starts (:func:`available_memory`).  Results produced and not yet consumed are held in this process (a pool
-    reads them off the pipes while it waits for the next in order; an executor's futures keep theirs), so the
-    count asked for (``in_flight`` per worker) is lowered to what the budget holds at the largest result seen so
-    far -- with a :class:`MemoryBoundWarning` naming ``in_flight`` -- and, until a first result says how large
-    they are, to two per worker.
-
-    Args:
-        workers: the tasks that run at once (at least one each is always allowed).
-        available: bytes available (default: read now).
+    """How many task results (held in this process until consumed) a run of ``workers`` tasks at once may hold:
+    ``share`` of the ``available`` memory (default: read now) over the largest result seen so far (with a
+    :class:`MemoryBoundWarning` naming ``in_flight``), two per worker before the first, at least one each.
     """
 
     def __init__(self, workers: int, available: int | None = None, share: float = DEFAULT_SHARE) -> None:

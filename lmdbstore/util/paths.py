@@ -1,14 +1,9 @@
 """The one rule for the paths commands write to (private): refused up front, with one line, before any work.
 
-Every command that writes (``ingest``, ``synth``, ``export``, ``copy``, ``train --out``, ``show``/``plot``/
-``stats --plot`` ``-o``, ``eval --predictions``) checks its output here:
-
-* an output that exists must be a regular file (for a file) or a directory (for a directory): a character or
-  block device, a FIFO or a socket is refused, never replaced by a regular file (a rename over ``/dev/null``, as
-  root, replaces the device);
-* an output must not be, or lie inside, one of the command's sources (``export S S/data.mdb`` would destroy the
-  store it reads; ``copy S S/sub`` writes into the store it copies);
-* its directory must exist (for a file) or be creatable (for a directory), and be writable.
+Every command that writes checks its output here: one that exists must be a regular file or a directory (a
+device, FIFO or socket is refused, never replaced: a rename over ``/dev/null`` as root replaces the device); it
+must not be, or lie inside, one of the command's sources (``export S S/data.mdb``); its directory must exist (for
+a file) or be creatable (for a directory), and be writable.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The ordered pool: ``fn(task)`` over a task list in worker processes (:class:`~lmdbstore.util.workers.Workers`),
 results in task order, with back-pressure -- the ingest's and ``write_parallel``'s producers, ``verify``'s value pass.
 
-At most ``limit`` tasks are submitted and not yet consumed, fewer where the results would not fit in memory
-(:class:`~lmdbstore.util.memory.ResultBudget`), which ``multiprocessing.Pool`` does not do (its ``imap`` feeds every
-task at once and queues results without bound, and it hangs for good when a worker is killed).  Task ``k`` goes to
-worker ``k % n`` (each worker's tasks are answered in order, so the results come in task order as they are read).
+Unlike ``multiprocessing.Pool`` (whose ``imap`` queues results without bound, and which hangs when a worker is
+killed), at most ``limit`` tasks are in flight, fewer where the results would not fit in memory (:meth:`results`).
 """
 
 from __future__ import annotations
@@ -87,11 +85,9 @@ class OrderedPool:
         return self.workers > 0
 
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
-        """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
-
-        At most ``limit`` tasks are submitted and not yet yielded, fewer where their results would take more
-        memory than the machine can give (:class:`~lmdbstore.util.memory.ResultBudget`).  Leaving the generator
-        for any reason (exhausted, an exception, ``close()``, KeyboardInterrupt) stops every worker.
+        """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order, with at most ``limit``
+        tasks not yet yielded, fewer where their results would not fit in memory
+        (:class:`~lmdbstore.util.memory.ResultBudget`).  Leaving the generator for any reason stops every worker.
 
         Raises:
             TaskFailure: ``fn`` raised for the task at the head of the order (or could not be loaded).

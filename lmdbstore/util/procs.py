@@ -1,17 +1,14 @@
 """How worker and reader processes start: which ``multiprocessing`` start method is safe in this process, and
 what to tell the user when the safe one cannot work.
 
-Forking is unsafe only once a runtime's own threads run: a child forked while another thread holds a lock
-inherits the lock held for ever.  Importing TensorFlow or JAX starts none; TensorFlow's first op starts its
-pools (``tf_Compute``...), JAX's first computation its backend's.  So ``fork`` stays (fastest; workers inherit
-the parent's position table; transforms defined anywhere, even lambdas in a notebook, work; no ``__main__``
-guard needed) until one of those runtimes has started, and only then do workers start by ``forkserver``.
+Forking is unsafe only once a runtime's own threads run (a child forked while another thread holds a lock
+inherits it held for ever): TensorFlow's first op, JAX's first computation.  So ``fork`` stays (fastest; lambdas
+work; no ``__main__`` guard) until one of those runtimes has started, and only then do workers use ``forkserver``.
 
-``forkserver`` and ``spawn`` import the main script again in the server or child: a script that starts
-workers outside ``if __name__ == "__main__":`` would start them again there (:func:`check_main_guard` says so
-in one line before any process starts), and every child runs the script's imports (seconds for Keras and
-TensorFlow): a process whose arguments need nothing of the script (:func:`needs_main`) starts under
-:func:`main_script_hidden`.
+``forkserver`` and ``spawn`` import the main script again: a script starting workers outside the ``__main__``
+guard would start them again (:func:`check_main_guard` says so in one line first), and every child runs the
+script's imports (seconds for TensorFlow): a process whose arguments need nothing of the script
+(:func:`needs_main`) starts under :func:`main_script_hidden`.
 """
 
 from __future__ import annotations

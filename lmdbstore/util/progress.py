@@ -1,10 +1,7 @@
 """Progress bars, built in one place: tqdm on stderr, cleared when done, or a silent stand-in.
 
-Long work (ingest, verify, export, write_parallel, training epochs) reports through these, so every bar
-looks and behaves the same and the library never prints to stdout (which ``--json`` keeps for JSON).
-Whether bars show: ``True`` always, ``False`` never, ``None`` (the default of every command and of
-``train``) only when stderr is a terminal, so a log file or a pipe never fills with bar redraws
-(:func:`bars_wanted`).
+The library never prints to stdout (``--json`` keeps it for JSON).  Bars show: ``True`` always, ``False`` never,
+``None`` (the default everywhere) only when stderr is a terminal (:func:`bars_wanted`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,22 @@
 """Worker processes: the one way lmdbstore starts, talks to, watches and stops them (the ingest and
 ``write_parallel`` pool, the feed's readers, ``verify``'s value pass and page walk).
 
-:class:`Workers` are ``n`` processes started by a named method (:func:`~lmdbstore.util.procs.start_method` says
-which is safe), each calling one function on the requests it is sent and answering them in order:
+:class:`Workers` are ``n`` processes started by a named method (:func:`~lmdbstore.util.procs.start_method`),
+each calling one function on the requests it is sent and answering them in order:
 
-* **Start**: the function is pickled as a process starts, so the descriptors it holds (:class:`PassedFd`) travel
-  with it, and unpickled by the worker itself (a function it cannot import is its error, raised here); its
-  optional ``start()`` runs first.  Workers ignore Ctrl-C (the owner decides) and die with the owner whatever kills
-  it (:class:`~lmdbstore.util.lifeline.Lifeline`).
-* **Transport**: one pipe per worker, pickles with numpy data out of band, written straight from the arrays and read
-  into uninitialized buffers kept without copying (a ``/dev/shm`` file per answer cost more: tmpfs zeroes and frees
-  every page, and a crash leaves it behind).  Nothing else is shared: no lock or semaphore for multiprocessing's
-  resource tracker to warn about.
-* **Failures**: what the function raised is raised in the owner as itself (a one-line
-  :class:`~lmdbstore.errors.LmdbStoreError` naming its type where it cannot travel), the worker's traceback its
-  cause (:class:`RemoteTraceback`); a worker that ends without answering is a :class:`WorkerDied` naming it, its
-  pid and exit code.
-* **Stop**: workers asked to stop finish what they were sent, are terminated after the time given and killed
-  :data:`TERMINATE_GRACE` later, and are reaped.
+* **Start**: the function is pickled as a process starts (so its :class:`PassedFd` descriptors travel) and
+  unpickled by the worker (an import failure is raised here); its optional ``start()`` runs first.  Workers
+  ignore Ctrl-C and die with the owner whatever kills it (:class:`~lmdbstore.util.lifeline.Lifeline`).
+* **Transport**: one pipe per worker, pickles with numpy data out of band, read into uninitialized buffers (a
+  ``/dev/shm`` file per answer cost more).  No lock or semaphore for the resource tracker to warn about.
+* **Failures**: what the function raised is raised here as itself (else a one-line
+  :class:`~lmdbstore.errors.LmdbStoreError` naming its type), the worker's traceback its cause
+  (:class:`RemoteTraceback`); a worker that ends without answering is a :class:`WorkerDied` (pid, exit code).
+* **Stop**: workers finish what they were sent, are terminated after the time given, killed
+  :data:`TERMINATE_GRACE` later, and reaped.
 
-Not ``ProcessPoolExecutor``: before Python 3.14 it cannot stop a running call at once, and a descriptor reaches its
-workers only through an initializer's global.
+Not ``ProcessPoolExecutor``: before Python 3.14 it cannot stop a running call at once, and a descriptor reaches
+its workers only through an initializer's global.
 """
 
 from __future__ import annotations
@@ -306,18 +302,15 @@ def _stop(workers: list[_Worker], wait: float) -> None:
 
 
 class Workers:
-    """``n`` worker processes calling ``fn``: request ``k`` goes to worker ``k % n``, and the answers come back in
-    the order of the requests (see the module docstring).  Stopped by :meth:`close` or when collected.
+    """``n`` (at least 1) worker processes started by ``method`` calling ``fn``: request ``k`` goes to worker
+    ``k % n``, answers come back in request order.  Stopped by :meth:`close` or when collected.
 
     Args:
         fn: picklable (a module-level function, or an object with ``__call__`` and optionally ``start()`` and
             ``close()``, run first and last in each worker).
-        n: processes (at least 1).
-        method: their start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
-        name: names worker ``k`` in messages (``"reader process {}"``: formatted with ``k``).
-        hint: what :class:`WorkerDied` tells the user to check.
-        main: whether unpickling ``fn`` may need the main script (``False``: a spawned or forkserver worker does not
-            import it again: :func:`~lmdbstore.util.procs.main_script_hidden`).
+        name, hint: names worker ``k`` in messages (formatted with ``k``); what :class:`WorkerDied` says to check.
+        main: whether unpickling ``fn`` may need the main script (``False``:
+            :func:`~lmdbstore.util.procs.main_script_hidden`).
 
     Raises:
         WorkerDied: a worker ended before it was ready.

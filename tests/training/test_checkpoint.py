@@ -17,7 +17,7 @@ import torch
 from conftest import CLASSES, build_store, make_data
 
 from lmdbstore import LmdbStoreError, ValidationError
-from lmdbstore.config import MAX_WIDTH, LoaderConfig, TrainConfig
+from lmdbstore.config import BUILTIN_MODEL, MAX_WIDTH, LoaderConfig, TrainConfig
 from lmdbstore.format.limits import MAX_CLASSES, MAX_DIM
 from lmdbstore.loader.choose import recorded_splits
 from lmdbstore.training.checkpoint import (
@@ -49,6 +49,8 @@ def _state(shape: tuple[int, ...] = SHAPE, classes: list[str] = CLASSES, width: 
         "sample_shape": list(shape),
         "in_channels": shape[0] if len(shape) == 3 else 1,
         "width": width,
+        "model_factory": BUILTIN_MODEL,
+        "model_args": json.dumps({"width": width}),
     }
 
 
@@ -96,14 +98,12 @@ def test_atomic_save_writes_and_replaces_whole_files(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_NAME]
 
 
-def test_channels_come_from_the_shape_for_checkpoints_without_in_channels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["in_channels", "model_factory", "model_args"])
+def test_checkpoints_without_a_recorded_field_are_refused(tmp_path: Path, key: str) -> None:
     state = _state(shape=(3, 16, 16))
-    del state["in_channels"]  # checkpoints from before it was stored
+    del state[key]  # checkpoints from before it was stored
     atomic_save(state, tmp_path / "old.pt")
-    ckpt = load_checkpoint(tmp_path / "old.pt")
-    check_checkpoint(ckpt, CLASSES, (3, 16, 16), tmp_path / "old.pt")
-    with pytest.raises(LmdbStoreError, match=r"3-channel samples of shape \(3, 16, 16\).*1-channel"):
-        check_checkpoint(ckpt, CLASSES, SHAPE, tmp_path / "old.pt")
+    _refused(tmp_path / "old.pt", f"not an lmdbstore checkpoint \\(no {key}\\)")
 
 
 # ---------------------------------------------------------------------- not a checkpoint of this format
@@ -115,7 +115,7 @@ def test_channels_come_from_the_shape_for_checkpoints_without_in_channels(tmp_pa
         ({**_state(), "format": CHECKPOINT_FORMAT + 1}, "not an lmdbstore checkpoint"),
         (
             {"format": CHECKPOINT_FORMAT, "model": {}},
-            r"not an lmdbstore checkpoint \(no classes, sample_shape, width\)",
+            r"not an lmdbstore checkpoint \(no classes, in_channels, model_args, model_factory, sample_shape, width\)",
         ),
     ],
     ids=["list", "no-format", "other-format", "missing-keys"],
