@@ -76,11 +76,8 @@ def store_stats(
         used_pages = sum(pages.values()) + env["main"]["leaf_pages"] + env["main"]["branch_pages"] + 2
         raw = m.count * m.sample_bytes
         sample_bytes_disk = pages["samples"] * psize
-        h = reader._take()
-        try:
+        with reader.held() as h:
             st = os.fstat(h.fd)
-        finally:
-            reader._give(h)
         values = exact_values(m.value_stats, "exact (accumulated by the writer over every value)")
         if sample is not None and m.count:
             values = sampled_stats(reader, sample, seed)
