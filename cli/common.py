@@ -1,9 +1,5 @@
 """What every command of the ``lmdbstore`` CLI shares: errors as one line (and with ``--json`` one JSON error
-object on stdout), output (human lines, or with ``--json`` only JSON on stdout), the ``--json`` and
-``--progress`` options, option parsing.
-
-The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`, :data:`LOADER` and
-:data:`TRAIN` are the default configurations whose fields the options default to.
+object on stdout), output (human lines, or with ``--json`` only JSON on stdout), shared options, option parsing.
 """
 
 import json
@@ -138,8 +134,6 @@ PARAM_FLAGS: dict[str, str] = {
     "compression": "--compression",
     "dtype": "--dtype",
     "epochs": "--epochs",
-    "h5_x": "--x-key",
-    "h5_y": "--y-key",
     "label": "--label",
     "model": "--model",
     "model_args": "--model-arg",
@@ -158,11 +152,8 @@ PARAM_FLAGS: dict[str, str] = {
 
 
 def flag_names(text: str, flags: Mapping[str, str] | None = None) -> str:
-    """``text`` with the library's parameter names turned into the CLI's flags: ``allow_nonfinite=True`` ->
-    ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``, ``sample_shape=25,25`` -> ``--sample-shape 25,25``,
-    ``classes=`` -> ``--classes``.
-
-    ``flags``: a command's own flags for some parameters (default :data:`PARAM_FLAGS`)."""
+    """``text`` with the library's parameter names turned into the CLI's flags (``flags``: a command's own, over
+    :data:`PARAM_FLAGS`): ``allow_nonfinite=True`` -> ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``."""
     table = {**PARAM_FLAGS, **(flags or {})}
     pattern = (
         r"(?<![\w./-])("

@@ -13,10 +13,8 @@ statement of these rules; docs/design.md says why):
   is refused in one line: the tasks might overlap, and a store that mixed two runs could not be undone.
   ``name=`` writes the tasks as a separate run.
 
-Entries of the previous scheme (``parallel:<name>:<16 hex digits>``, a digest of the tasks' reprs) are still
-recognized when the tasks' reprs identify them -- ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
-``range``, paths and tuples, lists and dicts of these -- and a run recorded that way is resumed under its old
-key; for other tasks (numpy arrays, sets, ...) such an entry cannot be matched and is refused with the reason.
+Entries of the previous scheme (``parallel:<name>:<16 hex digits>`` of the tasks' reprs) are matched where the
+reprs identify the tasks (:data:`_FAITHFUL` and containers of them) and resumed under their old key; else refused.
 """
 
 from __future__ import annotations

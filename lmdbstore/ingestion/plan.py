@@ -69,17 +69,10 @@ def read_ledger(path: Path) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class IngestPlan:
-    """Everything an ingest settled before reading a sample (picklable: the parallel ingest's workers get it).
-
-    Attributes:
-        path: the store directory.
-        sources: the sources in order (store sources already restricted to the destination's classes).
-        shape, dtype, classes: the store's layout (a new store's as decided from the sources).
-        created: whether the ingest creates the store.
-        done: rows of each source an earlier run committed (its resume point).
-        config, cast, batch: the writer settings, the cast option and the rows per read.
-        t0: ``time.perf_counter()`` when the layout was settled; the report's seconds count from here.
-    """
+    """Everything an ingest settled before reading a sample (picklable: the parallel ingest's workers get it): the
+    sources in order (store sources restricted to the destination's classes), the store's layout (a new store's
+    as decided from the sources), whether the ingest ``created`` it, the rows of each source an earlier run
+    committed (``done``), the options, and ``t0`` (``time.perf_counter()``), where the report's seconds start."""
 
     path: Path
     sources: tuple[Source, ...]

@@ -64,28 +64,19 @@ def _check_dest(dst: Path) -> None:
 def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, compact: bool = False) -> CopyReport:
     """Copy ``store`` to the new directory ``dest`` with LMDB's own consistent copy.
 
-    The copy is of one snapshot, taken under a registered read transaction (``lock=True``), so it is
-    consistent while readers and a writer use the store; a writer's later commits are not in it.
-    ``compact=True`` omits free pages and renumbers the rest (a smaller file; slower).  The copy gets a new
-    store id (its pages are not the source's: a reader must never take one for the other), is made in a
-    temporary directory beside ``dest`` and renamed into place, then fsynced.
-
-    The copy shares this process's environment of ``store`` (py-lmdb refuses a second one): readers of it in
-    this process keep working (lock-free ones re-open theirs with a reader table, as for a writer).
-
-    A store whose reader table this process cannot write (a shared dataset of another user, a read-only mount)
-    is copied lock-free: writers are kept from starting meanwhile (a shared lock on ``writer.lock``, as
-    ``verify`` takes), and a writer that committed during the copy anyway (one that does not take the lock) is an
-    error rather than a torn copy.
+    The copy is of one snapshot, taken under a registered read transaction, so it is consistent while readers
+    and a writer use the store.  ``compact=True`` omits free pages (a smaller file; slower).  The copy gets a new
+    store id (a reader must never take one for the other), is made beside ``dest``, renamed into place and
+    fsynced.  It shares this process's environment of ``store`` (py-lmdb refuses a second one).  A store whose
+    reader table this process cannot write is copied lock-free, writers held off (a shared lock on
+    ``writer.lock``, as ``verify`` takes); a writer that committed during the copy anyway is an error.
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
-        LmdbStoreError: ``dest`` is ``store`` or lies inside it.
-        LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
-            no directories, a full disk).
+        LmdbStoreError: ``dest`` is ``store`` or lies inside it, or cannot be written (no such parent, no
+            permission, a full disk...); without the reader table, a writer committed during the copy.
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         StoreLockedError: the store's reader table cannot be written and a writer is appending to it.
-        LmdbStoreError: without the reader table, a writer committed during the copy (copy again).
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)

@@ -1,10 +1,6 @@
-"""``stats`` and ``verify`` over a set of stores read as one (:class:`~lmdbstore.store.multi.StoreSet`).
-
-Each store is described and verified on its own, exactly as :func:`~lmdbstore.tools.stats.store_stats` and
-:func:`~lmdbstore.tools.verify.verify_store` do for one store; the set adds what only the whole tells: that the
-stores make one set (one shape and dtype: otherwise the one-line error of opening the set), its samples, its
-classes mapped by name with their counts, bytes against raw, and the value statistics merged exactly over all
-stores.
+"""``stats`` and ``verify`` over a set of stores read as one (:class:`~lmdbstore.store.multi.StoreSet`): each store
+on its own, as for one store, then what only the whole tells (that the stores make one set, its samples, classes
+mapped by name, bytes, the value statistics merged exactly).
 """
 
 from __future__ import annotations

@@ -55,10 +55,8 @@ def store_stats(
     """Describe the store at ``path`` (or the open reader's snapshot: it is left open).  Every figure is of the
     one file opened: the file's sizes are its descriptor's, never the path's again.
 
-    Value statistics are exact: the writer accumulates count/sum/sum of squares/min/max of every value
-    (in float64) in the metadata as it commits.  With ``sample=N`` they are instead recomputed from N
-    random samples drawn with ``seed`` (default ``DEFAULT_SAMPLE_SEED``, 0) and read back from the store
-    (a check of what is actually on disk).
+    Value statistics are exact (the writer accumulates them as it commits); with ``sample=N`` they are recomputed
+    from N random samples drawn with ``seed`` (default ``DEFAULT_SAMPLE_SEED``, 0), read back from the disk.
 
     Raises:
         ValueError: ``sample`` below 1.

@@ -230,11 +230,9 @@ def unreadable(exc: Exception) -> str:
 
 
 class AtRest:
-    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring).
-
-    Attributes:
-        snap, meta: its newest snapshot (the meta page LMDB would pick) and metadata record, read with
-            lmdbstore's own parser; ``None`` where they cannot be (the ordinary open then reports why).
+    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring);
+    ``snap``, ``meta``: its newest snapshot and metadata record, read with lmdbstore's own parser (``None`` where
+    they cannot be: the ordinary open then reports why).
 
     Raises:
         StoreLockedError: a writer is appending to the store.

@@ -1,11 +1,7 @@
-"""Pictures: samples of a store (:func:`show_samples`), training runs (:func:`plot_runs`), a store's
-class counts and value histogram (:func:`plot_stats`).  PNG via matplotlib, an optional dependency
-(``pip install 'lmdbstore[viz]'``); without it every function raises one clear
-:class:`~lmdbstore.errors.LmdbStoreError` naming the extra.
-
-Figures have a fixed size (no tight bounding box), so a picture is ``figsize * dpi`` pixels: the
-size of each is given in its function's docstring.  Everything reads the store through the public
-:class:`~lmdbstore.store.reader.StoreReader` API and a bounded number of samples, so memory stays flat.
+"""Pictures: samples of a store (:func:`show_samples`), training runs (:func:`plot_runs`), a store's class
+counts and value histogram (:func:`plot_stats`).  PNG via matplotlib (the ``viz`` extra; without it one
+:class:`~lmdbstore.errors.LmdbStoreError` naming the extra), of a fixed size (``figsize * dpi`` pixels), from a
+bounded number of samples.
 """
 
 from __future__ import annotations
@@ -139,12 +135,10 @@ def show_samples(
 ) -> Picture:
     """Draw a grid of samples, one row per class, and save it as a PNG.
 
-    Each row holds ``per_class`` samples (default ``DEFAULT_PER_CLASS``, 8) of its class drawn with
-    ``seed`` (default 0; fewer if the class is smaller), or, with ``indices``, the given samples grouped
-    by class.  Rows are labelled with the
-    class name, panels with the sample index.  All panels share one colour scale (see the colour bar):
-    symmetric about zero for signed data such as z-scored arrays.  Size: ``(cols * 1.3 + 1.2) x
-    (rows * 1.3 + 0.7)`` inches at ``dpi`` (default ``DEFAULT_DPI``, 100).
+    Each row holds ``per_class`` samples (default ``DEFAULT_PER_CLASS``, 8) of its class drawn with ``seed``
+    (default 0), or, with ``indices``, the given samples grouped by class.  All panels share one colour scale,
+    symmetric about zero for signed data.  Size: ``(cols * 1.3 + 1.2) x (rows * 1.3 + 0.7)`` inches at ``dpi``
+    (default ``DEFAULT_DPI``, 100).
 
     Raises:
         ValueError / IndexError: bad ``per_class``, ``dpi`` or ``indices``; an empty store.

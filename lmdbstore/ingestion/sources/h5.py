@@ -97,11 +97,11 @@ class H5Source(FileSource):
         self._y_is_str = False
         h5py = _import_h5py(path)
         with self._open() as f:
-            x = self._dataset(f, h5_x, "samples", "h5_x=")
+            x = self._dataset(f, h5_x, "samples", "x_key=")
             check_stack(NpyHeader(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
             self.shape, self.dtype, self._n = tuple(int(s) for s in x.shape[1:]), np.dtype(x.dtype), int(x.shape[0])
             if label is None:
-                y = self._dataset(f, h5_y, "labels", "h5_y= or label all samples with label=CLASS")
+                y = self._dataset(f, h5_y, "labels", "y_key= or label all samples with label=CLASS")
                 self._y_is_str = h5py.check_string_dtype(y.dtype) is not None
                 self._check_label_array(y.shape, y.dtype, h5_x, h5_y, is_str=self._y_is_str)
             self._read_names(f, h5py)
