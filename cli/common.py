@@ -196,11 +196,7 @@ def report_dict(report: Any) -> dict[str, Any]:
 
 
 def require_torch(command: str) -> None:
-    """Stop with one line naming the extra to install when torch is missing (``train``, ``eval``, ``demo``).
-
-    Raises:
-        LmdbStoreError: torch cannot be imported.
-    """
+    """Stop with one line (``LmdbStoreError``) naming the extra to install when torch is missing."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -305,11 +301,7 @@ def to_json(obj: Any, indent: int | None = 2) -> str:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``--sample-shape 25,25`` as a tuple.
-
-    Raises:
-        ValueError: a part is not an integer.
-    """
+    """``--sample-shape 25,25`` as a tuple (``ValueError``: a part is not an integer)."""
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
@@ -317,11 +309,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def parse_weights(text: str | None) -> tuple[float, ...] | None:
-    """``--weights 0.7,0.3`` as a tuple of numbers; ``None`` without the option.
-
-    Raises:
-        ValueError: a part is not a number.
-    """
+    """``--weights 0.7,0.3`` as a tuple of numbers, ``None`` without the option (``ValueError``: not a number)."""
     if text is None:
         return None
     try:
@@ -332,11 +320,7 @@ def parse_weights(text: str | None) -> tuple[float, ...] | None:
 
 def parse_model_args(items: list[str] | None) -> tuple[tuple[str, Any], ...]:
     """Repeated ``--model-arg NAME=VALUE`` as ``(name, value)`` pairs: VALUE as JSON when it is a JSON scalar
-    (``32``, ``0.1``, ``true``, ``null``, ``"text"``), else the text itself.
-
-    Raises:
-        ValueError: an item without ``=``, or a name given twice.
-    """
+    (``32``, ``0.1``, ``true``, ``null``, ``"text"``), else the text itself (``ValueError``: no ``=``, a name twice)."""
     out: dict[str, Any] = {}
     for item in items or []:
         name, sep, text = item.partition("=")
@@ -359,12 +343,8 @@ def parse_names(text: str | None) -> list[str] | None:
 
 
 def refuse_given(ctx: typer.Context, names: tuple[str, ...] | list[str], why: str) -> None:
-    """Refuse, in one line, any of the options ``names`` (parameter names) given on the command line: an option
-    that does not apply is an error, never silently ignored.
-
-    Raises:
-        ValueError: naming the first such option as its flag.
-    """
+    """Refuse, in one line (``ValueError`` naming its flag), the first of the options ``names`` (parameter names)
+    given on the command line: an option that does not apply is an error, never silently ignored."""
     for name in names:
         source = ctx.get_parameter_source(name)  # an enum of the click Typer runs on (it may vendor its own)
         if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):

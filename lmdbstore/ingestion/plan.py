@@ -40,12 +40,8 @@ Layout = tuple[tuple[int, ...], str, list[str]]  # (shape, dtype, classes) of a 
 
 def store_layout(path: Path) -> Layout | None:
     """(shape, dtype, classes) of an existing store, or None when it does not exist yet (or its creation
-    was interrupted before the first commit: the writer creates it afresh).
-
-    Raises:
-        NotAStoreError, CorruptStoreError, FormatVersionError...: the path holds something else, as
-            :class:`~lmdbstore.store.reader.StoreReader` reports it.
-    """
+    was interrupted before the first commit).  Raises as :class:`~lmdbstore.store.reader.StoreReader` does
+    (``NotAStoreError``, ``CorruptStoreError``...) for a path holding something else."""
     if to_be_created(path):
         return None
     with StoreReader(path) as r:  # closed again before the writer opens the same path

@@ -191,10 +191,8 @@ def task_digest(task: Any, index: int = 0, task_id: Callable[[Any], Any] | None 
 
 
 def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None) -> list[Any]:
-    """The tasks in the order a run writes them: an ordered collection (list, tuple, range, generator...) as given;
-    an *unordered* one -- a ``set``/``frozenset`` or any other set-like, a mapping (its keys) or a dict's view --
-    in the order of its tasks' digests (:func:`task_digest`), the same in every process and under every hash
-    seed (not the hash order a set iterates in).
+    """The tasks in the order a run writes them: an ordered collection as given; an *unordered* one (a set-like,
+    a mapping's keys, a dict's view) in the order of its tasks' digests, the same under every hash seed.
 
     Raises:
         ValueError: a task without identity, or two tasks of an unordered collection with one identity (their

@@ -71,11 +71,8 @@ def read_header(fp: Any, path: str | Path, what: str = "the file") -> NpyHeader:
 
 
 def check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> None:
-    """Samples must be plain numbers: no Python objects, no structured dtypes.
-
-    Raises:
-        SourceError: ``dtype`` holds objects, has fields, or is not bool, int, unsigned or float.
-    """
+    """Samples must be plain numbers (``SourceError`` for objects, fields, or a kind other than bool, int, unsigned
+    or float)."""
     if dtype.hasobject:
         raise SourceError(
             f"{what} holds Python objects (dtype {dtype}); samples must be numeric",
@@ -87,11 +84,7 @@ def check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> Non
 
 
 def check_stack(h: NpyHeader, path: str | Path, what: str) -> None:
-    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1, samples not empty.
-
-    Raises:
-        SourceError: any of those does not hold.
-    """
+    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1, samples not empty (else ``SourceError``)."""
     check_sample_dtype(h.dtype, path, what)
     if len(h.shape) < 2:
         raise SourceError(
@@ -104,11 +97,7 @@ def check_stack(h: NpyHeader, path: str | Path, what: str) -> None:
 
 
 def check_size(h: NpyHeader, have: int, path: str | Path, what: str) -> None:
-    """The bytes present must be exactly header + data.
-
-    Raises:
-        SourceError: ``have`` is less than header + data (truncated) or more (malformed).
-    """
+    """The bytes present (``have``) must be exactly header + data (else ``SourceError``: truncated, malformed)."""
     want = h.offset + h.data_bytes
     if have < want:
         raise SourceError(

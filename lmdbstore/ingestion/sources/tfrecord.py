@@ -56,9 +56,7 @@ def _what(kind: str) -> str:
 
 class TFRecordSource(FileSource):
     """A TFRecord file of ``tf.train.Example`` records: sample feature ``x_key``, label feature ``y_key`` (or
-    ``label``); ``dtype`` (for a bytes sample feature) and ``sample_shape`` say how to read the samples,
-    ``compression`` (``"none"``, ``"gzip"``, ``"zlib"``; default: told by the file's first bytes) how the file is
-    stored."""
+    ``label``); ``dtype``, ``sample_shape`` and ``compression`` as :func:`~lmdbstore.ingestion.sources.open_source`."""
 
     kind = "tfrecord"
     _key_options = ("x_key", "y_key", "bytes_dtype", "sample_shape")
