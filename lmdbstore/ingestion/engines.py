@@ -44,9 +44,8 @@ __all__ = [
 RESIZE_SECONDS = 2.0
 #: What a task's key starts with on a Dask cluster (its dashboard groups the tasks by it).
 TASK_KEY = "lmdbstore-task"
-#: Exception classes (by name, anywhere in the class's MRO, so neither Dask nor Ray is imported to check) that
-#: mean the engine lost the task -- its worker or node died, the pool broke, the future was cancelled or the
-#: connection to the scheduler closed -- rather than that ``produce`` raised.
+#: Exception classes (by name, anywhere in the MRO: neither Dask nor Ray is imported to check) that mean the engine
+#: lost the task (a worker or node died, the pool broke, the future was cancelled...) rather than that it raised.
 LOST_WORKER_ERRORS = frozenset(
     {
         "BrokenExecutor",  # concurrent.futures: BrokenProcessPool, BrokenThreadPool
@@ -71,9 +70,8 @@ class TaskLost(Exception):
 
 @dataclass(frozen=True)
 class CallPickled:
-    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes (in a
-    worker whose environment pins glibc's thresholds, as Dask's do, large blocks are kept for reuse first:
-    :func:`lmdbstore.util.allocator.keep_large_blocks`)."""
+    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes, after
+    :func:`lmdbstore.util.allocator.keep_large_blocks` (for workers that pin glibc's thresholds, as Dask's do)."""
 
     fn: Callable[[Any], Any]
 

@@ -44,9 +44,8 @@ Ledger = Callable[[int], tuple[str, int, int | None]]  # task index -> (ledger k
 
 @dataclass(frozen=True)
 class TaskResults:
-    """Runs in a worker: ``produce(task)``, validated against the store like ``StoreWriter.append`` does,
-    joined into one ``(x, label ids)`` pair (the unit the writer commits atomically with the ledger),
-    with the pair's value statistics."""
+    """Runs in a worker: ``produce(task)``, validated as ``StoreWriter.append`` does, joined into one ``(x, label
+    ids)`` pair (committed atomically with the ledger), with the pair's value statistics."""
 
     produce: Callable[[Any], Any]
     shape: tuple[int, ...]

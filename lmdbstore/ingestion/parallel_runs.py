@@ -107,9 +107,8 @@ def plan_run(ledger: dict[str, dict[str, Any]], run: str, tasks: Sequence[Any], 
     store's ledger (see the module docstring).
 
     Raises:
-        ValueError: one line naming the run, what the store holds and what to do: an unfinished run of
-            other tasks or of a prefix of these, a finished run of other tasks, a run of the previous scheme
-            these tasks cannot be matched with, or a ledger that records more tasks than were given.
+        ValueError: one line naming the run, what the store holds and what to do (a run the rules refuse, or a
+            ledger that records more tasks than were given).
     """
     key = parallel_key(run, ids.digest)
     entries = _entries(ledger, run)

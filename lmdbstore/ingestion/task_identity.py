@@ -228,12 +228,10 @@ class TaskIdentities:
         """``{k: digest of the first k tasks}`` for every ``k`` in ``lengths`` up to the list's length."""
         out: dict[int, str] = {}
         h = hashlib.sha256(_SEED)
-        wanted = {k for k in lengths if 0 <= k <= self.n}
-        if 0 in wanted:
-            out[0] = _hex(h)
-        for k in range(1, self.n + 1):
-            h.update(self._digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES])
-            if k in wanted:
+        for k in range(self.n + 1):
+            if k:
+                h.update(self._digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES])
+            if k in lengths:
                 out[k] = _hex(h)
         return out
 

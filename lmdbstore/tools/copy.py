@@ -1,6 +1,5 @@
-"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting, made in a
-temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left is removed by the next copy
-to the same destination) and renamed into place.
+"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, made beside the destination
+(``.DEST.copy-PID``; one a killed copy left is removed by the next copy there) and renamed into place.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from lmdbstore.errors import (
 )
 from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
-from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
+from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env, read_meta
 from lmdbstore.store.locks import LOCK_FILE, hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.registry import ENVS, FileChanged
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
@@ -173,15 +172,10 @@ def _give_own_id(path: Path) -> int:
         lambda: open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True),
     )
     try:
-        with translate_lmdb_errors(path, "give the copy its store id"):
-            txn = begin_read(env)
-            try:
-                meta = read_meta(env, txn, path)[0]
-            finally:
-                txn.abort()
-            with env.begin(write=True) as w:
-                db = env.open_db(DB_META, txn=w, create=False)
-                w.put(META_KEY, meta.with_(store_id=new_store_id()).to_json(), db=db)
+        with translate_lmdb_errors(path, "give the copy its store id"), env.begin(write=True) as w:
+            meta = read_meta(env, w, path)[0]
+            db = env.open_db(DB_META, txn=w, create=False)
+            w.put(META_KEY, meta.with_(store_id=new_store_id()).to_json(), db=db)
         return meta.count
     finally:
         env.close()

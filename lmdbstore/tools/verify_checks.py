@@ -248,7 +248,7 @@ class ContentChecks:
         if len(value) != want_bytes:
             what = f"chunk of class {name!r} at list position {pos}"
             self.add("classidx-length", pos, f"{what} has {len(value)} bytes, expected {want_bytes}")
-            positions.skip_to(pos + n)
+            positions.take(pos + n, 0)  # past this chunk's positions
             return
         got = np.frombuffer(value, layout.INDEX_DTYPE)
         want = positions.take(pos, n)
@@ -334,10 +334,6 @@ class ClassPositions:
             have += len(found)
             self.scan = hi
         self.buf = np.concatenate(parts) if len(parts) > 1 else self.buf
-
-    def skip_to(self, pos: int) -> None:
-        """Drop the positions before list position ``pos``."""
-        self.take(pos, 0)
 
     def take(self, pos: int, n: int) -> np.ndarray:
         """List entries ``pos..pos+n-1`` (fewer at the end of the labels); ``pos`` never goes back."""

@@ -177,8 +177,8 @@ def show_samples(
 
 # ---------------------------------------------------------------------------------------------- runs
 def load_metrics(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The per-epoch records of a run directory's ``metrics.jsonl`` (or of that file itself), one per
-    epoch in epoch order; when an epoch appears twice (a run restarted in the same directory) the last wins.
+    """The per-epoch records of a run directory's ``metrics.jsonl`` (or of that file), in epoch order; an epoch
+    that appears twice (a run restarted in the same directory): the last.
 
     Raises:
         LmdbStoreError: no metrics file, or a line that is not a JSON object with an ``epoch``.
@@ -217,12 +217,9 @@ def _series(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 def plot_runs(
     runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, dpi: int = DEFAULT_DPI
 ) -> Picture:
-    """Plot training and validation loss, validation accuracy and samples/s per epoch of one or more
-    runs (overlaid, labelled by directory name) and save a PNG of 15 x 4.2 inches at ``dpi`` (default 100).
-
-    Raises:
-        ValueError: no runs, bad ``dpi``.  LmdbStoreError: a run without metrics, matplotlib missing.
-    """
+    """Plot training and validation loss, validation accuracy and samples/s per epoch of one or more runs
+    (overlaid) and save a PNG of 15 x 4.2 inches at ``dpi`` (default 100).  Raises ``ValueError`` (no runs, bad
+    ``dpi``) or ``LmdbStoreError`` (a run without metrics, matplotlib missing)."""
     _check_dpi(dpi)
     if not runs:
         raise ValueError("runs must name at least one run directory")
@@ -259,11 +256,9 @@ def plot_stats(
     dpi: int = DEFAULT_DPI,
 ) -> Picture:
     """Draw the class counts and a histogram of the values of ``sample`` random samples (default
-    ``DEFAULT_HIST_SAMPLES``, 20,000; drawn with ``seed``, read in chunks, so memory stays flat) in ``bins``
-    bins (default 100) and save a PNG of 12 x 4.2 inches at ``dpi`` (default 100).
-
-    The histogram spans the mean +/- 6 standard deviations (from the writer's exact statistics),
-    clipped to the exact minimum and maximum; values outside are counted in the title.
+    ``DEFAULT_HIST_SAMPLES``, 20,000; drawn with ``seed``, read in chunks) in ``bins`` bins (default 100), over
+    the mean +/- 6 standard deviations clipped to the exact minimum and maximum (values outside are counted), and
+    save a PNG of 12 x 4.2 inches at ``dpi`` (default 100).
 
     Raises:
         ValueError: bad ``sample``, ``bins`` or ``dpi``.  LmdbStoreError: matplotlib missing, unreadable store.

@@ -1,10 +1,6 @@
-"""Opening paths as sources: the path's kind (store, directory, file suffix) picks the source class.
-
-The suffix -> kind decision is the one table :data:`_FILE_OPENERS` (and TFRecord's names,
-:func:`~lmdbstore.ingestion.sources.tfrecord.is_tfrecord_name`, whose shard names end in ``-00003-of-00016``); a
-directory holding LMDB's data file is another store (:mod:`lmdbstore.ingestion.sources.store`), one holding
-TFRecord files a set of shards (one source per file, in name order), any other directory a ``ROOT/<class>/*.npy``
-tree; a directory holding several of these kinds is refused (:func:`_directory_kinds`).
+"""Opening paths as sources: the path's kind picks the source class.  A file's suffix through the one table
+:data:`_FILE_OPENERS` (and TFRecord's shard names); a directory holding LMDB's data file is another store, one
+holding TFRecord files a set of shards, any other a ``ROOT/<class>/*.npy`` tree; one mixing kinds is refused.
 """
 
 from __future__ import annotations
