@@ -8,7 +8,7 @@ import typer
 
 from lmdbstore.config import DEFAULT_COMPRESS, DEFAULT_PROGRESS
 from lmdbstore.tools.export_formats import EXPORT_FORMATS
-from lmdbstore.util.progress import bars_wanted, progress_bar
+from lmdbstore.util.progress import progress_bar
 
 from .common import LOADER, TRAIN, JsonOption, Output, ProgressOption, cli_errors, or_list, parse_names, report_dict
 
@@ -64,7 +64,7 @@ def export(
             from lmdbstore.training.checkpoint import load_checkpoint
 
             recorded = recorded_splits(load_checkpoint(checkpoint), checkpoint)
-        bar = progress_bar("export") if bars_wanted(progress) else None
+        bar = progress_bar("export", enabled=progress)
         try:
             rep = export_store(
                 stores[0] if len(stores) == 1 else stores,
@@ -78,11 +78,10 @@ def export(
                 recorded=recorded,
                 compress=compress,
                 overwrite=force,
-                progress=bar.update if bar is not None else None,
+                progress=bar.update,
             )
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         said = Output(as_json)
         said.say(
             f"exported {rep.samples:,} samples of {len(rep.classes)} classes ({', '.join(rep.classes)}) "

@@ -34,6 +34,11 @@ from .common import (
 __all__ = ["ingest", "synth"]
 
 
+def _key_option(what: str) -> Any:
+    """``--x-key``/``--y-key``: one name for the member of every kind of source that has keys."""
+    return typer.Option(help=f"{what} array name in .npz / dataset name in HDF5 / feature name in TFRecord.")
+
+
 def ingest(
     ctx: typer.Context,
     store: Annotated[Path, typer.Argument(help="Store directory (created if it does not exist).")],
@@ -50,12 +55,8 @@ def ingest(
     classes: Annotated[
         str | None, typer.Option(help="Comma-separated class names of a new store (default: from the sources).")
     ] = None,
-    x_key: Annotated[
-        str, typer.Option(help="Sample array name in .npz / dataset name in HDF5 / feature name in TFRecord.")
-    ] = DEFAULT_X_KEY,
-    y_key: Annotated[
-        str, typer.Option(help="Label array name in .npz / dataset name in HDF5 / feature name in TFRecord.")
-    ] = DEFAULT_Y_KEY,
+    x_key: Annotated[str, _key_option("Sample")] = DEFAULT_X_KEY,
+    y_key: Annotated[str, _key_option("Label")] = DEFAULT_Y_KEY,
     sample_shape: Annotated[
         str | None,
         typer.Option(
@@ -136,8 +137,6 @@ def ingest(
                 label=label,
                 x_key=x_key,
                 y_key=y_key,
-                h5_x=x_key,
-                h5_y=y_key,
                 sample_shape=parse_shape(sample_shape) if sample_shape else layout[0] if layout else None,
                 dtype=dtype,
                 compression=compression,

@@ -220,11 +220,8 @@ TRAIN_INTERRUPTED = (
 
 
 def parse_val_limit(text: str | None) -> int | float | None:
-    """``--val-limit``: a whole number is batches (``50``), a number with a point a share (``0.25``, ``1.0``).
-
-    Raises:
-        ValueError: neither (naming the option).
-    """
+    """``--val-limit``: a whole number is batches (``50``), a number with a point a share (``0.25``, ``1.0``);
+    neither is a ``ValueError`` naming the option."""
     if text is None:
         return None
     try:

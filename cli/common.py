@@ -1,9 +1,5 @@
 """What every command of the ``lmdbstore`` CLI shares: errors as one line (and with ``--json`` one JSON error
-object on stdout), output (human lines, or with ``--json`` only JSON on stdout), the ``--json`` and
-``--progress`` options, option parsing.
-
-The defaults the commands show come from :mod:`lmdbstore.config`; :data:`WRITER`, :data:`LOADER` and
-:data:`TRAIN` are the default configurations whose fields the options default to.
+object on stdout), output (human lines, or with ``--json`` only JSON on stdout), shared options, option parsing.
 """
 
 import json
@@ -138,8 +134,6 @@ PARAM_FLAGS: dict[str, str] = {
     "compression": "--compression",
     "dtype": "--dtype",
     "epochs": "--epochs",
-    "h5_x": "--x-key",
-    "h5_y": "--y-key",
     "label": "--label",
     "model": "--model",
     "model_args": "--model-arg",
@@ -158,11 +152,8 @@ PARAM_FLAGS: dict[str, str] = {
 
 
 def flag_names(text: str, flags: Mapping[str, str] | None = None) -> str:
-    """``text`` with the library's parameter names turned into the CLI's flags: ``allow_nonfinite=True`` ->
-    ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``, ``sample_shape=25,25`` -> ``--sample-shape 25,25``,
-    ``classes=`` -> ``--classes``.
-
-    ``flags``: a command's own flags for some parameters (default :data:`PARAM_FLAGS`)."""
+    """``text`` with the library's parameter names turned into the CLI's flags (``flags``: a command's own, over
+    :data:`PARAM_FLAGS`): ``allow_nonfinite=True`` -> ``--allow-nonfinite``, ``label=CLASS`` -> ``--label CLASS``."""
     table = {**PARAM_FLAGS, **(flags or {})}
     pattern = (
         r"(?<![\w./-])("
@@ -205,11 +196,7 @@ def report_dict(report: Any) -> dict[str, Any]:
 
 
 def require_torch(command: str) -> None:
-    """Stop with one line naming the extra to install when torch is missing (``train``, ``eval``, ``demo``).
-
-    Raises:
-        LmdbStoreError: torch cannot be imported.
-    """
+    """Stop with one line (``LmdbStoreError``) naming the extra to install when torch is missing."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -314,11 +301,7 @@ def to_json(obj: Any, indent: int | None = 2) -> str:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``--sample-shape 25,25`` as a tuple.
-
-    Raises:
-        ValueError: a part is not an integer.
-    """
+    """``--sample-shape 25,25`` as a tuple (``ValueError``: a part is not an integer)."""
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
@@ -326,11 +309,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def parse_weights(text: str | None) -> tuple[float, ...] | None:
-    """``--weights 0.7,0.3`` as a tuple of numbers; ``None`` without the option.
-
-    Raises:
-        ValueError: a part is not a number.
-    """
+    """``--weights 0.7,0.3`` as a tuple of numbers, ``None`` without the option (``ValueError``: not a number)."""
     if text is None:
         return None
     try:
@@ -341,11 +320,7 @@ def parse_weights(text: str | None) -> tuple[float, ...] | None:
 
 def parse_model_args(items: list[str] | None) -> tuple[tuple[str, Any], ...]:
     """Repeated ``--model-arg NAME=VALUE`` as ``(name, value)`` pairs: VALUE as JSON when it is a JSON scalar
-    (``32``, ``0.1``, ``true``, ``null``, ``"text"``), else the text itself.
-
-    Raises:
-        ValueError: an item without ``=``, or a name given twice.
-    """
+    (``32``, ``0.1``, ``true``, ``null``, ``"text"``), else the text itself (``ValueError``: no ``=``, a name twice)."""
     out: dict[str, Any] = {}
     for item in items or []:
         name, sep, text = item.partition("=")
@@ -368,12 +343,8 @@ def parse_names(text: str | None) -> list[str] | None:
 
 
 def refuse_given(ctx: typer.Context, names: tuple[str, ...] | list[str], why: str) -> None:
-    """Refuse, in one line, any of the options ``names`` (parameter names) given on the command line: an option
-    that does not apply is an error, never silently ignored.
-
-    Raises:
-        ValueError: naming the first such option as its flag.
-    """
+    """Refuse, in one line (``ValueError`` naming its flag), the first of the options ``names`` (parameter names)
+    given on the command line: an option that does not apply is an error, never silently ignored."""
     for name in names:
         source = ctx.get_parameter_source(name)  # an enum of the click Typer runs on (it may vendor its own)
         if getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT"):

@@ -1,10 +1,6 @@
-"""The ``lmdbstore`` command line: a thin Typer layer over the library.
-
-Every command parses its options, calls one library function and prints.  Errors the library raises
-on purpose (``LmdbStoreError``) and bad arguments (``ValueError``) become one line on stderr and exit
-status 1; ``verify`` exits 1 when it finds problems.  The commands live one group a module
-(``cmd_ingest``, ``cmd_inspect``, ``cmd_train``, ``cmd_export``, ``cmd_viz``); this module assembles them
-into :data:`app` and is the console script's entry point, :func:`main`.
+"""The ``lmdbstore`` command line, a thin Typer layer over the library: every command (one group a ``cmd_*``
+module) parses its options, calls the library and prints; this module assembles them into :data:`app` and is the
+console script's entry point, :func:`main`.
 """
 
 import sys

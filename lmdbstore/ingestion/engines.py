@@ -1,20 +1,12 @@
 """Producers on an engine the user already runs: :func:`write_parallel`'s tasks on a ``concurrent.futures``
 executor, a Dask ``distributed.Client`` or Ray, with the guarantees of the local pool.
 
-:class:`EnginePool` has :class:`~lmdbstore.util.pool.OrderedPool`'s interface (``results(tasks, start)``
-yields ``(index, result)`` in task order), so the single writer commits the same way whatever runs the
-producers: in task order, each task with its ledger entry.  It keeps at most ``limit`` tasks submitted and not
-yet consumed (a window: the memory a run holds, here and on the cluster, stays bounded), and reports
-
-* a task that raised as :class:`~lmdbstore.util.pool.TaskFailure` (its index, type, message, traceback);
-* a task the engine could not finish because a worker died, and that it did not (or no longer) retries, as
-  :class:`TaskLost` (Dask retries a task lost with a worker up to ``distributed.scheduler.allowed-failures``
-  times, then raises ``KilledWorker``; Ray retries system failures ``max_retries`` times; a
-  ``ProcessPoolExecutor`` breaks at once: ``BrokenProcessPool``).
-
-Tasks travel pickled (:func:`~lmdbstore.util.pool.pickled_task`, the bytes the local pool sends), so no
-engine interprets them (Dask would call a tuple whose first item is callable) and an unpicklable task is a
-``ValueError`` before anything runs.  Which engine an object is: :func:`engine_of`.
+:class:`EnginePool` has :class:`~lmdbstore.util.pool.OrderedPool`'s interface, so the single writer commits the
+same way whatever runs the producers: in task order, each task with its ledger entry, at most a window of tasks
+submitted and not yet consumed.  A task that raised is a :class:`~lmdbstore.util.pool.TaskFailure`; one the
+engine lost with its worker and did not retry, a :class:`TaskLost`.  Tasks travel as
+:func:`~lmdbstore.util.pool.pickled_task` bytes, so no engine interprets them (Dask would call a tuple whose
+first item is callable).
 """
 
 from __future__ import annotations
@@ -52,9 +44,8 @@ __all__ = [
 RESIZE_SECONDS = 2.0
 #: What a task's key starts with on a Dask cluster (its dashboard groups the tasks by it).
 TASK_KEY = "lmdbstore-task"
-#: Exception classes (by name, anywhere in the class's MRO, so neither Dask nor Ray is imported to check) that
-#: mean the engine lost the task -- its worker or node died, the pool broke, the future was cancelled or the
-#: connection to the scheduler closed -- rather than that ``produce`` raised.
+#: Exception classes (by name, anywhere in the MRO: neither Dask nor Ray is imported to check) that mean the engine
+#: lost the task (a worker or node died, the pool broke, the future was cancelled...) rather than that it raised.
 LOST_WORKER_ERRORS = frozenset(
     {
         "BrokenExecutor",  # concurrent.futures: BrokenProcessPool, BrokenThreadPool
@@ -79,9 +70,8 @@ class TaskLost(Exception):
 
 @dataclass(frozen=True)
 class CallPickled:
-    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes (in a
-    worker whose environment pins glibc's thresholds, as Dask's do, large blocks are kept for reuse first:
-    :func:`lmdbstore.util.allocator.keep_large_blocks`)."""
+    """What an engine runs: ``fn(pickle.loads(blob))`` for a task sent as :func:`pickled_task` bytes, after
+    :func:`lmdbstore.util.allocator.keep_large_blocks` (for workers that pin glibc's thresholds, as Dask's do)."""
 
     fn: Callable[[Any], Any]
 
@@ -93,14 +83,8 @@ class CallPickled:
 class FuturesEngine:
     """Any ``concurrent.futures.Executor`` (``ProcessPoolExecutor``, a Dask ``client.get_executor()``,
     :class:`~lmdbstore.ingestion.ray_executor.RayExecutor`, ...): anything whose ``submit(fn, arg)`` returns a
-    future with ``result()`` and ``cancel()``.
-
-    An engine (this, or :class:`DaskEngine`) starts ``fn(blob)`` (:meth:`submit`: a handle), waits for a handle's
-    result, raising what the task or the engine raised (:meth:`result`), drops tasks whose results will not be
-    consumed (:meth:`cancel`, best effort), says how many tasks it runs at once when it can (:meth:`workers`),
-    gets going before the store is opened (:meth:`start`) and says whether every result is a copy made for this
-    process, which the writer may keep without copying it (:attr:`private_results`).
-    """
+    future with ``result()`` and ``cancel()``.  :attr:`private_results`: every result is a copy made for this
+    process, which the writer may keep without copying it."""
 
     def __init__(self, executor: Any) -> None:
         self.executor = executor
@@ -142,13 +126,9 @@ class FuturesEngine:
 
 class DaskEngine:
     """A Dask ``distributed.Client``: tasks submitted under unique keys (every call runs), results gathered one
-    at a time in task order and released at once, so the cluster holds at most the window's results.
-
-    Results come straight from the worker that holds them (``direct=True``) when the client says so
-    (``Client(..., direct_to_workers=True)``) or when it manages its cluster itself (``Client(LocalCluster())``:
-    its workers are reachable); otherwise through the scheduler, Dask's default for clients that may not reach
-    the workers.
-    """
+    at a time in task order and released at once, so the cluster holds at most the window's results; straight
+    from the worker (``direct=True``) when the client says so or manages its cluster itself, else through the
+    scheduler (Dask's default for clients that may not reach the workers)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -239,18 +219,11 @@ class EnginePool:
     The window is ``in_flight * workers`` tasks (fewer where their results would not fit in memory:
     :class:`~lmdbstore.util.memory.ResultBudget`); ``workers=None`` takes the engine's own count
     (:meth:`Engine.workers`, asked again every :data:`RESIZE_SECONDS` while the run goes on, so a cluster that
-    grows gets a larger window; 1 while it tells nothing).
-
-    Raises:
-        ValueError: ``in_flight`` or ``workers`` below 1 (at construction); a task that cannot be pickled
-            (when it is reached).
+    grows gets a larger window; 1 while it tells nothing).  ``in_flight`` and ``workers`` (at least 1) are checked
+    by :func:`~lmdbstore.ingestion.parallel.write_parallel`; a task that cannot be pickled is a ``ValueError``.
     """
 
     def __init__(self, fn: Callable[[Any], Any], engine: Engine, in_flight: int, workers: int | None = None) -> None:
-        if in_flight < 1:
-            raise ValueError(f"in_flight must be positive, got {in_flight}")
-        if workers is not None and workers < 1:
-            raise ValueError(f"workers must be positive with an executor, got {workers}")
         self.call, self.engine, self.in_flight, self.workers = CallPickled(fn), engine, in_flight, workers
         self._capacity, self._next_check = 1, 0.0
 
@@ -271,10 +244,8 @@ class EnginePool:
         return self.in_flight * self._capacity
 
     def results(self, tasks: Sequence[Any], start: int = 0) -> Generator[tuple[int, Any], None, None]:
-        """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order.
-
-        Leaving the generator for any reason cancels the tasks still in the window.  When the engine refuses a
-        submission (e.g. a pool that broke meanwhile), the tasks already submitted are consumed first.
+        """Yield ``(index, fn(tasks[index]))`` for ``index`` from ``start`` on, in order; leaving the generator
+        cancels the tasks still in the window, and a refused submission comes after the tasks already submitted.
 
         Raises:
             TaskFailure: ``fn`` raised for the task at the head of the order.

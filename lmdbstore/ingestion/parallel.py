@@ -1,11 +1,7 @@
 """Many producers, one store: :func:`write_parallel` runs ``produce(task)`` in worker processes and commits
-their results, in task order, through the single writer of the calling process.
-
-Why this shape: generating or augmenting samples is CPU-heavy and parallel by nature, while LMDB has one
-writer.  Workers produce and validate; the calling process only appends and commits.  Committing in task
-order makes the store identical for any worker count, and lets one resume-ledger entry per run say how
-many tasks are in the store: each task's samples and the ledger's new count go into the same
-transaction, so a rerun after a crash or Ctrl-C skips exactly the finished tasks.
+their results, in task order, through the single writer of the calling process (LMDB has one writer; generating
+samples is CPU-heavy).  Committing in task order lets one resume-ledger entry per run count the tasks in the
+store, committed in the same transaction as each task's samples.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ Ledger = Callable[[int], tuple[str, int, int | None]]  # task index -> (ledger k
 
 @dataclass(frozen=True)
 class TaskResults:
-    """Runs in a worker: ``produce(task)``, validated against the store like ``StoreWriter.append`` does,
-    joined into one ``(x, label ids)`` pair (the unit the writer commits atomically with the ledger),
-    with the pair's value statistics."""
+    """Runs in a worker: ``produce(task)``, validated as ``StoreWriter.append`` does, joined into one ``(x, label
+    ids)`` pair (committed atomically with the ledger), with the pair's value statistics."""
 
     produce: Callable[[Any], Any]
     shape: tuple[int, ...]
@@ -97,13 +92,6 @@ def _checked_pairs(out: Iterable[Any]) -> Iterable[tuple[Any, Any]]:
         yield item
 
 
-def _check_picklable(produce: Callable[[Any], Any]) -> None:
-    try:
-        pickle.dumps(produce)
-    except Exception as exc:
-        raise ValueError(f"produce must be a module-level function that worker processes can import ({exc})") from None
-
-
 def commit_in_order(
     w: StoreWriter,
     pool: OrderedPool | EnginePool,
@@ -114,10 +102,8 @@ def commit_in_order(
     report: Callable[[int], None],
 ) -> int:
     """Run ``pool``'s producer (a :class:`TaskResults`) over ``tasks[start:]`` and append each result, in order,
-    with its ledger entry ``ledger(index)`` (kept without a copy where the pool's results are private to this
-    process), then calls ``report(samples of the task)``; returns the samples appended.
-
-    Results of tasks before a failing one are committed before the error is raised.
+    with its ledger entry ``ledger(index)``, then call ``report(samples of the task)``; returns the samples
+    appended.  Results of tasks before a failing one are committed before the error is raised.
 
     Raises:
         ValidationError: a task's result does not fit the store (the message names the task).
@@ -199,32 +185,23 @@ def write_parallel(
     ``produce(task)`` returns ``(x, y)`` -- samples ``(n, *shape)`` and ``n`` labels (ids or class names) --
     or yields several such pairs.  It must be a module-level function (workers are *spawned* and import
     it), and should be deterministic per task for a resumed run to equal an uninterrupted one.  Results
-    are validated in the workers (shape, dtype, finite values, labels: the writer's own checks) and
-    committed by one writer in this process in task order, so the store is the same for any ``workers``
-    and any executor.  Each task's samples are one unit: appended together, committed in one transaction
-    with the ledger.
-
-    Resume: a run is its name and its tasks, identified by content (:mod:`~lmdbstore.ingestion.task_identity`).
-    Calling again with the same ``produce``/``name`` and tasks after a crash or Ctrl-C skips the tasks committed,
-    with or without an executor; a list that begins with a finished run's tasks writes only the new ones; any
-    other run of the name is refused, never mixed (:mod:`~lmdbstore.ingestion.parallel_runs`): give another
-    ``name`` to write a separate run.
+    are validated in the workers (the writer's own checks) and committed by one writer in this process in task
+    order, each task's samples in one transaction with the ledger, so the store is the same for any ``workers``
+    and any executor.  Calling again after a crash or Ctrl-C resumes the run (its name and its tasks): see
+    :mod:`~lmdbstore.ingestion.parallel_runs` for which runs resume, extend or are refused.
 
     Args:
         store: store directory (created if needed: then ``shape``, ``dtype`` and ``classes`` are required).
         produce: ``task -> (x, y)`` or a generator of ``(x, y)``.
-        tasks: small picklable descriptors (seeds, paths, ranges), listed up front, written in their order (a set,
-            or another unordered collection, in the order of its tasks' identities).  Each must be identifiable by
-            content (plain values: :mod:`~lmdbstore.ingestion.task_identity`), else give ``task_id``.
-        workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging).
-            At most 4 per core and what memory holds (:func:`~lmdbstore.util.procs.worker_processes`: clipped with a warning).
-            With ``executor``: the tasks it runs at once, to size the window (default: what the executor
-            tells -- ``max_workers``, a Dask cluster's threads, ``RayExecutor.workers`` -- else 1).
-        executor: run the tasks on an engine you already run instead of local processes: any
+        tasks: small picklable descriptors (seeds, paths, ranges), written in their order (an unordered
+            collection in the order of its tasks' identities), each identifiable by content
+            (:mod:`~lmdbstore.ingestion.task_identity`), else give ``task_id``.
+        workers: worker processes of the local pool; ``0`` runs ``produce`` in this process (for debugging);
+            at most 4 per core and what memory holds (clipped with a warning).  With ``executor``: the tasks it
+            runs at once, to size the window (default: what the executor tells, else 1).
+        executor: run the tasks on an engine you already run instead of the local spawned pool: any
             ``concurrent.futures.Executor`` (``ProcessPoolExecutor``, ``dask_client.get_executor()``,
-            :class:`~lmdbstore.ingestion.ray_executor.RayExecutor`) or a Dask ``distributed.Client``
-            (see :mod:`lmdbstore.ingestion.engines`).  Default: the local spawned pool (the fastest on one
-            machine).
+            :class:`~lmdbstore.ingestion.ray_executor.RayExecutor`) or a Dask ``distributed.Client``.
         config: writer settings (``commit_bytes`` bounds a transaction, but never splits a task).
         name: names the run in the ledger (default: ``produce``'s module and qualified name).
         task_id: ``task -> value`` naming each task (e.g. ``lambda t: t.key`` for tasks of your own class),
@@ -247,7 +224,12 @@ def write_parallel(
     engine = _check_runner(workers, executor, in_flight)
     task_list = ordered_tasks(tasks, task_id)  # a set: in the order of its tasks' identities
     if workers or engine is not None:
-        _check_picklable(produce)
+        try:
+            pickle.dumps(produce)
+        except Exception as exc:
+            raise ValueError(
+                f"produce must be a module-level function that worker processes can import ({exc})"
+            ) from None
     run = name or f"{getattr(produce, '__module__', '?')}.{getattr(produce, '__qualname__', '?')}"
     ids = TaskIdentities(task_list, task_id)  # before the store is touched: a task without identity is refused
     config = config or WriterConfig()

@@ -13,10 +13,8 @@ statement of these rules; docs/design.md says why):
   is refused in one line: the tasks might overlap, and a store that mixed two runs could not be undone.
   ``name=`` writes the tasks as a separate run.
 
-Entries of the previous scheme (``parallel:<name>:<16 hex digits>``, a digest of the tasks' reprs) are still
-recognized when the tasks' reprs identify them -- ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
-``range``, paths and tuples, lists and dicts of these -- and a run recorded that way is resumed under its old
-key; for other tasks (numpy arrays, sets, ...) such an entry cannot be matched and is refused with the reason.
+Entries of the previous scheme (``parallel:<name>:<16 hex digits>`` of the tasks' reprs) are matched where the
+reprs identify the tasks (:data:`_FAITHFUL` and containers of them) and resumed under their old key; else refused.
 """
 
 from __future__ import annotations
@@ -109,9 +107,8 @@ def plan_run(ledger: dict[str, dict[str, Any]], run: str, tasks: Sequence[Any], 
     store's ledger (see the module docstring).
 
     Raises:
-        ValueError: one line naming the run, what the store holds and what to do: an unfinished run of
-            other tasks or of a prefix of these, a finished run of other tasks, a run of the previous scheme
-            these tasks cannot be matched with, or a ledger that records more tasks than were given.
+        ValueError: one line naming the run, what the store holds and what to do (a run the rules refuse, or a
+            ledger that records more tasks than were given).
     """
     key = parallel_key(run, ids.digest)
     entries = _entries(ledger, run)

@@ -1,10 +1,6 @@
-"""``ingest`` with worker processes: sources are cut into chunks of rows that workers read and validate, and
-the calling process writes them in the sources' order through the machinery of :mod:`lmdbstore.ingestion.parallel`.
-
-The steps are those of the serial :func:`lmdbstore.ingestion.pipeline.ingest`, from the same
-:class:`~lmdbstore.ingestion.plan.IngestPlan`: every remaining row is validated before anything is written (now in
-parallel), then written with the same per-source ledger entries (fingerprint -> rows done), so a run interrupted
-with or without workers resumes with or without them.
+"""``ingest`` with worker processes: the serial ingest's two passes over the same
+:class:`~lmdbstore.ingestion.plan.IngestPlan`, the rows cut into chunks that workers read and validate, written in
+the sources' order with the same ledger entries (a run interrupted with or without workers resumes either way).
 """
 
 from __future__ import annotations
@@ -61,11 +57,8 @@ class _Read:
 
 
 def ingest_parallel(plan: IngestPlan, *, workers: int, progress: ProgressFactory | None) -> IngestReport:
-    """The validation and writing passes of :func:`lmdbstore.ingestion.pipeline.ingest` in ``workers`` processes.
-
-    Chunks are ``plan.batch`` rows, from each source's resume point ``plan.done``.  Compressed ``.npz`` members
-    are decompressed from their start for every chunk: workers help most with ``.npy``, stored ``.npz``, HDF5
-    and directories.
+    """The validation and writing passes of :func:`lmdbstore.ingestion.pipeline.ingest` in ``workers`` processes,
+    in chunks of ``plan.batch`` rows (a compressed ``.npz`` member is decompressed from its start for each).
 
     Raises:
         ValidationError / SourceError: as the serial ingest (the file and row named); nothing written.

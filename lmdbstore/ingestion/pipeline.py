@@ -1,10 +1,6 @@
-"""Ingesting sources into a store: validate everything first, then write with resume support.
-
-A bad source must leave the store exactly as it was, so :func:`ingest` streams every source once
-through validation (shape, dtype, finite values, known labels) before a single sample is written.
-The writing pass records each source's position in the store's resume ledger, keyed by the source's
-fingerprint (path, size, modification time, options), in the same transaction as the samples: after
-an interruption, running the same command again skips what was committed and continues.
+"""Ingesting sources into a store: every source validated first (a bad source leaves the store as it was), then
+written, each source's position in the resume ledger (keyed by its fingerprint) committed with its samples, so
+running the same command again after an interruption continues where the last commit ended.
 """
 
 from __future__ import annotations
@@ -51,16 +47,14 @@ def ingest(
     """Validate ``sources`` and append them to ``store`` (created if needed).
 
     Args:
-        store: the store directory.
         sources: from :func:`lmdbstore.ingestion.sources.open_sources`.
         classes: class names for a new store (default: inferred from the sources); for an existing
             store they must match if given.
         dtype: sample dtype of a new store (default: the first source's); other dtypes need ``cast``.
         config: writer settings (checksum, packing and non-finite policy apply to a new store).
         cast: convert samples of another dtype of the same kind (e.g. float64 -> float32).
-        batch: rows per read.
         progress: factory of progress bars (``(description, total) -> bar``); ``None`` for none.
-        workers: read and validate in this many processes (``lmdbstore.ingestion.parallel_sources``); 0: in this one.
+        workers: read and validate in this many processes; 0: in this one.
 
     Raises:
         ValueError: no sources, or a bad ``classes`` list.
@@ -122,15 +116,10 @@ def ingest_synthetic(
     exclusive: bool = False,
     dtype: Any = None,
 ) -> IngestReport:
-    """Generate ``n`` samples of the built-in 5-class dataset straight into ``store`` (resumable).
-
-    ``dtype``: the samples' float dtype (default ``None``: float32, as generated; ``float16`` halves the
-    store, ``float64`` doubles it); an existing store must hold the same.
-
-    The resume ledger key depends only on ``n`` and ``seed``, so running the same call again adds
-    nothing.  With ``exclusive`` a store holding anything else (other synthetic sets, ingested files)
-    is refused before anything is written.  This is also the pattern for a user's own generator:
-    append batches with a progress marker.
+    """Generate ``n`` samples of the built-in 5-class dataset straight into ``store`` (resumable: the ledger key
+    depends only on ``n`` and ``seed``, so the same call again adds nothing), in the float ``dtype`` (default
+    ``None``: float32, as generated); an existing store must hold the same.  With ``exclusive`` a store holding
+    anything else is refused before anything is written.
 
     Raises:
         ValidationError: ``exclusive`` and the store holds other data.

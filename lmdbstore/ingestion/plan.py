@@ -40,12 +40,8 @@ Layout = tuple[tuple[int, ...], str, list[str]]  # (shape, dtype, classes) of a 
 
 def store_layout(path: Path) -> Layout | None:
     """(shape, dtype, classes) of an existing store, or None when it does not exist yet (or its creation
-    was interrupted before the first commit: the writer creates it afresh).
-
-    Raises:
-        NotAStoreError, CorruptStoreError, FormatVersionError...: the path holds something else, as
-            :class:`~lmdbstore.store.reader.StoreReader` reports it.
-    """
+    was interrupted before the first commit).  Raises as :class:`~lmdbstore.store.reader.StoreReader` does
+    (``NotAStoreError``, ``CorruptStoreError``...) for a path holding something else."""
     if to_be_created(path):
         return None
     with StoreReader(path) as r:  # closed again before the writer opens the same path
@@ -69,17 +65,10 @@ def read_ledger(path: Path) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class IngestPlan:
-    """Everything an ingest settled before reading a sample (picklable: the parallel ingest's workers get it).
-
-    Attributes:
-        path: the store directory.
-        sources: the sources in order (store sources already restricted to the destination's classes).
-        shape, dtype, classes: the store's layout (a new store's as decided from the sources).
-        created: whether the ingest creates the store.
-        done: rows of each source an earlier run committed (its resume point).
-        config, cast, batch: the writer settings, the cast option and the rows per read.
-        t0: ``time.perf_counter()`` when the layout was settled; the report's seconds count from here.
-    """
+    """Everything an ingest settled before reading a sample (picklable: the parallel ingest's workers get it): the
+    sources in order (store sources restricted to the destination's classes), the store's layout (a new store's
+    as decided from the sources), whether the ingest ``created`` it, the rows of each source an earlier run
+    committed (``done``), the options, and ``t0`` (``time.perf_counter()``), where the report's seconds start."""
 
     path: Path
     sources: tuple[Source, ...]

@@ -1,13 +1,9 @@
 """Ray through its futures: :class:`RayExecutor`, a ``concurrent.futures.Executor`` whose tasks are Ray tasks, so
 ``write_parallel(..., executor=RayExecutor())`` runs the producers on a Ray cluster.
 
-It is the few lines any Ray user would write (``ray.remote(...).remote(...)`` and ``ObjectRef.future()``), kept
-here so that cancelling a future also cancels its Ray task.  Ray is imported when the executor is made, never
-by ``import lmdbstore``; it needs ``pip install ray`` (or ``lmdbstore[ray]``) and ``ray.init()`` (or an address
-in ``RAY_ADDRESS``) beforehand, as any Ray program.
-
-Ray retries a task whose worker process or node died (``max_retries``, 3 by default); one it gives up on
-reaches ``write_parallel`` as ``WorkerCrashedError`` (or ``NodeDiedError``...) and is named in a ``TaskError``.
+It is the few lines any Ray user would write, kept here so that cancelling a future also cancels its Ray task.
+Ray (``lmdbstore[ray]``) is imported when the executor is made, never by ``import lmdbstore``.  A task Ray gave up
+retrying (``max_retries``) reaches ``write_parallel`` as ``WorkerCrashedError`` (...) and is named in a ``TaskError``.
 """
 
 from __future__ import annotations
@@ -25,14 +21,11 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class RayExecutor(cf.Executor):
-    """A ``concurrent.futures.Executor`` over Ray tasks.
+    """A ``concurrent.futures.Executor`` over Ray tasks (``ray.init()`` first where Ray is not initialized).
 
-    Args:
-        options: Ray task options for every call (e.g. ``num_cpus=1``, ``max_retries=3``,
-            ``scheduling_strategy="SPREAD"``), as ``ray.remote(...).options(**options)`` takes them.
-
-    ``workers`` is the number of tasks the cluster runs at once (its CPUs divided by ``num_cpus``), read
-    when the executor is made: ``write_parallel`` sizes its window of tasks in flight from it.
+    ``options``: Ray task options for every call (e.g. ``num_cpus=1``, ``max_retries=3``), as
+    ``ray.remote(...).options(**options)`` takes them.  ``workers``: the tasks the cluster runs at once (its CPUs
+    divided by ``num_cpus``) when the executor is made, which ``write_parallel`` sizes its window from.
 
     Raises:
         ImportError: Ray is not installed.

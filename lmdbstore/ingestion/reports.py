@@ -1,9 +1,5 @@
-"""What a writing run did, and the one ending every writing run shares.
-
-:func:`ingest`, :func:`ingest_synthetic`, the parallel ingest and :func:`write_parallel` all end the same way:
-commit what is pending, count the store, and report the samples added and the time taken.  :func:`writing`
-is that ending; the report types (:class:`IngestReport` with a :class:`SourceReport` per source,
-:class:`ParallelReport`) are what the runs return.
+"""What a writing run did (the reports the runs return), and :func:`writing`, the one ending every writing run
+(ingest, synthetic, parallel) shares: commit what is pending, count the store, time the run.
 """
 
 from __future__ import annotations
@@ -73,13 +69,8 @@ class ParallelReport(_Throughput):
 
 @dataclass
 class WriteRun:
-    """The counts :func:`writing` keeps for a run's report.
-
-    Attributes:
-        start: samples committed when the writer opened.
-        total: samples in the store after the run's final commit (set when the run ends).
-        seconds: seconds since the run's ``t0`` when the writer had closed (set when the run ends).
-    """
+    """The counts :func:`writing` keeps for a run's report: samples committed when the writer opened (``start``);
+    set when the run ends, samples after its final commit (``total``) and seconds since ``t0`` (``seconds``)."""
 
     start: int
     total: int = 0

@@ -1,9 +1,5 @@
-"""A built-in, learnable 5-class dataset of z-scored 25x25 float32 arrays (the reference case).
-
-Each class is a noisy spatial pattern with random position, scale and phase, so a small CNN can
-learn it but a linear model on raw pixels cannot trivially; every sample is z-scored (mean 0,
-std 1) like the data the tool is built for.  Used by ``lmdbstore synth``, ``ingest --synthetic`` and
-the demo; generation is vectorised and streamed in batches, so any size fits in memory.
+"""A built-in, learnable 5-class dataset of z-scored 25x25 float32 arrays (the reference case): each class a noisy
+spatial pattern with random position, scale and phase (a small CNN learns it), generated in batches.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""The identity of a :func:`~lmdbstore.ingestion.parallel.write_parallel` task: a digest of its *content*, the
-same in every process, on every machine and under every hash seed (not ``repr``, nor a pickle: docs/design.md
-says why).
-
-The canonical encoding (version ``c1``; sha-256 of it is the task's digest), one tag byte per value:
-
-* ``None``, ``bool``, ``int`` (any size), ``float`` (its 8 IEEE bytes: ``-0.0`` is not ``0.0``), ``complex``,
-  ``str`` (UTF-8), ``bytes``, ``bytearray``, ``range``;
-* ``tuple`` and ``list`` element by element; ``dict``, ``set`` and ``frozenset`` by their elements' digests,
-  sorted (``{"a": 1, "b": 2}`` is the same task in either insertion order, a set in any hash order);
-* numpy arrays by dtype (byte order normalized), shape and every byte; numpy scalars by dtype and bytes (so
-  ``np.int64(3)`` is not the task ``3``);
-* ``pathlib`` paths by their text; enum members, dataclass instances and named tuples by their class's
-  module and qualified name and their fields.
-
-Exact types only: anything else -- an object of your own class, a function, a subclass of ``int`` or
-``dict``, an object or structured numpy array, a container that holds itself -- has no content identity and is
-refused before the store is touched, with the task's position and type and the fix: plain values, or
-``task_id=`` (a function naming each task by such values).
+"""The identity of a :func:`~lmdbstore.ingestion.parallel.write_parallel` task: the sha-256 of a canonical
+encoding of its *content* (version ``c1``), the same in every process, on every machine and under every hash seed
+(not ``repr``, nor a pickle: docs/design.md says why, and lists what each type is encoded by).  One tag byte per
+value; floats by their 8 bytes (``-0.0`` is not ``0.0``); dicts and sets by their elements' digests, sorted;
+numpy values by dtype (byte order normalized), shape and bytes (``np.int64(3)`` is not the task ``3``).  Exact
+types only: anything else (your own class, a subclass of ``int``, an object array, a container holding itself)
+is refused before the store is touched, naming the task and the fix (plain values, or ``task_id=``).
 """
 
 from __future__ import annotations
@@ -203,10 +191,8 @@ def task_digest(task: Any, index: int = 0, task_id: Callable[[Any], Any] | None 
 
 
 def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None) -> list[Any]:
-    """The tasks in the order a run writes them: an ordered collection (list, tuple, range, generator...) as given;
-    an *unordered* one -- a ``set``/``frozenset`` or any other set-like, a mapping (its keys) or a dict's view --
-    in the order of its tasks' digests (:func:`task_digest`), the same in every process and under every hash
-    seed (not the hash order a set iterates in).
+    """The tasks in the order a run writes them: an ordered collection as given; an *unordered* one (a set-like,
+    a mapping's keys, a dict's view) in the order of its tasks' digests, the same under every hash seed.
 
     Raises:
         ValueError: a task without identity, or two tasks of an unordered collection with one identity (their
@@ -227,12 +213,8 @@ def task_list(tasks: Iterable[Any], task_id: Callable[[Any], Any] | None = None)
 
 
 class TaskIdentities:
-    """The digests of a task list, and of each of its first ``k`` tasks taken together (a run's digest is
-    that of all of them; a shorter run whose digest is one of its prefixes' is a run this list extends).
-
-    Args:
-        tasks: the tasks, in order.
-        task_id: name each task by ``task_id(task)`` instead of its content.
+    """The digests of ``tasks``, and of each of its first ``k`` tasks taken together (a shorter run whose digest is
+    one of its prefixes' is a run this list extends); ``task_id``: name each task by ``task_id(task)`` instead.
 
     Raises:
         ValueError: a task without a content identity (see :func:`task_digest`).
@@ -246,12 +228,10 @@ class TaskIdentities:
         """``{k: digest of the first k tasks}`` for every ``k`` in ``lengths`` up to the list's length."""
         out: dict[int, str] = {}
         h = hashlib.sha256(_SEED)
-        wanted = {k for k in lengths if 0 <= k <= self.n}
-        if 0 in wanted:
-            out[0] = _hex(h)
-        for k in range(1, self.n + 1):
-            h.update(self._digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES])
-            if k in wanted:
+        for k in range(self.n + 1):
+            if k:
+                h.update(self._digests[(k - 1) * DIGEST_BYTES : k * DIGEST_BYTES])
+            if k in lengths:
                 out[k] = _hex(h)
         return out
 

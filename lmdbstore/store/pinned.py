@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -79,17 +80,19 @@ class PinnedReader:
         elif h is not None:
             h.retire()
 
-    def _take(self) -> Handle:
+    @contextmanager
+    def held(self) -> Iterator[Handle]:
+        """The current snapshot, kept open (a newer one does not close it) until the block ends."""
         with self._locked():
             h = self._handle()
             h.users += 1
-            return h
-
-    def _give(self, h: Handle) -> None:
-        with self._locked():
-            h.users -= 1
-            if h.retired and h.users == 0:
-                h.close()
+        try:
+            yield h
+        finally:
+            with self._locked():
+                h.users -= 1
+                if h.retired and h.users == 0:
+                    h.close()
 
     def _registered(self) -> bool | None:
         """The ``lock`` of a snapshot taken because the last one was lost: registered where possible (an
@@ -162,8 +165,7 @@ class PinnedReader:
         again (errors of ``fn`` count only on a protected snapshot).  Raises ``LmdbStoreError``:
         :data:`MAX_RESNAPSHOTS` snapshots in a row were lost; or as ``fn``, translated."""
         for _ in range(MAX_RESNAPSHOTS):
-            h = self._take()
-            try:
+            with self.held() as h:
                 try:
                     done, result = _attempt(h, fn)
                 except BaseException:
@@ -171,8 +173,6 @@ class PinnedReader:
                         raise
                 if done:
                     return cast(T, result)
-            finally:
-                self._give(h)
             self._resnapshot(h)
         raise self._lost(action)
 

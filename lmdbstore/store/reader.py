@@ -187,8 +187,7 @@ class StoreReader(PinnedReader, MetaView):
             raise ValueError(
                 f"db_name must be None or one of {', '.join(d.decode() for d in ALL_DBS)}, got {db_name!r}"
             )
-        h = self._take()
-        try:
+        with self.held() as h:
             with translate_read_errors(self.path, "scan"), h.lmdb():
                 db = None if db_name is None else h.env.open_db(db_name, txn=h.txn, create=False)
                 cursor = h.txn.cursor(db=db)
@@ -209,19 +208,13 @@ class StoreReader(PinnedReader, MetaView):
                             hint="scan again (with lock=True, beside a writer)",
                         )
                 yield from group
-        finally:
-            self._give(h)
 
     def env_stats(self) -> dict[str, Any]:
         """LMDB facts: page size, depth and pages of each sub-database, map size, last page, file bytes."""
-        h = self._take()
-        try:
-            with translate_lmdb_errors(self.path, "stat"), h.lmdb():
-                info = h.env.info()
-                dbs = {name.decode(): h.txn.stat(db) for name, db in h.dbs.items()}
-                main = h.env.stat()
-        finally:
-            self._give(h)
+        with self.held() as h, translate_lmdb_errors(self.path, "stat"), h.lmdb():
+            info = h.env.info()
+            dbs = {name.decode(): h.txn.stat(db) for name, db in h.dbs.items()}
+            main = h.env.stat()
         return {"psize": main["psize"], "info": dict(info), "main": dict(main), "dbs": dbs}
 
 

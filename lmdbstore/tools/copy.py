@@ -1,6 +1,5 @@
-"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, optionally compacting, made in a
-temporary directory beside the destination (``.DEST.copy-PID``; one a killed copy left is removed by the next copy
-to the same destination) and renamed into place.
+"""A consistent copy of a store: :func:`copy_store`, LMDB's own ``mdb_env_copy2``, made beside the destination
+(``.DEST.copy-PID``; one a killed copy left is removed by the next copy there) and renamed into place.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from lmdbstore.errors import (
 )
 from lmdbstore.format.layout import DB_META, META_KEY
 from lmdbstore.format.meta import new_store_id
-from lmdbstore.store.env import DATA_FILE, begin_read, check_store_dir, open_env, read_meta
+from lmdbstore.store.env import DATA_FILE, check_store_dir, open_env, read_meta
 from lmdbstore.store.locks import LOCK_FILE, hold_off_writers, lock_table_writable, release_lock
 from lmdbstore.store.registry import ENVS, FileChanged
 from lmdbstore.util.atomic import fsync_path, remove_stale_temps, temp_beside
@@ -64,28 +63,19 @@ def _check_dest(dst: Path) -> None:
 def copy_store(store: str | os.PathLike[str], dest: str | os.PathLike[str], *, compact: bool = False) -> CopyReport:
     """Copy ``store`` to the new directory ``dest`` with LMDB's own consistent copy.
 
-    The copy is of one snapshot, taken under a registered read transaction (``lock=True``), so it is
-    consistent while readers and a writer use the store; a writer's later commits are not in it.
-    ``compact=True`` omits free pages and renumbers the rest (a smaller file; slower).  The copy gets a new
-    store id (its pages are not the source's: a reader must never take one for the other), is made in a
-    temporary directory beside ``dest`` and renamed into place, then fsynced.
-
-    The copy shares this process's environment of ``store`` (py-lmdb refuses a second one): readers of it in
-    this process keep working (lock-free ones re-open theirs with a reader table, as for a writer).
-
-    A store whose reader table this process cannot write (a shared dataset of another user, a read-only mount)
-    is copied lock-free: writers are kept from starting meanwhile (a shared lock on ``writer.lock``, as
-    ``verify`` takes), and a writer that committed during the copy anyway (one that does not take the lock) is an
-    error rather than a torn copy.
+    The copy is of one snapshot, taken under a registered read transaction, so it is consistent while readers
+    and a writer use the store.  ``compact=True`` omits free pages (a smaller file; slower).  The copy gets a new
+    store id (a reader must never take one for the other), is made beside ``dest``, renamed into place and
+    fsynced.  It shares this process's environment of ``store`` (py-lmdb refuses a second one).  A store whose
+    reader table this process cannot write is copied lock-free, writers held off (a shared lock on
+    ``writer.lock``, as ``verify`` takes); a writer that committed during the copy anyway is an error.
 
     Raises:
         StoreExistsError: ``dest`` exists (and is not an empty directory).
-        LmdbStoreError: ``dest`` is ``store`` or lies inside it.
-        LmdbStoreError: ``dest`` cannot be written (no such parent, no permission, a file system that takes
-            no directories, a full disk).
+        LmdbStoreError: ``dest`` is ``store`` or lies inside it, or cannot be written (no such parent, no
+            permission, a full disk...); without the reader table, a writer committed during the copy.
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         StoreLockedError: the store's reader table cannot be written and a writer is appending to it.
-        LmdbStoreError: without the reader table, a writer committed during the copy (copy again).
     """
     src, dst = Path(store), Path(dest)
     check_store_dir(src)
@@ -182,15 +172,10 @@ def _give_own_id(path: Path) -> int:
         lambda: open_env(path, readonly=False, lock=True, map_size=size + COPY_MAP_SLACK, sync=True, metasync=True),
     )
     try:
-        with translate_lmdb_errors(path, "give the copy its store id"):
-            txn = begin_read(env)
-            try:
-                meta = read_meta(env, txn, path)[0]
-            finally:
-                txn.abort()
-            with env.begin(write=True) as w:
-                db = env.open_db(DB_META, txn=w, create=False)
-                w.put(META_KEY, meta.with_(store_id=new_store_id()).to_json(), db=db)
+        with translate_lmdb_errors(path, "give the copy its store id"), env.begin(write=True) as w:
+            meta = read_meta(env, w, path)[0]
+            db = env.open_db(DB_META, txn=w, create=False)
+            w.put(META_KEY, meta.with_(store_id=new_store_id()).to_json(), db=db)
         return meta.count
     finally:
         env.close()

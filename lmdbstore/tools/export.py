@@ -1,25 +1,17 @@
 """Getting data back out of a store: :func:`export_store` writes a selection to ``.npy``/``.npz``/HDF5.
 
-Exports stream: samples are read in chunks of ``chunk`` samples (in index order, so each packed value
-is looked up once) and written straight to the output file, so memory stays at one chunk plus the
-O(samples) index and label tables, whatever the store's size.  The output is written under a
-temporary name and renamed into place at the end: an export that fails leaves no partial file.
-
-What is exported is a :func:`select_indices` selection: every sample, or only some classes, the train
-or validation part of the same seeded stratified split ``lmdbstore train`` uses, or the indices listed
-in a file -- or an intersection of these.  The layouts are :mod:`lmdbstore.tools.export_formats`'.
-
-With a class selection the output's ``class_names`` are the selected classes (in store order) and the
-ids are renumbered to index them, so ingesting the export gives a store of just those classes.
-
-A consistent copy of the store itself is :func:`lmdbstore.tools.copy.copy_store`.
+Exports stream (memory: one chunk plus the index and label tables) and are renamed into place at the end, so a
+failed export leaves no partial file.  What is exported is a :func:`select_indices` selection; with a class
+selection the output's ``class_names`` are the selected classes (in store order) and the ids are renumbered to
+index them, so ingesting the export gives a store of just those classes.  The layouts are
+:mod:`lmdbstore.tools.export_formats`'.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,16 +78,12 @@ def select_indices(
     """The sample indices a selection picks, and the class ids it keeps (ascending).
 
     Args:
-        reader: an open store.
         classes: keep only these classes (names or ids); default all.
-        split: ``"train"`` or ``"val"``: that part of ``stratified_split(labels, val_fraction, seed)``,
-            the same split ``lmdbstore train --val-fraction F --seed S`` trains and validates on.
-        val_fraction, seed: the split's parameters (default ``TrainConfig().val_fraction`` and
-            ``LoaderConfig().seed``, as ``lmdbstore train``).
+        split: ``"train"`` or ``"val"``: that part of the split ``lmdbstore train`` draws with ``val_fraction`` and
+            ``seed`` (defaults as ``train``'s).
         indices: explicit sample indices (kept in the given order, repeats allowed); default all.
-        recorded: a training run's split records (:func:`~lmdbstore.loader.choose.recorded_splits`):
-            ``split`` is then that run's part exactly (its samples, ``val_fraction`` and ``seed``, on a store that
-            grew since too) instead of a split drawn over the store as it is.
+        recorded: a training run's split records (:func:`~lmdbstore.loader.choose.recorded_splits`): ``split``
+            is then that run's part exactly (on a store that grew since too), not one drawn over the store as it is.
 
     Returns:
         ``(indices, class_ids)``; without ``indices`` the selected indices are ascending.
@@ -137,34 +125,24 @@ class ExportReport:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def _chunks(reader: Reader, idx: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
-    for lo in range(0, len(idx), chunk):
-        yield reader.read_batch(idx[lo : lo + chunk])
-
-
 def export_store(
     store: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
     fmt: str | None = None,
-    classes: Sequence[str | int] | None = None,
-    split: str | None = None,
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-    seed: int = LoaderConfig.seed,
-    indices: Any = None,
-    recorded: Sequence[SplitRecord] | None = None,
     compress: bool = DEFAULT_COMPRESS,
     overwrite: bool = False,
     chunk: int = DEFAULT_EXPORT_CHUNK,
     progress: Progress | None = None,
+    **selection: Any,
 ) -> ExportReport:
     """Write a selection of ``store`` (see :func:`select_indices`) to ``out``, streamed.
 
     Args:
-        store: the store directory, or a list of them exported as one set (one index space, classes mapped by
-            name: :class:`~lmdbstore.store.multi.StoreSet`).
+        store: the store directory, or a list of them exported as one set (:class:`~lmdbstore.store.multi.StoreSet`).
         out: the output file; its suffix picks the format unless ``fmt`` (``npy``, ``npz``, ``h5``) is given.
-        classes, split, val_fraction, seed, indices, recorded: the selection (default: every sample, index order).
+        selection: :func:`select_indices`' keywords ``classes``, ``split``, ``val_fraction``, ``seed``, ``indices``,
+            ``recorded`` (default: every sample, index order).
         compress: deflate the ``.npz`` members / gzip the HDF5 samples (default: stored, as ``np.savez``).
         overwrite: replace existing output files (default: refuse).
         chunk: samples read and written per step (default ``DEFAULT_EXPORT_CHUNK``, 16 Ki; memory is
@@ -173,7 +151,8 @@ def export_store(
         progress: called with the number of samples written after each chunk.
 
     Raises:
-        ValueError / IndexError: a bad selection or argument.  StoreExistsError: the output exists.
+        ValueError / IndexError: a bad selection or argument (TypeError: an unknown keyword).
+        StoreExistsError: the output exists.
         StoreNotFoundError, NotAStoreError, CorruptStoreError: the store cannot be read.
         LmdbStoreError: HDF5 output without h5py; the output directory is missing; the output is a directory, a
             device, a FIFO or a socket, or is (or lies inside) a store read.
@@ -190,9 +169,7 @@ def export_store(
             raise StoreExistsError("output exists", path=p, hint="remove it or pass overwrite=True")
     t0 = time.perf_counter()
     with as_reader(store) as r:
-        idx, keep = select_indices(
-            r, classes=classes, split=split, val_fraction=val_fraction, seed=seed, indices=indices, recorded=recorded
-        )
+        idx, keep = select_indices(r, **selection)
         # one chunk in memory at a time: no more than the selection, nor than the machine can give (warned)
         chunk = clip_count(
             min(chunk, max(len(idx), 1)), r.meta.sample_bytes, what="samples per chunk", parameter="chunk", stacklevel=3
@@ -200,9 +177,8 @@ def export_store(
         names = [r.classes[c] for c in keep]
         remap = np.full(len(r.classes), 0, r.meta.label_dtype)
         remap[keep] = np.arange(len(keep))
-        data = ExportData(
-            _chunks(r, idx, chunk), (len(idx), *r.shape), r.dtype, remap[r.labels_of(idx)], names, progress, compress
-        )
+        chunks = (r.read_batch(idx[lo : lo + chunk]) for lo in range(0, len(idx), chunk))
+        data = ExportData(chunks, (len(idx), *r.shape), r.dtype, remap[r.labels_of(idx)], names, progress, compress)
         with atomic_paths(paths) as tmps:  # renamed into place only if the export succeeds
             try:
                 write_export(kind, tmps, data)

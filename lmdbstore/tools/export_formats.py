@@ -42,17 +42,10 @@ Progress = Callable[[int], Any]
 
 @dataclass(frozen=True)
 class ExportData:
-    """What every format writes: the selected samples, streamed, with their class ids and class names.
-
-    Attributes:
-        chunks: the samples in output order, a chunk (an array ``(k, *shape)``) at a time; consumed once.
-        shape: ``(N, *sample shape)`` of all the samples together.
-        dtype: the samples' dtype (the store's).
-        labels: the ``N`` class ids, indexing ``classes``.
-        classes: the class names.
-        progress: called with the number of samples written after each chunk (default none).
-        compress: deflate ``.npz`` members / gzip HDF5 samples (ignored by ``.npy``).
-    """
+    """What every format writes: the selected samples as ``chunks`` (arrays ``(k, *shape)`` in output order,
+    consumed once) of ``shape`` ``(N, *sample shape)`` in the store's ``dtype``, their ``N`` class ids
+    ``labels`` indexing the names ``classes``; ``progress(samples written)`` after each chunk; ``compress``:
+    deflate ``.npz`` members / gzip HDF5 samples (ignored by ``.npy``)."""
 
     chunks: Iterator[np.ndarray]
     shape: tuple[int, ...]

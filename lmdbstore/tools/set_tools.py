@@ -1,10 +1,6 @@
-"""``stats`` and ``verify`` over a set of stores read as one (:class:`~lmdbstore.store.multi.StoreSet`).
-
-Each store is described and verified on its own, exactly as :func:`~lmdbstore.tools.stats.store_stats` and
-:func:`~lmdbstore.tools.verify.verify_store` do for one store; the set adds what only the whole tells: that the
-stores make one set (one shape and dtype: otherwise the one-line error of opening the set), its samples, its
-classes mapped by name with their counts, bytes against raw, and the value statistics merged exactly over all
-stores.
+"""``stats`` and ``verify`` over a set of stores read as one (:class:`~lmdbstore.store.multi.StoreSet`): each store
+on its own, as for one store, then what only the whole tells (that the stores make one set, its samples, classes
+mapped by name, bytes, the value statistics merged exactly).
 """
 
 from __future__ import annotations
@@ -28,10 +24,8 @@ StorePath = str | os.PathLike[str]
 def set_stats(
     stores: Sequence[StorePath], *, sample: int | None = None, seed: int = DEFAULT_SAMPLE_SEED
 ) -> dict[str, Any]:
-    """Describe each store (``"stores"``: :func:`store_stats` of each) and the set (``"set"``).
-
-    The set's value statistics are exact (the stores' merged); with ``sample=N`` they are recomputed from N
-    random samples of the whole set, as each store's are from N of its own.
+    """Describe each store (``"stores"``: :func:`store_stats` of each) and the set (``"set"``: value statistics
+    exact, the stores' merged, or with ``sample=N`` from N random samples of the whole set).
 
     Raises:
         ValueError: ``sample`` below 1, no store or a store given twice.
@@ -110,11 +104,9 @@ def verify_set(
     total: Callable[[int], None] | None = None,
     **options: Any,
 ) -> SetVerifyReport:
-    """Verify every store (:func:`verify_store` with ``options``: ``checksums``, ``max_problems`` (each),
-    ``structure``, ``workers``), then check that they make one set (skipped while a store's page structure is
-    damaged: its metadata is not read through liblmdb then); ``progress`` gets the samples checked so far over the
-    whole set, ``total`` the samples of the stores begun so far (once per store).  One store is just
-    :func:`verify_store`.
+    """Verify every store (:func:`verify_store` with ``options``), then check that they make one set (not while a
+    store's page structure is damaged); ``progress`` and ``total`` count over the whole set (``total`` once per
+    store begun).
 
     Raises:
         ValueError: ``max_problems`` below 1, no store or a store given twice.

@@ -55,10 +55,8 @@ def store_stats(
     """Describe the store at ``path`` (or the open reader's snapshot: it is left open).  Every figure is of the
     one file opened: the file's sizes are its descriptor's, never the path's again.
 
-    Value statistics are exact: the writer accumulates count/sum/sum of squares/min/max of every value
-    (in float64) in the metadata as it commits.  With ``sample=N`` they are instead recomputed from N
-    random samples drawn with ``seed`` (default ``DEFAULT_SAMPLE_SEED``, 0) and read back from the store
-    (a check of what is actually on disk).
+    Value statistics are exact (the writer accumulates them as it commits); with ``sample=N`` they are recomputed
+    from N random samples drawn with ``seed`` (default ``DEFAULT_SAMPLE_SEED``, 0), read back from the disk.
 
     Raises:
         ValueError: ``sample`` below 1.
@@ -76,11 +74,8 @@ def store_stats(
         used_pages = sum(pages.values()) + env["main"]["leaf_pages"] + env["main"]["branch_pages"] + 2
         raw = m.count * m.sample_bytes
         sample_bytes_disk = pages["samples"] * psize
-        h = reader._take()
-        try:
+        with reader.held() as h:
             st = os.fstat(h.fd)
-        finally:
-            reader._give(h)
         values = exact_values(m.value_stats, "exact (accumulated by the writer over every value)")
         if sample is not None and m.count:
             values = sampled_stats(reader, sample, seed)

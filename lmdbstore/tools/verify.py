@@ -11,15 +11,10 @@ message), stopping after ``max_problems``:
 * ``labels``, ``classidx``, ``meta``/``progress``/main database, statistics: through liblmdb, against the
   metadata (:mod:`lmdbstore.tools.verify_checks`, which also defines the report).
 
-A store that cannot be opened at all propagates its :class:`~lmdbstore.errors.LmdbStoreError`, so callers can tell
-"damaged contents" from "cannot be read at all".
-
-**On the file opened.**  Where no writer is active verify holds writers off (a shared lock on ``writer.lock``)
-and opens the data file once (:class:`AtRest`): the page walk and the value pass's workers read that descriptor,
-liblmdb must then show the same file and commit, and a file replaced meanwhile is a
-:class:`~lmdbstore.errors.StoreReplacedError`, never a report on another file.  The walk runs in a worker of its
-own beside the value pass where the store is large.  Beside a writer, or given an open reader, the value pass
-reads the reader's registered snapshot (no walk then).
+**On the file opened.**  Where no writer is active verify holds writers off and opens the data file once
+(:class:`AtRest`): the page walk and the value pass read that descriptor, liblmdb must then show the same file and
+commit, and a file replaced meanwhile is a :class:`~lmdbstore.errors.StoreReplacedError`, never a report on another
+file.  Beside a writer, or given an open reader, the value pass reads the reader's registered snapshot (no walk).
 """
 
 from __future__ import annotations
@@ -69,27 +64,24 @@ def verify_store(
     """Check a store's contents against its metadata; see the module docstring for the checks.
 
     Args:
-        path: the store directory, or an open :class:`StoreReader` whose snapshot is checked (it is
-            left open; useful where the process already has the store open, as LMDB forbids opening
-            it twice in one process).
+        path: the store directory, or an open :class:`StoreReader` whose snapshot is checked (left open: LMDB
+            forbids opening a store twice in one process).
         checksums: recompute every value's checksum (when the store has them).
         max_problems: stop after this many problems.
         progress: called with the number of samples checked so far, after each chunk of values read.
-        structure: also run the page-level LMDB check first (when ``lmdb.verify`` exists and no
-            writer holds the store).
-        workers: processes that read the values and compute their checksums (the report is the same for
-            any number); ``None`` (default): the cores, but one per 512 MiB of values at most, so a small
-            store is checked in this process (see :mod:`lmdbstore.tools.verify_values`).
-        total: called once as the samples check begins, before the first ``progress`` call, with the samples
-            the store holds (a progress bar's total, for its time left).
+        structure: also run the page-level LMDB check first (when ``lmdb.verify`` exists and no writer holds
+            the store).
+        workers: processes that read the values and compute their checksums (the report is the same for any
+            number); ``None`` (default): the cores, but one per 512 MiB of values at most.
+        total: called once, before the first ``progress`` call, with the samples the store holds.
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is ``False`` when anything is wrong.
 
     Raises:
         ValueError: ``max_problems`` is not positive, or ``workers`` below 1.
-        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: the store cannot be opened
-            at all (see the module docstring).
+        StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError: the store cannot be opened at
+            all (so callers can tell "damaged contents" from "cannot be read at all").
         LmdbStoreError: a worker process died or failed, or a writer overwrote the snapshot meanwhile.
     """
     if max_problems < 1:
@@ -185,8 +177,7 @@ def _snapshot_pass(reader: StoreReader, opts: ValueOptions) -> SamplesFindings |
     Raises:
         LmdbStoreError: a writer overwrote the snapshot meanwhile (a lock-free reader), or a worker failed.
     """
-    h = reader._take()
-    try:
+    with reader.held() as h:
         try:
             if h.snapshot.meta is None:
                 raise UnsupportedLayout("lmdbstore's page parser does not know this data file's layout")
@@ -199,8 +190,6 @@ def _snapshot_pass(reader: StoreReader, opts: ValueOptions) -> SamplesFindings |
                 "a writer overwrote the snapshot while verify read it", path=reader.path, hint="run verify again"
             )
         return out
-    finally:
-        reader._give(h)
 
 
 def _report(samples: SamplesFindings, report: VerifyReport, found: Collector) -> None:
@@ -241,11 +230,9 @@ def unreadable(exc: Exception) -> str:
 
 
 class AtRest:
-    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring).
-
-    Attributes:
-        snap, meta: its newest snapshot (the meta page LMDB would pick) and metadata record, read with
-            lmdbstore's own parser; ``None`` where they cannot be (the ordinary open then reports why).
+    """The data file of the store at ``path``, opened once while no writer can start (see the module docstring);
+    ``snap``, ``meta``: its newest snapshot and metadata record, read with lmdbstore's own parser (``None`` where
+    they cannot be: the ordinary open then reports why).
 
     Raises:
         StoreLockedError: a writer is appending to the store.
@@ -331,13 +318,10 @@ class AtRest:
 
     def check_same(self, reader: StoreReader) -> None:
         """Raise :meth:`replaced` where ``reader`` (opened since) shows another file or snapshot than the checks."""
-        h = reader._take()
-        try:
+        with reader.held() as h:
             same = h.file_id == _file_id(self.stat) and (
                 self.snap is None or (h.snapshot.txnid == self.snap.txnid and h.meta == self.meta)
             )
-        finally:
-            reader._give(h)
         if not same:
             raise self.replaced()
 

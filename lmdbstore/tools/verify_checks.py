@@ -1,11 +1,7 @@
 """What ``lmdbstore verify`` reports (:class:`Problem`, :class:`VerifyReport`, :data:`PROBLEM_KINDS`), and its
-content checks: every sub-database but ``samples`` walked once through liblmdb, against the metadata.
-
-:class:`ContentChecks` reads one snapshot of an open :class:`~lmdbstore.store.reader.StoreReader` and reports each
-problem it finds through a callback (:func:`lmdbstore.tools.verify.verify_store` collects them); what each check
-covers is listed in :mod:`lmdbstore.tools.verify`'s docstring (the ``samples`` sub-database is the value pass's,
-:mod:`lmdbstore.tools.verify_values`).  Memory stays bounded by the label table: the class-index lists are compared
-chunk by chunk (:class:`ClassPositions`).
+content checks (:class:`ContentChecks`): every sub-database but ``samples`` walked once through liblmdb, against
+the metadata, each problem reported through a callback.  Memory stays bounded by the label table: the class-index
+lists are compared chunk by chunk (:class:`ClassPositions`).
 """
 
 from __future__ import annotations
@@ -61,9 +57,6 @@ class Problem:
     index: int | None
     message: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def __str__(self) -> str:
         where = f" at {self.index}" if self.index is not None else ""
         return f"{self.kind}{where}: {self.message}"
@@ -71,21 +64,11 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """What :func:`~lmdbstore.tools.verify.verify_store` checked and found.
-
-    Attributes:
-        path: the store verified.
-        ok: no problem found.
-        problems: the first ``max_problems`` problems, in the order found.
-        complete: every check ran to the end (``False`` after stopping at ``max_problems`` or when
-            the structure check found damage and the content checks were skipped).
-        count: samples according to the metadata.
-        structure_checked: whether the page-level LMDB check ran.
-        notes: why a check was skipped, if one was.
-        values_checked, samples_checked, checksums_checked, label_chunks_checked, labels_checked,
-        class_index_entries_checked, progress_entries_checked: how much was looked at (after a stop at
-            ``max_problems``: up to the last problem reported).
-    """
+    """What :func:`~lmdbstore.tools.verify.verify_store` checked and found: ``ok`` (no problem), the first
+    ``max_problems`` problems in the order found, whether every check ran to the end (``complete``: not after a
+    stop at ``max_problems``, nor when damage to the structure skipped the content checks), the metadata's
+    ``count``, whether the page-level check ran, ``notes`` on checks skipped, and the ``*_checked`` counters
+    (after a stop at ``max_problems``: up to the last problem reported)."""
 
     path: str
     ok: bool = True
@@ -104,9 +87,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable dict (``problems`` as a list of dicts)."""
-        d = asdict(self)
-        d["problems"] = [p.to_dict() for p in self.problems]
-        return d
+        return asdict(self)
 
 
 class Enough(Exception):
@@ -127,16 +108,9 @@ class Collector:
 
 
 class ContentChecks:
-    """The content checks of ``verify`` over one read snapshot.
-
-    Args:
-        reader: the open store; every check reads its current snapshot.
-        meta: the metadata the contents are checked against (``reader.meta``).
-        report: the report whose counters (``labels_checked`` and the like) the checks advance.
-        add: called with ``(kind, index, message)`` for each problem found (see :data:`PROBLEM_KINDS`); it may
-            raise to stop the checks early.
-        samples: reports the value pass's findings, in their place after the main database's check.
-    """
+    """The content checks of ``verify`` over ``reader``'s current snapshot, against ``meta``: they advance
+    ``report``'s counters and call ``add(kind, index, message)`` for each problem (it may raise to stop them);
+    ``samples()`` reports the value pass's findings, in their place after the main database's check."""
 
     def __init__(
         self, reader: StoreReader, meta: StoreMeta, report: VerifyReport, add: AddProblem, samples: Callable[[], None]
@@ -274,7 +248,7 @@ class ContentChecks:
         if len(value) != want_bytes:
             what = f"chunk of class {name!r} at list position {pos}"
             self.add("classidx-length", pos, f"{what} has {len(value)} bytes, expected {want_bytes}")
-            positions.skip_to(pos + n)
+            positions.take(pos + n, 0)  # past this chunk's positions
             return
         got = np.frombuffer(value, layout.INDEX_DTYPE)
         want = positions.take(pos, n)
@@ -360,10 +334,6 @@ class ClassPositions:
             have += len(found)
             self.scan = hi
         self.buf = np.concatenate(parts) if len(parts) > 1 else self.buf
-
-    def skip_to(self, pos: int) -> None:
-        """Drop the positions before list position ``pos``."""
-        self.take(pos, 0)
 
     def take(self, pos: int, n: int) -> np.ndarray:
         """List entries ``pos..pos+n-1`` (fewer at the end of the labels); ``pos`` never goes back."""

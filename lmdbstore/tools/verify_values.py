@@ -1,16 +1,11 @@
 """The ``samples`` check of ``lmdbstore verify`` at the disk's speed: every value read once, in large sequential
 runs, its checksum computed by the fastest library at hand, on every core.
 
-1. every value is located from the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`, a
-   bounds-checked walk that never hands the file to liblmdb); a tree it cannot read is a ``structure`` problem;
-2. the keys and sizes alone give the ``missing-value``, ``extra-value`` and ``value-length`` problems
-   (:func:`grid_problems`);
-3. the values' bytes are read in file order, in chunks of a few MiB (:func:`plan_chunks`), and each value's
-   checksum compared with its trailer (:class:`ChunkChecker`), one chunk per worker process at a time
-   (:func:`check_values`, on :class:`~lmdbstore.util.pool.OrderedPool`), reading the descriptor verify opened.
-
-What it finds (:class:`SamplesFindings`) is reported in key order, the first ``max_problems``, whatever the number
-of workers.  Memory: the value table (25 bytes a value) in the calling process, one chunk buffer per worker.
+Every value is located from the ``samples`` B-tree (:func:`lmdbstore.format.btree.samples_positions`, never
+through liblmdb); the keys and sizes alone give the grid's problems (:func:`grid_problems`); the values' bytes are
+read in file order, in chunks of a few MiB (:func:`plan_chunks`), their checksums compared with their trailers
+(:class:`ChunkChecker`), one chunk per worker process at a time.  The findings are reported in key order, the
+first ``max_problems``, whatever the number of workers.  Memory: 25 bytes a value, one chunk buffer per worker.
 """
 
 from __future__ import annotations
@@ -62,26 +57,16 @@ IN_FLIGHT_PER_WORKER = 2
 ALIGN = 4096
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def resolve_workers(workers: int | None, check_bytes: int) -> int:
-    """Processes for the checksum pass: ``workers`` when given; ``None``: the cores, but no more than one per
-    :data:`BYTES_PER_WORKER` of values to check (1: this process checks them itself).
-
-    Raises:
-        ValueError: ``workers`` below 1.
-    """
+    """Processes for the checksum pass: ``workers`` when given (checked by ``verify_store``); ``None``: the cores,
+    but no more than one per :data:`BYTES_PER_WORKER` of values to check (1: this process checks them itself)."""
     if workers is not None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
         return workers
-    return max(1, min(usable_cores(), check_bytes // BYTES_PER_WORKER))
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may run on
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, check_bytes // BYTES_PER_WORKER))
 
 
 def chunk_bytes(total: int, workers: int, largest: int, available: int | None = None) -> int:
@@ -106,15 +91,9 @@ def value_table(fd: int, snap: LmdbMeta, path: str | Path) -> BTreeValues:
 # ------------------------------------------------------------------------------------------ what was found
 @dataclass
 class SamplesFindings:
-    """What the pass over the ``samples`` sub-database found.
-
-    Attributes:
-        missing, extra, wrong_length, bad_checksum: the sample indices (keys) of each kind of problem, sorted.
-        lengths: the actual length of each value in ``wrong_length``.
-        accepted: the keys on the grid ``0, spv, ... < count`` (the values checked).
-        checksums: whether checksums were compared.
-        complete: every chunk was read (``False`` after a stop at ``max_problems``).
-    """
+    """What the pass over the ``samples`` sub-database found: the sorted keys of each kind of problem (``missing``,
+    ``extra``, ``wrong_length`` with their ``lengths``, ``bad_checksum``), the keys on the grid ``0, spv, ... <
+    count`` (``accepted``), whether ``checksums`` were compared, and whether every chunk was read (``complete``)."""
 
     meta: StoreMeta
     missing: np.ndarray
@@ -300,7 +279,6 @@ def check_values(values: BTreeValues, meta: StoreMeta, fd: int, path: Path, opts
     Raises:
         CorruptStoreError: the data file is shorter than its values.
         LmdbStoreError: a worker process died or failed.
-        ValueError: ``workers`` below 1.
     """
     if opts.total is not None:
         opts.total(meta.count)

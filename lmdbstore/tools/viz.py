@@ -1,11 +1,7 @@
-"""Pictures: samples of a store (:func:`show_samples`), training runs (:func:`plot_runs`), a store's
-class counts and value histogram (:func:`plot_stats`).  PNG via matplotlib, an optional dependency
-(``pip install 'lmdbstore[viz]'``); without it every function raises one clear
-:class:`~lmdbstore.errors.LmdbStoreError` naming the extra.
-
-Figures have a fixed size (no tight bounding box), so a picture is ``figsize * dpi`` pixels: the
-size of each is given in its function's docstring.  Everything reads the store through the public
-:class:`~lmdbstore.store.reader.StoreReader` API and a bounded number of samples, so memory stays flat.
+"""Pictures: samples of a store (:func:`show_samples`), training runs (:func:`plot_runs`), a store's class
+counts and value histogram (:func:`plot_stats`).  PNG via matplotlib (the ``viz`` extra; without it one
+:class:`~lmdbstore.errors.LmdbStoreError` naming the extra), of a fixed size (``figsize * dpi`` pixels), from a
+bounded number of samples.
 """
 
 from __future__ import annotations
@@ -139,12 +135,10 @@ def show_samples(
 ) -> Picture:
     """Draw a grid of samples, one row per class, and save it as a PNG.
 
-    Each row holds ``per_class`` samples (default ``DEFAULT_PER_CLASS``, 8) of its class drawn with
-    ``seed`` (default 0; fewer if the class is smaller), or, with ``indices``, the given samples grouped
-    by class.  Rows are labelled with the
-    class name, panels with the sample index.  All panels share one colour scale (see the colour bar):
-    symmetric about zero for signed data such as z-scored arrays.  Size: ``(cols * 1.3 + 1.2) x
-    (rows * 1.3 + 0.7)`` inches at ``dpi`` (default ``DEFAULT_DPI``, 100).
+    Each row holds ``per_class`` samples (default ``DEFAULT_PER_CLASS``, 8) of its class drawn with ``seed``
+    (default 0), or, with ``indices``, the given samples grouped by class.  All panels share one colour scale,
+    symmetric about zero for signed data.  Size: ``(cols * 1.3 + 1.2) x (rows * 1.3 + 0.7)`` inches at ``dpi``
+    (default ``DEFAULT_DPI``, 100).
 
     Raises:
         ValueError / IndexError: bad ``per_class``, ``dpi`` or ``indices``; an empty store.
@@ -183,8 +177,8 @@ def show_samples(
 
 # ---------------------------------------------------------------------------------------------- runs
 def load_metrics(run: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The per-epoch records of a run directory's ``metrics.jsonl`` (or of that file itself), one per
-    epoch in epoch order; when an epoch appears twice (a run restarted in the same directory) the last wins.
+    """The per-epoch records of a run directory's ``metrics.jsonl`` (or of that file), in epoch order; an epoch
+    that appears twice (a run restarted in the same directory): the last.
 
     Raises:
         LmdbStoreError: no metrics file, or a line that is not a JSON object with an ``epoch``.
@@ -223,12 +217,9 @@ def _series(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 def plot_runs(
     runs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, dpi: int = DEFAULT_DPI
 ) -> Picture:
-    """Plot training and validation loss, validation accuracy and samples/s per epoch of one or more
-    runs (overlaid, labelled by directory name) and save a PNG of 15 x 4.2 inches at ``dpi`` (default 100).
-
-    Raises:
-        ValueError: no runs, bad ``dpi``.  LmdbStoreError: a run without metrics, matplotlib missing.
-    """
+    """Plot training and validation loss, validation accuracy and samples/s per epoch of one or more runs
+    (overlaid) and save a PNG of 15 x 4.2 inches at ``dpi`` (default 100).  Raises ``ValueError`` (no runs, bad
+    ``dpi``) or ``LmdbStoreError`` (a run without metrics, matplotlib missing)."""
     _check_dpi(dpi)
     if not runs:
         raise ValueError("runs must name at least one run directory")
@@ -265,11 +256,9 @@ def plot_stats(
     dpi: int = DEFAULT_DPI,
 ) -> Picture:
     """Draw the class counts and a histogram of the values of ``sample`` random samples (default
-    ``DEFAULT_HIST_SAMPLES``, 20,000; drawn with ``seed``, read in chunks, so memory stays flat) in ``bins``
-    bins (default 100) and save a PNG of 12 x 4.2 inches at ``dpi`` (default 100).
-
-    The histogram spans the mean +/- 6 standard deviations (from the writer's exact statistics),
-    clipped to the exact minimum and maximum; values outside are counted in the title.
+    ``DEFAULT_HIST_SAMPLES``, 20,000; drawn with ``seed``, read in chunks) in ``bins`` bins (default 100), over
+    the mean +/- 6 standard deviations clipped to the exact minimum and maximum (values outside are counted), and
+    save a PNG of 12 x 4.2 inches at ``dpi`` (default 100).
 
     Raises:
         ValueError: bad ``sample``, ``bins`` or ``dpi``.  LmdbStoreError: matplotlib missing, unreadable store.

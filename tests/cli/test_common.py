@@ -186,8 +186,7 @@ def test_library_functions_default_to_the_same_constants() -> None:
     def default(fn: Callable[..., Any], name: str) -> Any:
         return inspect.signature(fn).parameters[name].default
 
-    for fn in (select_indices, export_store):
-        assert default(fn, "val_fraction") == T.val_fraction and default(fn, "seed") == L.seed
+    assert default(select_indices, "val_fraction") == T.val_fraction and default(select_indices, "seed") == L.seed
     assert default(export_store, "compress") == config.DEFAULT_COMPRESS
     assert default(export_store, "chunk") == config.DEFAULT_EXPORT_CHUNK
     assert default(store_stats, "seed") == config.DEFAULT_SAMPLE_SEED

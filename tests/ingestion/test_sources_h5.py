@@ -37,7 +37,7 @@ def test_h5_roundtrip(tmp_path: Path, labels: str) -> None:
         else:
             y = np.full(N, 2)
     kw: dict[str, Any] = {"label": 2} if labels == "label" else {}
-    (src,) = open_source(path, h5_x="grp/x", h5_y="grp/y", **kw)
+    (src,) = open_source(path, x_key="grp/x", y_key="grp/y", **kw)
     assert isinstance(src, H5Source) and src.name == f"{path}[grp/x]"
     assert_roundtrip(src, x, y)
 

@@ -184,8 +184,8 @@ def test_workers_and_chunks_are_sized_by_the_data_and_the_memory() -> None:
     assert resolve_workers(3, 0) == 3
     assert resolve_workers(None, 1000) == 1  # a small store: this process
     assert resolve_workers(None, 1 << 50) == len(os.sched_getaffinity(0))
-    with pytest.raises(ValueError, match="workers"):
-        resolve_workers(0, 1)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        verify_store("checked-before-opening", workers=0)
     assert chunk_bytes(4 << 20, 2, 5000, available=16 << 30) == MIN_CHUNK  # 4 chunks a worker at least
     big = chunk_bytes(100 << 30, 2, 5000, available=16 << 30)
     assert MIN_CHUNK < big <= 32 << 20 and big % 4096 == 0

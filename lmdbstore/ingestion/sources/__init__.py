@@ -1,10 +1,8 @@
 """Ingest sources: the files samples come from, opened for streaming.
 
-:func:`open_source` turns a path into one or more :class:`Source` objects, each a sequence of
-``len(src)`` samples of ``src.shape`` and ``src.dtype`` with labels.  A source never loads its file
-whole: :meth:`Source.iter_batches` reads ``batch`` rows at a time with plain ``readinto`` calls into
-a fresh array (not ``mmap``: mapped pages count towards the process RSS, so streaming a 200 MB file
-through a memory map would show 200 MB of resident memory).
+:func:`open_source` turns a path into one or more :class:`Source` objects, each ``len(src)`` samples of
+``src.shape`` and ``src.dtype`` with labels, read ``batch`` rows at a time into fresh arrays (not ``mmap``:
+mapped pages count towards the process RSS).
 
 Kinds (the path decides):
 
@@ -16,7 +14,7 @@ Kinds (the path decides):
     (stored or deflated): ``np.load`` would decompress a whole member into memory.  When the archive
     has ``class_names`` and integer labels, the ids index ``class_names`` and the source yields names.
 ``.h5`` / ``.hdf5``
-    Datasets ``h5_x`` and ``h5_y`` (defaults ``"x"``, ``"y"``), optional ``class_names`` dataset;
+    Datasets ``x_key`` and ``y_key`` (defaults ``"x"``, ``"y"``), optional ``class_names`` dataset;
     needs the optional ``h5py`` dependency.
 ``.tfrecord`` / ``.tfrecords`` (and shards ``NAME.tfrecord-00003-of-00016``)
     ``tf.train.Example`` records, sample feature ``x_key``, label feature ``y_key``; the sample as raw bytes
@@ -31,9 +29,7 @@ directory ``ROOT/<class>/*.npy``
 for ``.npz``/HDF5 it replaces the file's own label array, which then need not exist.
 
 Every error is a one-line :class:`~lmdbstore.errors.SourceError` (cannot read the file) or
-:class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable; :func:`scan_source` checks every
-sample before anything is written).  Users import the names from this package; the library's own modules import
-them from the module that defines them (one module per kind).
+:class:`~lmdbstore.errors.ValidationError` (readable, but the data is unacceptable).
 """
 
 from lmdbstore.ingestion.sources.base import CLASS_NAMES_KEY, Source

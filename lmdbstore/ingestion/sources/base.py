@@ -1,10 +1,6 @@
-"""The :class:`Source` interface, :class:`FileSource` (a source read from one file) and the label helpers.
-
-A source is a sequence of samples with labels, streamed in batches; the kinds (``npy``, ``npz``,
-``h5``, ``dir`` and, in :mod:`lmdbstore.ingestion.sources.store`, ``store``) subclass :class:`Source`.  The
-conversions of a file's own labels (ids through its ``class_names``, names, bounded ids) live here, next
-to :class:`FileSource` which applies them, so that every kind raises the same errors for the same labels;
-the argument checks are in :mod:`lmdbstore.ingestion.sources.checks`.
+"""The :class:`Source` interface, :class:`FileSource` (a source read from one file) and the conversions of a
+file's own labels (ids through its ``class_names``, names, bounded ids), next to :class:`FileSource` which applies
+them, so that every kind raises the same errors for the same labels.
 """
 
 from __future__ import annotations
@@ -128,15 +124,9 @@ def _as_label_array(y: np.ndarray, path: Path, first: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- the interface
 class Source(ABC):
-    """A readable sequence of samples with labels, streamed in batches.
-
-    Attributes:
-        path: the file (or, for a directory source, the class subdirectory).
-        name: display name, e.g. ``"data.npz[x]"``.
-        shape: per-sample shape.
-        dtype: sample dtype as found in the file (byte order included).
-        label: the ``label=`` option (``None`` when labels come from the file or directory).
-    """
+    """A readable sequence of samples with labels, streamed in batches: ``path`` (the file, or a directory
+    source's class subdirectory), display ``name`` (``"data.npz[x]"``), per-sample ``shape``, ``dtype`` as found
+    in the file (byte order included), and the ``label=`` option (``None``: labels from the file or directory)."""
 
     kind: ClassVar[str] = ""
     path: Path
@@ -162,10 +152,8 @@ class Source(ABC):
         """What identifies this source's content: kind, resolved path, size, mtime_ns, keys, label option."""
 
     def fingerprint(self) -> str:
-        """Stable id for the resume ledger; changes whenever :meth:`describe` does (e.g. the file changes).
-
-        Bounded length (an LMDB key): ``kind:<sha256 prefix of describe()>:<file name>``.
-        """
+        """Stable id for the resume ledger, ``kind:<sha256 prefix of describe()>:<file name>`` (bounded: an LMDB
+        key); changes whenever :meth:`describe` does (e.g. the file changes)."""
         blob = json.dumps(self.describe(), sort_keys=True, default=str).encode()
         digest = hashlib.sha256(blob).hexdigest()[:32]
         return source_key(self.kind, digest, self.path.name)

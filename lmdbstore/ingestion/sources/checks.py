@@ -1,8 +1,5 @@
-"""Argument checks and read-error reporting that every source kind shares.
-
-One place for each: the ``label=`` option (:func:`check_label`), the :meth:`Source.iter_batches` arguments
-(:func:`check_range`), a source file's existence (:func:`stat_file`) and the exceptions that mean "this file's
-bytes are bad" (:data:`READ_ERRORS`), so every kind raises the same one-line errors for the same mistakes.
+"""Argument checks and read-error reporting that every source kind shares, so every kind raises the same
+one-line errors for the same mistakes.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ READ_ERRORS = (OSError, EOFError, ValueError, zlib.error, zipfile.BadZipFile)
 
 
 def check_range(batch: int, start: int, n: int) -> None:
-    """Refuse a ``batch`` below 1 or a ``start`` outside ``0..n`` (the :meth:`Source.iter_batches` contract).
-
-    Raises:
-        ValueError: either argument is not an integer in its range (``bool`` is refused too).
-    """
+    """Refuse (``ValueError``) a ``batch`` below 1 or a ``start`` outside ``0..n``, or either not an integer
+    (``bool`` included): the :meth:`Source.iter_batches` contract."""
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= n:

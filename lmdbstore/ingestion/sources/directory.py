@@ -1,8 +1,5 @@
-"""Directory sources ``ROOT/<class>/*.npy``: one :class:`DirectoryClassSource` per class subdirectory.
-
-Each file is one sample or a stack of samples, labelled by its subdirectory; files are read in name
-order, and tiny single-sample files are gathered into full batches with ``preadv``.  One source per
-class (not per file) keeps the resume ledger to one entry per class even for millions of files.
+"""Directory sources ``ROOT/<class>/*.npy``: one :class:`DirectoryClassSource` per class subdirectory (one ledger
+entry per class, even for millions of files); files in name order, tiny ones gathered into batches with ``preadv``.
 """
 
 from __future__ import annotations

@@ -34,13 +34,9 @@ def _import_h5py(path: Path) -> Any:
 
 
 def _attribute_names(value: Any, what: str, path: Path) -> np.ndarray:
-    """The class names of a ``class_names`` attribute as h5py reads it: an array (of strings or bytes, checked
-    by the caller), or one string: a JSON list, names separated by commas or by newlines, or a single name.
-
-    Raises:
-        SourceError: (naming the attribute ``what``) a string that is none of these, or could be a list several
-            ways (a space without a separator).
-    """
+    """The class names of a ``class_names`` attribute as h5py reads it: an array (checked by the caller), or one
+    string: a JSON list, names separated by commas or by newlines, or a single name (``SourceError`` naming the
+    attribute ``what``: none of these, or a list several ways, as a space without a separator)."""
     arr = np.asarray(value)
     text = arr.item() if arr.ndim == 0 else None
     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
@@ -80,10 +76,9 @@ def _h5_dataset_names(f: Any) -> str:
 
 
 class H5Source(FileSource):
-    """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), class names (optional) in a
-    ``class_names`` attribute of the label dataset or of the file (strings, or one string listing them), or a
-    ``class_names`` or ``classes`` dataset (the first found, in that order).  Picklable (``workers=`` sends sources to other processes): it keeps no
-    open file and no module."""
+    """An HDF5 file: samples in dataset ``h5_x``, labels in ``h5_y`` (or ``label``), class names (optional) as
+    :meth:`_read_names` finds them.  Picklable (``workers=`` sends sources to other processes): it keeps no open
+    file and no module."""
 
     kind = "h5"
     _key_options = ("h5_x", "h5_y")
@@ -97,11 +92,11 @@ class H5Source(FileSource):
         self._y_is_str = False
         h5py = _import_h5py(path)
         with self._open() as f:
-            x = self._dataset(f, h5_x, "samples", "h5_x=")
+            x = self._dataset(f, h5_x, "samples", "x_key=")
             check_stack(NpyHeader(tuple(x.shape), np.dtype(x.dtype), False, 0), path, f"dataset {h5_x!r}")
             self.shape, self.dtype, self._n = tuple(int(s) for s in x.shape[1:]), np.dtype(x.dtype), int(x.shape[0])
             if label is None:
-                y = self._dataset(f, h5_y, "labels", "h5_y= or label all samples with label=CLASS")
+                y = self._dataset(f, h5_y, "labels", "y_key= or label all samples with label=CLASS")
                 self._y_is_str = h5py.check_string_dtype(y.dtype) is not None
                 self._check_label_array(y.shape, y.dtype, h5_x, h5_y, is_str=self._y_is_str)
             self._read_names(f, h5py)

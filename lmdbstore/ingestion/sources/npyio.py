@@ -1,8 +1,5 @@
-"""Reading ``.npy`` data without loading it: header parsing and checks, and reads into caller arrays.
-
-Used by the ``.npy`` files, the members of ``.npz`` archives and the files of a directory source.
-Reads go through ``readinto``/``preadv`` into a fresh array rather than ``mmap``: mapped pages count
-towards the process RSS, so streaming a large file through a memory map would show it all resident.
+"""Reading ``.npy`` data without loading it (``.npy`` files, ``.npz`` members, a directory's files): header parsing
+and checks, and reads into fresh arrays (not ``mmap``: see :mod:`lmdbstore.ingestion.sources`).
 """
 
 from __future__ import annotations
@@ -68,19 +65,14 @@ def read_header(fp: Any, path: str | Path, what: str = "the file") -> NpyHeader:
         else:
             raise SourceError(f"{what} has unsupported .npy format version {version[0]}.{version[1]}", path=path)
         offset = fp.tell()
-    except SourceError:
-        raise
     except READ_ERRORS as exc:
         raise SourceError(f"{what} is not a valid .npy array ({one_line(exc)})", path=path) from exc
     return NpyHeader(tuple(int(s) for s in shape), np.dtype(dtype), bool(fortran), int(offset))
 
 
 def check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> None:
-    """Samples must be plain numbers: no Python objects, no structured dtypes.
-
-    Raises:
-        SourceError: ``dtype`` holds objects, has fields, or is not bool, int, unsigned or float.
-    """
+    """Samples must be plain numbers (``SourceError`` for objects, fields, or a kind other than bool, int, unsigned
+    or float)."""
     if dtype.hasobject:
         raise SourceError(
             f"{what} holds Python objects (dtype {dtype}); samples must be numeric",
@@ -92,11 +84,7 @@ def check_sample_dtype(dtype: np.dtype[Any], path: str | Path, what: str) -> Non
 
 
 def check_stack(h: NpyHeader, path: str | Path, what: str) -> None:
-    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1, samples not empty.
-
-    Raises:
-        SourceError: any of those does not hold.
-    """
+    """An array of samples: numeric, (N, *shape) with ndim >= 2, N >= 1, samples not empty (else ``SourceError``)."""
     check_sample_dtype(h.dtype, path, what)
     if len(h.shape) < 2:
         raise SourceError(
@@ -109,11 +97,7 @@ def check_stack(h: NpyHeader, path: str | Path, what: str) -> None:
 
 
 def check_size(h: NpyHeader, have: int, path: str | Path, what: str) -> None:
-    """The bytes present must be exactly header + data.
-
-    Raises:
-        SourceError: ``have`` is less than header + data (truncated) or more (malformed).
-    """
+    """The bytes present (``have``) must be exactly header + data (else ``SourceError``: truncated, malformed)."""
     want = h.offset + h.data_bytes
     if have < want:
         raise SourceError(
@@ -150,12 +134,8 @@ def read_into(fp: Any, out: np.ndarray, path: str | Path, first: int) -> None:
 
 def read_rows(fp: Any, h: NpyHeader, path: str | Path, what: str, batch: int, start: int) -> Iterator[np.ndarray]:
     """Rows ``start..`` of the array of header ``h`` in ``fp`` (a file or a zip member stream), in arrays of
-    ``batch`` rows.
-
-    Rows strided on disk (Fortran order, more than one element per row) are read as numpy reads them
-    (``shape[::-1]`` in C order, transposed): element ``(i, *rest)`` is stored at ``i + N * column(rest)``, so a
-    batch of rows ``a..b`` is one run of ``b - a`` values per column, read in increasing offset order (forward
-    seeks only).  Memory stays one batch; the price is one pass over the array per batch (a rare layout).
+    ``batch`` rows.  Rows strided on disk (Fortran order) are read one run of values per column, forward seeks only
+    (memory stays one batch; the price is one pass over the array per batch, a rare layout).
 
     Raises:
         SourceError: a read failed, or the data ended early (``what`` names the array).
@@ -193,12 +173,7 @@ def pread_into(path: str, offset: int, mv: memoryview, first: int) -> None:
         try:
             got = 0
             while got < len(mv):
-                if hasattr(os, "preadv"):
-                    n = os.preadv(fd, [mv[got:]], offset + got)
-                else:  # pragma: no cover - platforms without preadv
-                    chunk = os.pread(fd, len(mv) - got, offset + got)
-                    n = len(chunk)
-                    mv[got : got + n] = chunk
+                n = os.preadv(fd, [mv[got:]], offset + got)  # as the store's own reads (format.pages)
                 if not n:
                     break
                 got += n

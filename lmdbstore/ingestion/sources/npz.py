@@ -30,8 +30,6 @@ class _ZipMember:
             info = zf.getinfo(member)
             with zf.open(info) as fp:
                 self.header = read_header(fp, path, what)
-        except SourceError:
-            raise
         except (*READ_ERRORS, RuntimeError, NotImplementedError) as exc:
             raise SourceError(f"cannot read {what} ({one_line(exc)})", path=path) from exc
         if self.header.dtype.hasobject:

@@ -1,17 +1,12 @@
-"""Opening paths as sources: the path's kind (store, directory, file suffix) picks the source class.
-
-The suffix -> kind decision is the one table :data:`_FILE_OPENERS` (and TFRecord's names,
-:func:`~lmdbstore.ingestion.sources.tfrecord.is_tfrecord_name`, whose shard names end in ``-00003-of-00016``); a
-directory holding LMDB's data file is another store (:mod:`lmdbstore.ingestion.sources.store`), one holding
-TFRecord files a set of shards (one source per file, in name order), any other directory a ``ROOT/<class>/*.npy``
-tree; a directory holding several of these kinds is refused (:func:`_directory_kinds`).
+"""Opening paths as sources: the path's kind picks the source class.  A file's suffix through the one table
+:data:`_FILE_OPENERS` (and TFRecord's shard names); a directory holding LMDB's data file is another store, one
+holding TFRecord files a set of shards, any other a ``ROOT/<class>/*.npy`` tree; one mixing kinds is refused.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +18,7 @@ from lmdbstore.ingestion.sources.directory import open_directory
 from lmdbstore.ingestion.sources.h5 import H5Source
 from lmdbstore.ingestion.sources.npy import NpySource
 from lmdbstore.ingestion.sources.npz import NpzSource
-from lmdbstore.ingestion.sources.store import open_store_source
+from lmdbstore.ingestion.sources.store import StoreSource
 from lmdbstore.ingestion.sources.tfrecord import TFRecordSource, is_tfrecord_name
 from lmdbstore.ingestion.sources.tfrecord_io import COMPRESSIONS
 from lmdbstore.store.env import DATA_FILE
@@ -31,22 +26,12 @@ from lmdbstore.store.env import DATA_FILE
 __all__ = ["open_source", "open_sources"]
 
 
-@dataclass(frozen=True)
-class _Keys:
-    """The member names :func:`open_source` was given for ``.npz`` arrays and HDF5 datasets."""
-
-    x_key: str
-    y_key: str
-    h5_x: str | None
-    h5_y: str | None
-
-
-#: File suffix (lower case) -> how a file with it is opened: the one place a suffix picks the kind.
-_FILE_OPENERS: dict[str, Callable[[Path, Label | None, _Keys], Source]] = {
-    ".npy": lambda p, lab, k: NpySource(p, label=lab),
-    ".npz": lambda p, lab, k: NpzSource(p, label=lab, x_key=k.x_key, y_key=k.y_key),
-    ".h5": lambda p, lab, k: H5Source(p, label=lab, h5_x=k.h5_x or "x", h5_y=k.h5_y or "y"),
-    ".hdf5": lambda p, lab, k: H5Source(p, label=lab, h5_x=k.h5_x or "x", h5_y=k.h5_y or "y"),
+#: File suffix (lower case) -> how a file with it is opened (label, x_key, y_key): the one place a suffix picks it.
+_FILE_OPENERS: dict[str, Callable[[Path, Label | None, str, str], Source]] = {
+    ".npy": lambda p, lab, x, y: NpySource(p, label=lab),
+    ".npz": lambda p, lab, x, y: NpzSource(p, label=lab, x_key=x, y_key=y),
+    ".h5": lambda p, lab, x, y: H5Source(p, label=lab, h5_x=x, h5_y=y),
+    ".hdf5": lambda p, lab, x, y: H5Source(p, label=lab, h5_x=x, h5_y=y),
 }
 
 
@@ -95,8 +80,6 @@ def open_source(
     label: Label | None = None,
     x_key: str = DEFAULT_X_KEY,
     y_key: str = DEFAULT_Y_KEY,
-    h5_x: str | None = None,
-    h5_y: str | None = None,
     sample_shape: Sequence[int] | None = None,
     dtype: Any = None,
     compression: str | None = None,
@@ -104,20 +87,17 @@ def open_source(
     """Open ``path`` as ingest source(s); the path's kind decides how (see the :mod:`lmdbstore.ingestion.sources` docstring).
 
     Args:
-        path: an ``.npy``/``.npz``/``.h5``/``.hdf5``/``.tfrecord`` file, a ``ROOT/<class>/*.npy`` directory or a
-            directory of TFRecord shards.
+        path: a file, a ``ROOT/<class>/*.npy`` directory, a directory of TFRecord shards or another store.
         label: class name or id for every sample (required for ``.npy``; replaces ``y`` for npz/HDF5;
             refused for directories).
-        x_key, y_key: array names inside an ``.npz``; feature names of a TFRecord's ``tf.train.Example``.
-        h5_x, h5_y: dataset names inside an HDF5 file (default ``"x"``, ``"y"``).
-        sample_shape: per-sample shape for a directory, settling whether its files are single samples
-            or stacks (pass the store's shape when appending; default: the shape most files share,
-            refusing directories where that is ambiguous); of a TFRecord's samples (default: 1-D); ignored
-            for other files.
-        dtype: the dtype of a TFRecord's samples stored as bytes (which do not record it), byte order included
-            (``">f4"`` is read big-endian); ignored for other sources.
-        compression: how TFRecord files are stored: ``"none"``, ``"gzip"`` or ``"zlib"`` (TensorFlow's
-            ``compression_type``; default: told by each file's first bytes); ignored for other sources.
+        x_key, y_key: array names inside an ``.npz``, dataset names inside an HDF5 file, feature names of a
+            TFRecord's ``tf.train.Example``.
+        sample_shape: per-sample shape for a directory, settling whether its files are single samples or
+            stacks (default: the shape most files share, refusing directories where that is ambiguous); of a
+            TFRecord's samples (default: 1-D).
+        dtype: the dtype of a TFRecord's samples stored as bytes, byte order included (``">f4"``: big-endian).
+        compression: how TFRecord files are stored: ``"none"``, ``"gzip"`` or ``"zlib"`` (default: told by each
+            file's first bytes).  Each of the last three is ignored by the other sources.
 
     Returns:
         One source for a file, one per non-empty class subdirectory for a directory.
@@ -129,8 +109,8 @@ def open_source(
     """
     p = Path(path)
     lab = check_label(label)
-    for opt, val in (("x_key", x_key), ("y_key", y_key), ("h5_x", h5_x), ("h5_y", h5_y)):
-        if val is not None and (not isinstance(val, str) or not val):
+    for opt, val in (("x_key", x_key), ("y_key", y_key)):
+        if not isinstance(val, str) or not val:
             raise ValueError(f"{opt} must be a non-empty string, got {val!r}")
     shape = None
     if sample_shape is not None:
@@ -145,7 +125,7 @@ def open_source(
         raise SourceError("no such file or directory", path=p)
     kinds = _directory_kinds(p) if p.is_dir() else {}
     if "a store" in kinds:  # a store is a source too
-        return open_store_source(p, label=lab)
+        return [StoreSource(p, label=lab)]
     shards = [p / f for f in kinds.get("TFRecord files", [])] if p.is_dir() else [p] if is_tfrecord_name(p.name) else []
     if shards:
         how = compression and compression.lower()
@@ -156,7 +136,7 @@ def open_source(
     suffix = p.suffix.lower()
     opener = _FILE_OPENERS.get(suffix)
     if opener is not None:
-        return [opener(p, lab, _Keys(x_key, y_key, h5_x, h5_y))]
+        return [opener(p, lab, x_key, y_key)]
     raise SourceError(
         f"unsupported source type {suffix or '(no suffix)'!r}",
         path=p,

@@ -1,8 +1,5 @@
-"""Validating sources before anything is written, and inferring a new store's classes from them.
-
-:func:`scan_source` streams a source through the writer's own checks
-(:func:`~lmdbstore.store.validation.check_samples`, :func:`~lmdbstore.store.validation.label_ids`), so bad data fails up
-front with the file and the sample index named; :func:`infer_classes` derives the class list.
+"""Validating sources before anything is written (:func:`scan_source`), and inferring a new store's classes from
+them (:func:`infer_classes`).
 """
 
 from __future__ import annotations
@@ -52,12 +49,8 @@ def scan_source(
     stop: int | None = None,
 ) -> None:
     """Validate every sample and label of ``src`` (from ``start``, to the end of the batch reaching ``stop``)
-    against a store, writing nothing.
-
-    Each batch goes through the writer's own :func:`~lmdbstore.store.validation.check_samples` and
-    :func:`~lmdbstore.store.validation.label_ids`, so what passes here is what ``StoreWriter.append`` accepts.
-    ``progress(n)`` is called with the number of samples checked after each batch (an increment,
-    as ``tqdm.update`` takes).
+    against a store, writing nothing, through the writer's own checks (what passes here, ``StoreWriter.append``
+    accepts); ``progress(n)`` after each batch with the samples it checked.
 
     Raises:
         ValidationError: wrong shape or dtype, NaN/inf (unless ``allow_nonfinite``), an unknown class

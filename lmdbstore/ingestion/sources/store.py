@@ -20,16 +20,12 @@ from lmdbstore.ingestion.sources.base import Source
 from lmdbstore.ingestion.sources.checks import Label, check_range
 from lmdbstore.store.reader import StoreReader
 
-__all__ = ["StoreSource", "open_store_source", "restrict_store_sources"]
+__all__ = ["StoreSource", "restrict_store_sources"]
 
 
 class StoreSource(Source):
-    """The samples of a store (optionally only some classes), labelled by class name.
-
-    Args:
-        path: the store directory.
-        label: a class name or id for every sample instead of the store's own labels.
-        classes: keep only the samples of these class names (default: all).
+    """The samples of the store at ``path``, labelled by class name (``label``: a class name or id for every
+    sample instead), only those of the class names ``classes`` where given (default: all).
 
     Raises:
         SourceError: the store cannot be opened, or a class in ``classes`` is not in it.
@@ -79,11 +75,6 @@ class StoreSource(Source):
             return [self.label] if isinstance(self.label, str) else None
         return list(self._classes)
 
-    def only_classes(self, classes: Sequence[str]) -> StoreSource:
-        """This store restricted to those of ``classes`` it has (the destination's class list)."""
-        keep = [c for c in self._classes if c in set(classes)]
-        return StoreSource(self.path, label=self.label, classes=keep)
-
     def _selected(self, r: StoreReader) -> np.ndarray | None:
         """Ascending indices of the kept classes, or None for every sample."""
         if not self._filtered:
@@ -127,11 +118,6 @@ class StoreSource(Source):
                 yield names[labels[lo:hi] if sel is None else labels[sel[lo:hi]]]
 
 
-def open_store_source(path: Path, *, label: Label | None = None) -> list[Source]:
-    """Open the store at ``path`` as one ingest source (the hook :func:`~lmdbstore.ingestion.sources.open_source` calls)."""
-    return [StoreSource(path, label=label)]
-
-
 def restrict_store_sources(
     sources: Sequence[Source], store: str | os.PathLike[str], classes: Sequence[str] | None
 ) -> list[Source]:
@@ -147,7 +133,7 @@ def restrict_store_sources(
         if isinstance(src, StoreSource):
             if src.path.resolve() == dest:
                 raise SourceError("a store cannot be ingested into itself", path=src.path)
-            if classes is not None:
-                src = src.only_classes(classes)
+            if classes is not None:  # only those of the destination's classes it has
+                src = StoreSource(src.path, label=src.label, classes=[c for c in src._classes if c in set(classes)])
         out.append(src)
     return out

@@ -10,13 +10,10 @@ Each record holds the sample in feature ``x_key`` and its label in ``y_key``:
 * the label as an int64 list of one class id, or a bytes list of one class name (UTF-8); ``label=`` labels
   every sample instead.
 
-Every record of a file must have the same kinds and sizes as its first.  Each file is one source, so a
-directory of shards resumes file by file (the resume ledger has an entry per shard).  A file may be one GZIP or
-ZLIB stream (TensorFlow's ``compression_type``): told by its first bytes, or forced with ``compression=``.
-Opening a file reads its first record and walks the others' headers (the count, every length's crc32c, a cut
-last record); reading checks every record's data crc32c.  A damaged record is one
-:class:`~lmdbstore.errors.SourceError` line naming the file and the record, a record of another layout a
-:class:`~lmdbstore.errors.ValidationError` line.
+Every record of a file must have the same kinds and sizes as its first.  Each file is one source (a directory
+of shards resumes file by file).  Opening a file walks the records' headers, reading checks every record's
+crc32c: a damaged record is a :class:`~lmdbstore.errors.SourceError` naming the file and the record, a record of
+another layout a :class:`~lmdbstore.errors.ValidationError`.
 """
 
 from __future__ import annotations
@@ -59,9 +56,7 @@ def _what(kind: str) -> str:
 
 class TFRecordSource(FileSource):
     """A TFRecord file of ``tf.train.Example`` records: sample feature ``x_key``, label feature ``y_key`` (or
-    ``label``); ``dtype`` (for a bytes sample feature) and ``sample_shape`` say how to read the samples,
-    ``compression`` (``"none"``, ``"gzip"``, ``"zlib"``; default: told by the file's first bytes) how the file is
-    stored."""
+    ``label``); ``dtype``, ``sample_shape`` and ``compression`` as :func:`~lmdbstore.ingestion.sources.open_source`."""
 
     kind = "tfrecord"
     _key_options = ("x_key", "y_key", "bytes_dtype", "sample_shape")

@@ -1,4 +1,4 @@
-"""TFRecord files and ``tf.train.Example`` messages, read and written without TensorFlow.
+"""TFRecord files and ``tf.train.Example`` messages, read without TensorFlow (tests/tfrecord_writer.py writes them).
 
 A TFRecord file is a sequence of records, each framed as::
 
@@ -14,9 +14,8 @@ stream (TensorFlow's ``compression_type``), inflated as read (:class:`RecordFile
 ``tf.train.Example`` is ``Example{Features features = 1}``, ``Features{map<string, Feature> feature = 1}``,
 ``Feature{oneof {BytesList bytes_list = 1; FloatList float_list = 2; Int64List int64_list = 3}}``, each list
 ``repeated <type> value = 1``.  :func:`parse_example` decodes them through one walker of every wire type
-(:func:`_fields`): lists packed or not alike, unknown fields skipped, every length checked against the bytes it
-lies in, a list's values counted before one array is allocated for them, so a damaged or hostile record is a
-:class:`ValueError` and never an allocation beyond a few times its own size.
+(:func:`_fields`), every length checked and a list's values counted before they are allocated, so a damaged or
+hostile record is a :class:`ValueError`, never an allocation beyond a few times its own size.
 """
 
 from __future__ import annotations
