@@ -275,10 +275,10 @@ def default_sigint() -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the test files that hold a ``slow`` test first, each file's tests together and in order.
 
-    pytest-xdist (scripts/test.sh) hands tests to its workers in this order, so the long tests start early and
-    the workers end together on short ones rather than one waiting for the other's last long test; a file's
-    tests stay together so that its module-scoped fixtures are built once per worker.  The order is a pure
-    function of the collected tests: every worker must collect the same list.
+    pytest-xdist (scripts/test.sh: ``--dist loadscope --no-loadscope-reorder``) hands whole test files to its
+    workers in this order, so the long files start early and the workers end together on short ones rather than
+    one waiting for the other's last long file; a file goes to one worker, so its module-scoped fixtures are
+    built once.  The order is a pure function of the collected tests: every worker must collect the same list.
     """
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays

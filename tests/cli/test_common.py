@@ -280,7 +280,7 @@ def _ingest_stderr(tmp_path: Path, *extra: str, terminal: bool) -> str:
     """stderr of ``python -m lmdbstore ingest --synthetic`` written to a pipe, or to a terminal (a pty)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "100"}
     cmd = [sys.executable, "-m", "lmdbstore", "ingest", str(tmp_path / f"s{len(extra)}{terminal}"),
-           "--synthetic", "30000", *extra]  # fmt: skip
+           "--synthetic", "3000", *extra]  # fmt: skip
     if not terminal:
         return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300).stderr
     leader, follower = pty.openpty()
