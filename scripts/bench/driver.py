@@ -142,9 +142,11 @@ class Runner:
         return True
 
     def check_room(self) -> None:
-        """Refuse before building anything when the disk cannot hold the largest artifact not yet built."""
-        need = [BUILDERS[k][1](self.data) for k in self.bench.artifacts if not self.cached(k)]
-        free = shutil.disk_usage(self.dir).free
+        """Refuse before building anything when the disk cannot hold the largest artifact not yet built (counting
+        as free the artifacts already built, which :meth:`ensure` removes when no later row reads them)."""
+        have = {k: self.cached(k) for k in self.bench.artifacts}
+        need = [BUILDERS[k][1](self.data) for k, ok in have.items() if not ok]
+        free = shutil.disk_usage(self.dir).free + sum(BUILDERS[k][1](self.data) for k, ok in have.items() if ok)
         if need and max(need) + MARGIN > free:
             raise BenchError(
                 f"{self.bench.name} at {self.data.describe()} needs {(max(need) + MARGIN) / 2**30:.1f} "
