@@ -173,28 +173,23 @@ def open_table(
     return PositionTable(table_key(store_id, st, snap), snap, tree, offsets, np.zeros(nv, bool), st.st_size, layout)
 
 
-def prefetch_ranges(table: PositionTable, lo: np.ndarray, hi: np.ndarray) -> tuple[list[int], list[int]]:
-    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1``, no page read for it: from the
-    first value's leaf page to the page of the leaf after the last one's (the writer appends a leaf's values after
-    it), or one range per value already located where a range's leaves lie apart.  Only advice: a wrong range costs
-    time, never a wrong sample."""
+def prefetch_ranges(
+    table: PositionTable, lo: np.ndarray, hi: np.ndarray, files: FileReader
+) -> tuple[list[int], list[int]]:
+    """The byte ranges of the file holding the samples of ranges ``lo[i]..hi[i]-1``: each value's own bytes,
+    located first (their leaves read by ``files`` as a batch's are, many in flight; a few ms for a window of
+    thousands of values), values lying next to each other merged into one range.  Leaves are not laid out beside
+    their values (a commit rewrites the last leaf elsewhere), so a leaf's page says nothing of where its values
+    lie.  ``CorruptStoreError``: as :meth:`PositionTable.ensure`."""
     spv, nv, vlen, ps = table.samples_per_value, len(table.offsets), table.layout[4], table.snap.psize
-    leaves, size = table.tree.leaves, table.file_size
-    first = np.clip(np.asarray(lo, np.int64) // spv, 0, max(nv - 1, 0))
-    last = np.clip((np.asarray(hi, np.int64) - 1) // spv, first, max(nv - 1, 0))
-    a, b = table._leaf(first), table._leaf(last) + 1
-    starts: list[int] = []
-    ends: list[int] = []
-    for v0, v1, s0, s1 in zip(
-        first.tolist(), last.tolist(), leaves[a].tolist(), leaves[np.minimum(b, len(leaves) - 1)].tolist(), strict=True
-    ):
-        s1 = s1 * ps if s1 > s0 else size  # the last leaf's values reach to the end of the file
-        if 0 <= s1 - s0 * ps <= 2 * vlen * (v1 - v0 + 1) + 2 * ps:  # laid out together: one read
-            starts.append(s0 * ps)
-            ends.append(min(s1, size))
-        else:  # scattered pages: one read per value located
-            seg = table.offsets[v0 : v1 + 1]
-            seg = seg[seg >= 0]
-            starts.extend(seg.tolist())
-            ends.extend(np.minimum(seg + vlen, size).tolist())
-    return starts, ends
+    if nv == 0 or len(lo) == 0:
+        return [], []
+    first = np.clip(np.asarray(lo, np.int64) // spv, 0, nv - 1)
+    n = np.clip((np.asarray(hi, np.int64) - 1) // spv, first, nv - 1) - first + 1
+    values = np.unique(np.repeat(first - np.cumsum(n) + n, n) + np.arange(int(n.sum())))
+    table.ensure(values, files)
+    starts = np.sort(table.offsets[values])
+    starts = starts[starts >= 0]  # -1: a value of the wrong length, which its read reports
+    ends = np.minimum(starts + vlen, table.file_size)
+    new = np.flatnonzero(np.r_[True, starts[1:] > ends[:-1] + ps]) if starts.size else np.zeros(0, np.int64)
+    return starts[new].tolist(), (np.maximum.reduceat(ends, new).tolist() if new.size else [])

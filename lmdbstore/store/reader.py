@@ -141,9 +141,10 @@ class StoreReader(PinnedReader, MetaView):
     def prefetch(self, lo: Any, hi: Any) -> None:
         """Ask the OS to read the samples of ranges ``lo[i]..hi[i]-1`` into the page cache, in the background.
 
-        Each range's values are read as one large sequential read (``posix_fadvise(WILLNEED)`` on a thread of its
-        own; the ``window`` order's next window).  A no-op on the liblmdb read path.  Only advice: a wrong range costs
-        time, never a wrong sample.
+        The values' leaves are read first (many in flight, a few ms for a window), then the values' bytes, merged
+        where they lie together, are advised (``posix_fadvise(WILLNEED)`` on a thread of its own; the ``window``
+        order's next window).  A no-op on the liblmdb read path.  Only advice: never a wrong sample.
+        ``CorruptStoreError``: a leaf read contradicts the store (as a read of those samples would say).
         """
         lo_a, hi_a = range_bounds(lo, hi)
         if not self.positions or lo_a.size == 0:
@@ -152,7 +153,7 @@ class StoreReader(PinnedReader, MetaView):
         def advise(h: Handle) -> None:
             table = self._positions(h)
             if table is not None and h.files is not None:
-                h.files.advise(*prefetch_ranges(table, lo_a, hi_a))
+                h.files.advise(*prefetch_ranges(table, lo_a, hi_a, h.files))
 
         self._guarded("read", advise)
 

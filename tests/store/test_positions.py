@@ -284,3 +284,36 @@ def test_dataloader_workers_read_by_offset(small_store: StoreInfo, context: str)
         np.testing.assert_array_equal(yb.numpy(), small_store.y[idx])
         seen.append(idx)
     assert sorted(np.concatenate(seen).tolist()) == list(range(2000))
+
+
+def test_prefetch_ranges_cover_exactly_the_values_of_the_ranges(tmp_path: Path) -> None:
+    """The read-ahead of sample ranges (the window order's next window) covers every byte of each value in them and
+    little else, on a store whose leaves were rewritten away from their values by many commits."""
+    from lmdbstore.store.positions import prefetch_ranges
+
+    x, y = make_data(20_000, seed=7, shape=(10, 10))
+    path = build_store(tmp_path / "s", x, y, config=WriterConfig(sync=False), batch=700)
+    with StoreReader(path) as truth, StoreReader(path) as r:
+
+        def located(h: Any) -> np.ndarray:
+            t = truth._positions(h)
+            t.ensure(np.arange(len(t.offsets)), h.files)
+            return t.offsets.copy()
+
+        offsets = truth._guarded("read", located)
+        spv = r.meta.samples_per_value
+        lo, hi = np.array([0, 3_001, 9_990, 19_000]), np.array([1_500, 3_002, 12_345, 20_000])
+
+        def ranges(h: Any) -> tuple[list[int], list[int], int]:
+            t = r._positions(h)
+            return (*prefetch_ranges(t, lo, hi, h.files), t.layout[4])
+
+        starts, ends, vlen = r._guarded("read", ranges)
+    values = np.unique(np.concatenate([np.arange(a // spv, (b - 1) // spv + 1) for a, b in zip(lo, hi, strict=True)]))
+    assert (offsets[values] >= 0).all()
+    for v in values.tolist():  # every byte of each value lies in one range
+        i = np.searchsorted(starts, offsets[v], side="right") - 1
+        assert i >= 0 and offsets[v] + vlen <= ends[i], v
+    assert (
+        sum(e - s for s, e in zip(starts, ends, strict=True)) <= len(values) * vlen + len(starts) * 4096
+    )  # and little else
