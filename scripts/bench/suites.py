@@ -65,7 +65,9 @@ READPATH = Benchmark(
     "One process reads random and block-order batches of 4096 with `StoreReader.read_batch`.  Cold: the store's pages "
     "dropped after it is opened, against random `pread`s of the same bytes (one sample, or one whole value) at 16 "
     "(and 64) in flight on the same file, measured right before and after each round.  Warm: the same batches read "
-    "twice into one buffer, against a numpy memmap of the same samples (`np.take`, or slices).",
+    "twice into one buffer, against a numpy memmap of the same samples (`np.take`, or slices).  The store is 2.5 GB: "
+    "a cold round of 6 s reads much of it, so its later batches hit pages the round brought in and the cold "
+    "figures here are upper bounds; scale's rows (a store twice the RAM) are the cold read path's figures.",
     data=ONE_M,
     rows=(
         Row(
